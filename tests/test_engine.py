@@ -1,0 +1,121 @@
+"""The decode loop: agreement with model.generate, real byte accounting, stopping."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from thinkviz.engine import DecodeSettings, EngineError, Run
+from thinkviz.policies import make_policy
+
+
+def _prompt(loaded, n=12, seed=0):
+    vocab = loaded.model.config.vocab_size
+    return torch.randint(10, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _hf_greedy(loaded, prompt, n):
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = loaded.model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+            do_sample=False, pad_token_id=0,
+        )
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("policy_name", ["full", "h2o", "window"])
+def test_greedy_equals_model_generate_when_budget_covers_everything(arch_fixture, policy_name, request):
+    loaded = request.getfixturevalue(arch_fixture)
+    prompt = _prompt(loaded)
+    run = Run(loaded, make_policy(policy_name, budget=64), prompt,
+              DecodeSettings(max_new_tokens=24, stop_at_eos=False))
+    ours = [t for e in run.generate() for t in e.token_ids]
+    assert ours == _hf_greedy(loaded, prompt, 24)
+    assert all(not e.evicted for e in run.record.events)
+
+
+@pytest.mark.parametrize("interval", [1, 5])
+def test_kv_bytes_are_real_and_bounded(tiny_llama, interval):
+    loaded = tiny_llama
+    budget = 16
+    run = Run(loaded, make_policy("h2o", budget=budget, interval=interval, recent=4), _prompt(loaded, 10),
+              DecodeSettings(max_new_tokens=40, stop_at_eos=False))
+    per_token = loaded.geometry.bytes_per_token
+    for event in run.generate():
+        tensors = sum(l.keys.nbytes + l.values.nbytes for l in run.cache.layers)
+        assert event.kv_bytes == tensors
+        assert event.kv_tokens == run.cache.layers[0].keys.shape[-2]
+        assert event.kv_bytes <= (budget + interval) * per_token
+        assert event.full_kv_bytes == (event.positions[-1] + 1) * per_token
+    assert run.record.summary["peak_kv_bytes"] <= (budget + interval) * per_token
+    assert run.record.summary["final_kv_bytes"] < run.record.summary["final_full_kv_bytes"]
+
+
+def test_keep_fraction_and_evicted_agree(tiny_llama):
+    run = Run(tiny_llama, make_policy("h2o", budget=12, recent=2), _prompt(tiny_llama, 8),
+              DecodeSettings(max_new_tokens=20, stop_at_eos=False))
+    gone: set[int] = set()
+    for event in run.generate():
+        gone |= set(event.evicted)
+        assert event.keep_fraction.shape == event.scores.shape == (event.positions[-1] + 1,)
+        assert np.all(event.keep_fraction[sorted(gone)] == 0)
+        assert np.all(np.isnan(event.scores[sorted(gone)]))
+        assert np.isclose(event.keep_fraction.sum(), event.kv_tokens)
+    assert gone
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny_llama):
+    def sample(seed):
+        run = Run(tiny_llama, make_policy("tova", budget=16), _prompt(tiny_llama),
+                  DecodeSettings(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=seed, stop_at_eos=False))
+        return [t for e in run.generate() for t in e.token_ids]
+
+    assert sample(3) == sample(3)
+    assert sample(3) != sample(4)
+
+
+def test_cancel_stops_the_run(tiny_llama):
+    cancel = threading.Event()
+    run = Run(tiny_llama, make_policy("window", budget=16), _prompt(tiny_llama),
+              DecodeSettings(max_new_tokens=50, stop_at_eos=False), cancel=cancel)
+    events = []
+    for event in run.generate():
+        events.append(event)
+        if len(events) == 3:
+            cancel.set()
+    assert len(events) == 3
+    assert run.record.summary["stopped"] == "cancelled"
+
+
+def test_eos_stops_generation(tiny_llama):
+    prompt = _prompt(tiny_llama)
+    first = _hf_greedy(tiny_llama, prompt, 1)[0]
+    tiny_llama.model.generation_config.eos_token_id = first
+    try:
+        run = Run(tiny_llama, make_policy("full"), prompt, DecodeSettings(max_new_tokens=10))
+        assert [e.token_ids for e in run.generate()] == [[first]]
+        assert run.record.summary["stopped"] == "eos"
+    finally:
+        tiny_llama.model.generation_config.eos_token_id = None
+
+
+def test_empty_and_overlong_prompts_are_refused(tiny_llama):
+    with pytest.raises(EngineError, match="empty"):
+        Run(tiny_llama, make_policy("full"), [])
+    too_long = [5] * tiny_llama.geometry.max_context
+    with pytest.raises(EngineError, match="context"):
+        Run(tiny_llama, make_policy("full"), too_long)
+
+
+def test_chunked_prefill_compresses_long_prompts(tiny_llama):
+    run = Run(tiny_llama, make_policy("streaming", budget=16, n_sink=4), _prompt(tiny_llama, 100),
+              DecodeSettings(max_new_tokens=2, prefill_chunk=16, stop_at_eos=False))
+    events = list(run.generate())
+    assert run.record.summary["peak_kv_bytes"] <= (16 + 16) * tiny_llama.geometry.bytes_per_token
+    kept = np.flatnonzero(events[-1].keep_fraction)
+    assert kept[:4].tolist() == [0, 1, 2, 3]  # the sinks survived the chunked prefill

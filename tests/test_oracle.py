@@ -1,0 +1,111 @@
+"""Eviction is exact: a step on an evicted cache equals the same step on the full cache with
+the evicted slots hidden from the new queries only (DESIGN §4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from thinkviz.engine import DecodeSettings, Run, causal_mask
+from thinkviz.policies import make_policy
+
+TOLERANCE = 1e-4
+
+
+def replay_with_visibility(loaded, policy, prompt, trace):
+    """Replay ``trace`` through ``policy``; return per-chunk logits and, for every chunk, the
+    ``(L, H_kv, k)`` positions its queries could see (recorded when the previous chunk ended)."""
+    run = Run(loaded, policy, prompt, DecodeSettings(prefill_chunk=len(prompt)))
+    visible, logits = [], []
+
+    def on_logits(positions, chunk_logits):
+        logits.append(chunk_logits.clone())
+        visible.append(run.cache.position_table().clone())
+
+    events = list(run.replay(trace, on_logits=on_logits))
+    return events, logits[1:], visible[:-1]
+
+
+def _random_ids(n, vocab, seed):
+    return torch.randint(10, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _check(loaded, policy, seeds):
+    vocab = loaded.model.config.vocab_size
+    prompt, trace = _random_ids(48, vocab, seeds[0]), _random_ids(40, vocab, seeds[1])
+    events, logits, visible = replay_with_visibility(loaded, policy, prompt, trace)
+    assert sum(e.compressed for e in events) >= 3, "the test must exercise several evictions"
+    reference = reference_logits(loaded, prompt, trace, policy.interval, visible)
+    for got, want in zip(logits, reference, strict=True):
+        assert (got - want).abs().max().item() <= TOLERANCE
+    return visible
+
+
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
+def test_uniform_eviction_matches_masked_full_cache(arch_fixture, request):
+    loaded = request.getfixturevalue(arch_fixture)
+    visible = _check(loaded, make_policy("window", budget=24, interval=4), (1, 2))
+    assert all(torch.equal(v, v[:1, :1].expand_as(v)) for v in visible), "window keeps one set everywhere"
+
+
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
+def test_per_head_eviction_matches_masked_full_cache(arch_fixture, request):
+    loaded = request.getfixturevalue(arch_fixture)
+    visible = _check(loaded, make_policy("h2o", budget=24, interval=4, recent=4), (3, 4))
+    heads_differ = any(not torch.equal(v[:, :1].expand_as(v), v) for v in visible)
+    assert heads_differ, "h2o should keep different tokens in different kv-heads"
+
+
+@pytest.mark.integration
+def test_embedded_model_eviction_is_exact(embedded_model_fp32):
+    _check(embedded_model_fp32, make_policy("h2o", budget=24, interval=4, recent=4), (5, 6))
+
+
+def reference_logits(loaded, prompt, trace, interval, visible):
+    """Full cache, the same chunks; each chunk's queries see, per layer and kv-head, only the
+    slots the evicting run held when that chunk ran.  Each layer gets its own mask through a
+    pre-hook on its attention module."""
+    model, geometry = loaded.model, loaded.geometry
+    group = geometry.q_heads // geometry.kv_heads
+    layers = model.model.layers
+    dtype = model.get_input_embeddings().weight.dtype
+    cache = DynamicCache(config=model.config)
+    masks: list[torch.Tensor | None] = [None] * len(layers)
+
+    def swap_mask(layer_idx):
+        def hook(module, args, kwargs):
+            if masks[layer_idx] is not None:
+                kwargs["attention_mask"] = masks[layer_idx]
+            return args, kwargs
+
+        return hook
+
+    handles = [layer.self_attn.register_forward_pre_hook(swap_mask(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    try:
+        with torch.inference_mode():
+            model(
+                input_ids=torch.tensor([prompt]),
+                attention_mask=causal_mask(0, len(prompt), dtype, "cpu"),
+                position_ids=torch.arange(len(prompt))[None],
+                cache=cache,
+            )
+            out, seen = [], len(prompt)
+            for j, start in enumerate(range(0, len(trace), interval)):
+                chunk = trace[start : start + interval]
+                for layer in range(len(layers)):
+                    hidden = torch.ones(geometry.kv_heads, seen, dtype=torch.bool)
+                    hidden.scatter_(1, visible[j][layer], False)
+                    masks[layer] = causal_mask(seen, len(chunk), dtype, "cpu", hidden=hidden.repeat_interleave(group, 0))
+                logits = model(
+                    input_ids=torch.tensor([chunk]),
+                    attention_mask=causal_mask(seen, len(chunk), dtype, "cpu"),
+                    position_ids=torch.arange(seen, seen + len(chunk))[None],
+                    cache=cache,
+                ).logits[0]
+                out.append(logits.float())
+                seen += len(chunk)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out

@@ -1,0 +1,99 @@
+"""One matrix every registered policy runs through: the invariants of DESIGN §4–5."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from thinkviz.chat import build_chat
+from thinkviz.engine import DecodeSettings, Run
+from thinkviz.policies import PolicyConfigError, make_policy, policy_names, policy_params
+
+SYSTEM = "You are a careful assistant. Think inside <think> tags, then answer."
+QUESTION = "Fix def area(r: float) -> float: it returns 2*pi*r instead of pi*r**2. Why?"
+
+
+def _own_params(name):
+    """Small, valid values for a policy's own knobs so sinks/windows fit the budget."""
+    values = {}
+    for p in policy_params(name):
+        if p.name in {"n_sink"}:
+            values[p.name] = 4
+        elif p.name in {"recent", "window"}:
+            values[p.name] = 6
+    return values
+
+
+def _run(loaded, name, budget, interval, **flags):
+    policy = make_policy(name, budget=budget, interval=interval, **_own_params(name), **flags)
+    prompt = build_chat(loaded.tokenizer, SYSTEM, QUESTION)
+    run = Run(loaded, policy, prompt, DecodeSettings(max_new_tokens=48, stop_at_eos=False, prefill_chunk=32))
+    return run, list(run.generate())
+
+
+def _protected_positions(run):
+    return np.flatnonzero(run.segmenter.protected_mask())
+
+
+@pytest.mark.parametrize("name", policy_names())
+@pytest.mark.parametrize("interval", [1, 4])
+def test_policy_invariants(tiny_llama, name, interval):
+    prompt_len = len(build_chat(tiny_llama.tokenizer, SYSTEM, QUESTION).ids)
+    budget = prompt_len + 16  # protected spans fit, so the budget binds on the generated part
+    run, events = _run(tiny_llama, name, budget, interval)
+    policy = run.policy
+    protected = _protected_positions(run)
+    assert len(protected) > 10
+    for event in events:
+        # protected spans (system prompt, question) are never evicted anywhere
+        assert np.all(event.keep_fraction[protected] == 1.0)
+        if policy.evicts:
+            # the budget holds between compressions: at most budget + interval slots
+            assert event.kv_tokens <= policy.budget + policy.interval
+            if policy.n_sink:
+                assert np.all(event.keep_fraction[: policy.n_sink] == 1.0)
+            if policy.recent:
+                newest = event.positions[-1]
+                assert np.all(event.keep_fraction[newest - policy.recent + 1 : newest + 1] == 1.0)
+    last = events[-1]
+    if policy.evicts:
+        assert any(e.evicted for e in events), "a binding budget must evict something"
+    else:
+        assert last.kv_tokens == last.positions[-1] + 1
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_protection_toggles_off_allow_eviction_of_the_prompt(tiny_llama, name):
+    policy_class_evicts = make_policy(name, **_own_params(name), budget=24).evicts
+    if not policy_class_evicts:
+        pytest.skip("keeps everything")
+    run, events = _run(tiny_llama, name, 24, 1, protect_system=False, protect_question=False)
+    prompt_len = len(run.record.prompt_ids)
+    assert np.any(events[-1].keep_fraction[:prompt_len] < 1.0)
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_parameters_are_declared_with_ranges(name):
+    for p in policy_params(name):
+        assert p.help, f"{name}.{p.name} needs a help text for the UI"
+        if p.kind != "bool":
+            assert p.low is not None and p.high is not None and p.low <= p.default <= p.high
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"budget": 0}, "budget"),
+        ({"budget": 8, "recent": 8}, "sinks \\+ recent"),
+        ({"budget": 64, "nonsense": 1}, "no parameter nonsense"),
+        ({"budget": "many"}, "budget must be an integer"),
+    ],
+)
+def test_bad_parameters_are_refused_clearly(kwargs, message):
+    with pytest.raises(PolicyConfigError, match=message):
+        make_policy("h2o", **kwargs)
+
+
+def test_unknown_policy_lists_the_choices():
+    with pytest.raises(PolicyConfigError, match="unknown policy 'lru'.*h2o"):
+        make_policy("lru")

@@ -1,0 +1,1 @@
+"""ThinkViz: watch KV-cache eviction inside a reasoning language model."""

@@ -1,0 +1,7 @@
+"""``python -m thinkviz``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks: ratios measured in one run against a baseline on the same machine."""

@@ -1,0 +1,63 @@
+"""``python -m thinkviz generate``: stream a policy-evicted generation to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..cli import CliError, add_model_args, add_policy_args, command, load_from_args, policy_from_args
+from ..engine import DecodeSettings, EngineError, Run
+from ..units import format_bytes
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="the user's question")
+    add_policy_args(parser)
+    add_model_args(parser)
+    parser.add_argument("--system", default=None, help="system prompt (default: the reasoning prompt)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH", default=None, help="write the RunRecord to PATH.json + PATH.npz")
+
+
+@command("generate", configure)
+def run(args: argparse.Namespace) -> int:
+    """Generate text through an eviction policy and print a summary."""
+    from ..chat import REASONING_SYSTEM_PROMPT, build_chat
+
+    if not args.prompt.strip():
+        raise CliError("the prompt is empty")
+    policy = policy_from_args(args)
+    settings = DecodeSettings(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
+    )
+    try:
+        settings.validate()
+    except EngineError as exc:
+        raise CliError(str(exc)) from None
+    loaded = load_from_args(args)
+    system = REASONING_SYSTEM_PROMPT if args.system is None else args.system
+    prompt = build_chat(loaded.tokenizer, system or None, args.prompt)
+    try:
+        engine_run = Run(loaded, policy, prompt, settings)
+        sys.stdout.write(prompt.assistant_prefix)
+        for event in engine_run.generate():
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    except EngineError as exc:
+        raise CliError(str(exc)) from None
+    record = engine_run.record
+    s = record.summary
+    print(
+        f"\n--- {s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s, "
+        f"peak KV {format_bytes(s['peak_kv_bytes'])}, final KV {format_bytes(s['final_kv_bytes'])} "
+        f"(full cache {format_bytes(s['final_full_kv_bytes'])}), kept {s['kept_fraction']:.0%}, "
+        f"stopped: {s.get('stopped', '?')}",
+        file=sys.stderr,
+    )
+    if args.json:
+        json_path, npz_path = record.save(args.json)
+        print(f"recording written to {json_path} and {npz_path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,418 @@
+"""The decode loop: prefill, then step token by token (or chunk by chunk) with real eviction.
+
+One :class:`Run` owns an :class:`~thinkviz.cache.EvictingCache`, the per-slot attention
+statistics that must move with the slots when they are gathered, and the per-position
+facts (token text, entropy of its own attention row, hidden state).  Every ``interval``
+steps it asks the policy which slots to keep and gathers them.  Each step yields a
+:class:`~thinkviz.events.StepEvent`; ``Run.record`` collects them into a
+:class:`~thinkviz.events.RunRecord`.
+
+Positions: a new token at absolute position ``p`` gets ``position_ids = p`` (its rotary
+phase) whatever the physical length of the cache.  The attention mask is passed as a
+prepared 4-D additive mask ``(1, 1, q, T + q)``: every cached slot is visible, the ``q`` new
+tokens see each other causally.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .attention import AttentionCapture
+from .cache import EvictingCache
+from .chat import ChatPrompt, token_texts
+from .events import RunRecord, StepEvent
+from .model import LoadedModel
+from .policies.base import CacheView, Policy
+
+
+class EngineError(ValueError):
+    """The request cannot be run (empty prompt, too long for the model, bad settings)."""
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How to decode. ``temperature == 0`` means greedy."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    prefill_chunk: int = 256
+    scoring: bool = True
+    snapshot_limit: int = 64
+    stop_at_eos: bool = True
+
+    def validate(self) -> None:
+        if not 1 <= self.max_new_tokens <= 32768:
+            raise EngineError(f"max_new_tokens must be between 1 and 32768, got {self.max_new_tokens}")
+        if not 0.0 <= self.temperature <= 5.0:
+            raise EngineError(f"temperature must be between 0 and 5, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise EngineError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.prefill_chunk < 1:
+            raise EngineError("prefill_chunk must be at least 1")
+
+
+def causal_mask(cached: int, new: int, dtype: torch.dtype, device, hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """Additive mask ``(1, H, new, cached + new)``: cached slots visible, new tokens causal.
+
+    ``hidden`` ``(H, cached)`` bool optionally hides cached slots from the new queries (per
+    head, ``H`` may be 1); this is the reference the eviction oracle compares against.
+    """
+    blocked = torch.ones(new, new, dtype=torch.bool, device=device).triu(1)
+    visible_past = torch.zeros(new, cached, dtype=torch.bool, device=device)
+    mask = torch.cat([visible_past, blocked], dim=-1)[None, None]  # (1, 1, q, T + q)
+    if hidden is not None:
+        hide = hidden.to(device)[:, None, :].expand(-1, new, -1)  # (H, q, T)
+        mask = mask.repeat(1, hidden.shape[0], 1, 1)
+        mask[0, :, :, :cached] |= hide
+    return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(mask, torch.finfo(dtype).min)
+
+
+def eos_ids(loaded: LoadedModel) -> set[int]:
+    """Token ids that end generation (tokenizer and generation config)."""
+    ids: set[int] = set()
+    for source in (loaded.tokenizer.eos_token_id, getattr(loaded.model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(i) for i in source)
+    return ids
+
+
+def pick_token(logits: torch.Tensor, settings: DecodeSettings, generator: torch.Generator) -> int:
+    """Greedy argmax, or temperature + nucleus (top-p) sampling from ``logits`` ``(V,)``."""
+    if settings.temperature == 0.0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float() / settings.temperature, dim=-1)
+    if settings.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs > settings.top_p
+        sorted_probs[outside] = 0.0
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class Run:
+    """One run of a model through a policy.  Use :meth:`generate` or :meth:`replay`.
+
+    ``prompt``: a :class:`~thinkviz.chat.ChatPrompt` (roles known, segments tracked) or plain
+    token ids.  ``cancel``: set it from another thread to stop after the current step.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        policy: Policy,
+        prompt: ChatPrompt | Sequence[int],
+        settings: DecodeSettings = DecodeSettings(),
+        cancel: threading.Event | None = None,
+    ) -> None:
+        settings.validate()
+        self.loaded, self.policy, self.settings = loaded, policy, settings
+        self.cancel = cancel or threading.Event()
+        geometry = loaded.geometry
+        if isinstance(prompt, ChatPrompt):
+            ids, texts = list(prompt.ids), list(prompt.texts)
+            from .segments import Segmenter
+
+            self.segmenter = Segmenter(
+                prompt.roles,
+                texts,
+                protect_system=policy.config["protect_system"],
+                protect_question=policy.config["protect_question"],
+            )
+        else:
+            ids = [int(i) for i in prompt]
+            texts = token_texts(loaded.tokenizer, ids)
+            self.segmenter = None
+        if not ids:
+            raise EngineError("the prompt is empty")
+        if len(ids) >= geometry.max_context:
+            raise EngineError(
+                f"the prompt has {len(ids)} tokens; the model's context is {geometry.max_context}"
+            )
+        self.ids: list[int] = ids
+        self.texts: list[str] = texts
+        self.device = loaded.device
+        self.mask_dtype = loaded.model.get_input_embeddings().weight.dtype  # the attention compute dtype
+        self.cache = EvictingCache(loaded.model.config)
+        layers, heads = geometry.layers, geometry.kv_heads
+        self.window_rows = max(1, policy.window_rows)
+        self.received = torch.zeros(layers, heads, 0)
+        self.window = torch.zeros(layers, heads, self.window_rows, 0)
+        self.token_entropy = torch.zeros(0)
+        self.hidden: torch.Tensor | None = None
+        self.processed = 0  # tokens already run through the model
+        self.steps_since_compress = 0
+        self.peak_kv_bytes = 0
+        self.generator = torch.Generator().manual_seed(settings.seed)
+        self._scores: torch.Tensor | None = None
+        self._snapshot_stride = 1
+        self.record = RunRecord(
+            meta={
+                "model": loaded.name,
+                "quantization": loaded.quantization,
+                "device": str(loaded.device),
+                "policy": policy.name,
+                "params": dict(policy.config),
+                "budget": policy.budget,
+                "interval": policy.interval,
+                "geometry": {
+                    "layers": layers,
+                    "kv_heads": heads,
+                    "head_dim": geometry.head_dim,
+                    "dtype_bytes": geometry.dtype_bytes,
+                },
+                "weights_bytes": loaded.weights_bytes,
+                "settings": settings.__dict__.copy(),
+            },
+            prompt_ids=list(ids),
+            prompt_texts=list(texts),
+        )
+
+    # ---- public loops --------------------------------------------------------------
+    def generate(self) -> Iterator[StepEvent]:
+        """Prefill the prompt, then decode until EOS, ``max_new_tokens`` or cancel."""
+        stop_ids = eos_ids(self.loaded) if self.settings.stop_at_eos else set()
+        with self._capture():
+            logits = self._prefill()
+            for step in range(self.settings.max_new_tokens):
+                if self.cancel.is_set():
+                    self.record.summary["stopped"] = "cancelled"
+                    break
+                token = pick_token(logits, self.settings, self.generator)
+                event, step_logits = self._advance(step, [token], logits_to_keep=1)
+                logits = step_logits[-1]
+                yield event
+                if token in stop_ids:
+                    self.record.summary["stopped"] = "eos"
+                    break
+            else:
+                self.record.summary["stopped"] = "max_new_tokens"
+        self._finish()
+
+    def replay(
+        self,
+        ids: Sequence[int],
+        on_logits: Callable[[list[int], torch.Tensor], None] | None = None,
+    ) -> Iterator[StepEvent]:
+        """Teacher-force ``ids`` after the prompt, ``interval`` tokens per forward pass.
+
+        ``on_logits(positions, logits)`` receives each chunk's logits ``(q, V)``: row ``i``
+        predicts the token after absolute position ``positions[i]``.
+        """
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise EngineError("the trace is empty")
+        if len(self.ids) + len(ids) > self.loaded.geometry.max_context:
+            raise EngineError(
+                f"prompt + trace is {len(self.ids) + len(ids)} tokens; "
+                f"the model's context is {self.loaded.geometry.max_context}"
+            )
+        chunk = self.policy.interval
+        with self._capture():
+            last = self._prefill()
+            if on_logits is not None:
+                on_logits([len(self.ids) - 1], last[None])
+            for step, start in enumerate(range(0, len(ids), chunk)):
+                if self.cancel.is_set():
+                    self.record.summary["stopped"] = "cancelled"
+                    break
+                event, logits = self._advance(step, ids[start : start + chunk], logits_to_keep=0)
+                if on_logits is not None:
+                    on_logits(event.positions, logits)
+                yield event
+            else:
+                self.record.summary["stopped"] = "end of trace"
+        self._finish()
+
+    # ---- internals -----------------------------------------------------------------
+    def _capture(self) -> AttentionCapture:
+        capture = AttentionCapture(
+            self.loaded.model,
+            self.loaded.geometry.kv_heads,
+            tail_rows=self.window_rows,
+            capture_hidden=self.policy.needs_hidden,
+        )
+        capture.enabled = self.settings.scoring or self.policy.evicts
+        self.capture = capture
+        return capture
+
+    def _prefill(self) -> torch.Tensor:
+        """Run the prompt in chunks, compressing between chunks; return the last logits ``(V,)``."""
+        start_time = time.perf_counter()
+        prompt = self.ids[self.processed :]
+        chunk = self.settings.prefill_chunk
+        for start in range(0, len(prompt), chunk):
+            logits = self._forward(prompt[start : start + chunk], logits_to_keep=1)
+            self.steps_since_compress += self.policy.interval  # a chunk always makes a compression due
+            self._maybe_compress()
+        self.record.summary["prefill_seconds"] = time.perf_counter() - start_time
+        self.record.summary["prompt_tokens"] = len(prompt)
+        return logits[-1]
+
+    @torch.inference_mode()
+    def _forward(self, ids: list[int], logits_to_keep: int) -> torch.Tensor:
+        """Run ``ids`` at the next absolute positions; return logits ``(q', V)`` (float32)."""
+        q, cached = len(ids), self.cache.n_slots
+        positions = torch.arange(self.processed, self.processed + q)
+        out = self.loaded.model(
+            input_ids=torch.tensor([ids], device=self.device),
+            position_ids=positions[None].to(self.device),
+            attention_mask=causal_mask(cached, q, self.mask_dtype, self.device),
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        self.cache.record_positions(positions)
+        self.processed += q
+        self.peak_kv_bytes = max(self.peak_kv_bytes, self.cache.nbytes())
+        if self.capture.enabled:
+            self._absorb(self.capture.take(), q)
+        return out.logits[0].float()
+
+    def _absorb(self, scores, q: int) -> None:
+        """Fold one forward's reduced attention into the slot-aligned statistics."""
+        layers, heads = self.received.shape[:2]
+        self.received = torch.cat([self.received, torch.zeros(layers, heads, q)], dim=-1) + scores.received.cpu()
+        rows = scores.tail.cpu()  # (L, H_kv, r, T)
+        grown = torch.cat([self.window, torch.zeros(layers, heads, self.window_rows, q)], dim=-1)
+        self.window = torch.cat([grown, rows], dim=2)[:, :, -self.window_rows :, :]
+        self.token_entropy = torch.cat([self.token_entropy, scores.row_entropy.cpu()])
+        if scores.hidden is not None:
+            hidden = scores.hidden.cpu()
+            self.hidden = hidden if self.hidden is None else torch.cat([self.hidden, hidden])
+
+    def _view(self) -> CacheView:
+        total = self.processed
+        protected = (
+            torch.from_numpy(self.segmenter.protected_mask()[:total].copy())
+            if self.segmenter is not None
+            else torch.zeros(total, dtype=torch.bool)
+        )
+        entropy = self.token_entropy if len(self.token_entropy) == total else torch.zeros(total)
+        return CacheView(
+            positions=self.cache.position_table(),
+            received=self.received,
+            window=self.window,
+            token_entropy=entropy,
+            protected=protected,
+            current=total - 1,
+            keys=[layer.keys for layer in self.cache.layers],
+            hidden=self.hidden,
+            texts=self.texts,
+            segments=self.segmenter,
+        )
+
+    def _maybe_compress(self) -> tuple[bool, float]:
+        """Compress if due and over budget; return (compressed, seconds spent in the policy)."""
+        if not self.policy.evicts or self.steps_since_compress < self.policy.interval:
+            return False, 0.0
+        if self.cache.n_slots <= self.policy.budget:
+            return False, 0.0
+        start = time.perf_counter()
+        view = self._view()
+        keep = self.policy.compress(view, self.cache)
+        expected = (len(self.cache.layers), self.loaded.geometry.kv_heads)
+        if keep.dim() != 3 or tuple(keep.shape[:2]) != expected:
+            raise RuntimeError(f"policy {self.policy.name} returned keep indices of shape {tuple(keep.shape)}")
+        keep = keep.cpu()
+        self.cache.keep(keep)
+        self.received = self.received.gather(-1, keep)
+        self.window = self.window.gather(-1, keep[:, :, None, :].expand(-1, -1, self.window_rows, -1))
+        self.steps_since_compress = 0
+        return True, time.perf_counter() - start
+
+    def _advance(self, step: int, ids: list[int], logits_to_keep: int) -> tuple[StepEvent, torch.Tensor]:
+        """Append ``ids``, compress if due; return the StepEvent and the logits ``(q', V)``."""
+        before = self._holders()
+        start = time.perf_counter()
+        new_texts = token_texts(self.loaded.tokenizer, ids, prefix_ids=self.ids[-8:])
+        positions = list(range(self.processed, self.processed + len(ids)))
+        self.ids.extend(ids)
+        self.texts.extend(new_texts)
+        if self.segmenter is not None:
+            self.segmenter.feed(new_texts)
+        logits = self._forward(ids, logits_to_keep)
+        seconds_forward = time.perf_counter() - start
+        self.steps_since_compress += 1
+        compressed, seconds_policy = self._maybe_compress()
+        after = self._holders()
+        view = self._view()
+        evicted = [p for p in range(len(before)) if before[p] > 0 and after[p] == 0]
+        per_slot_bytes = self.cache.nbytes() / max(1, self.cache.n_slots)
+        event = StepEvent(
+            step=step,
+            token_ids=list(ids),
+            texts=new_texts,
+            positions=positions,
+            scores=self._position_scores(view, after),
+            keep_fraction=after / float(self.cache.positions[0].shape[0] * len(self.cache.layers)),
+            evicted=evicted,
+            kv_bytes=self.cache.nbytes(),
+            kv_tokens=self.cache.n_slots,
+            full_kv_bytes=int(round(per_slot_bytes * self.processed)),
+            seconds_forward=seconds_forward,
+            seconds_policy=seconds_policy,
+            compressed=compressed,
+            info=self.policy.step_info(view),
+        )
+        self.record.events.append(event)
+        self._maybe_snapshot(step)
+        return event, logits
+
+    def _holders(self) -> np.ndarray:
+        """``(N,)`` number of (layer, kv-head) slots holding each absolute position."""
+        if not self.cache.positions:
+            return np.zeros(0)
+        table = self.cache.position_table().flatten()
+        return torch.bincount(table, minlength=self.processed).numpy().astype(np.float32)
+
+    def _position_scores(self, view: CacheView, holders: np.ndarray) -> np.ndarray:
+        """``(N,)`` the policy's importance per position: mean over the slots that hold it."""
+        if not self.capture.enabled or not self.settings.scoring:
+            return np.full(self.processed, np.nan, dtype=np.float32)
+        slot_scores = self.policy.score(view).float().flatten()
+        table = view.positions.flatten()
+        sums = torch.bincount(table, weights=torch.nan_to_num(slot_scores), minlength=self.processed).numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(holders > 0, sums / holders, np.nan).astype(np.float32)
+
+    def _maybe_snapshot(self, step: int) -> None:
+        """Keep a bounded, evenly thinned set of ``(L, H_kv, N)`` keep masks for drill-down."""
+        if step % self._snapshot_stride:
+            return
+        table = self.cache.position_table()  # (L, H_kv, T)
+        mask = torch.zeros(*table.shape[:2], self.processed, dtype=torch.bool)
+        mask.scatter_(-1, table, True)
+        self.record.snapshots[step] = mask.numpy()
+        if len(self.record.snapshots) > self.settings.snapshot_limit:
+            self._snapshot_stride *= 2
+            self.record.snapshots = {
+                s: m for s, m in self.record.snapshots.items() if s % self._snapshot_stride == 0
+            }
+
+    def _finish(self) -> None:
+        events = self.record.events
+        decode_seconds = sum(e.seconds_forward + e.seconds_policy for e in events)
+        generated = sum(len(e.token_ids) for e in events)
+        final = events[-1] if events else None
+        self.record.summary.update(
+            {
+                "new_tokens": generated,
+                "tokens_per_second": generated / decode_seconds if decode_seconds > 0 else 0.0,
+                "peak_kv_bytes": self.peak_kv_bytes,
+                "final_kv_bytes": final.kv_bytes if final else self.cache.nbytes(),
+                "final_full_kv_bytes": final.full_kv_bytes if final else self.cache.nbytes(),
+                "kept_fraction": (self.cache.n_slots / self.processed) if self.processed else 1.0,
+            }
+        )
+        if self.segmenter is not None:
+            self.record.segments = [span.__dict__.copy() for span in self.segmenter.spans()]

@@ -1,0 +1,209 @@
+"""The one data contract shared by the engine, the UI, the benchmarks, tests and export.
+
+A run is a sequence of :class:`StepEvent` (one per decoded token, or one per replayed
+chunk) collected into a :class:`RunRecord`.  A record saves to a folder-free pair of
+files, ``NAME.json`` (metadata, tokens, per-step scalars) and ``NAME.npz`` (the dense
+per-step arrays), and loads back without a model.  Nothing here is ever pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT_VERSION = 1
+
+# Largest recording we agree to load (either file), so a hostile upload cannot exhaust memory.
+MAX_RECORDING_BYTES = 256 * 1024 * 1024
+
+
+class RecordingError(ValueError):
+    """A recording could not be read: truncated, too big, wrong version or not ours."""
+
+
+@dataclass
+class StepEvent:
+    """What one engine step did to the cache.
+
+    Arrays are indexed by *absolute* token position ``0 .. T-1`` where ``T`` is the
+    number of tokens seen so far (prompt + generated, including this step's tokens).
+
+    - ``scores``: ``(T,)`` the policy's importance of each position (mean over layers and
+      kv-heads of the slots that still hold it; ``nan`` once a position is gone everywhere).
+    - ``keep_fraction``: ``(T,)`` fraction of the ``L * H_kv`` (layer, kv-head) slots that
+      still hold each position, in ``[0, 1]``.
+    """
+
+    step: int
+    token_ids: list[int]
+    texts: list[str]
+    positions: list[int]
+    scores: np.ndarray
+    keep_fraction: np.ndarray
+    evicted: list[int] = field(default_factory=list)
+    kv_bytes: int = 0
+    kv_tokens: int = 0
+    full_kv_bytes: int = 0
+    seconds_forward: float = 0.0
+    seconds_policy: float = 0.0
+    compressed: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+
+@dataclass
+class RunRecord:
+    """A whole run: metadata, the prompt, and every step event.
+
+    ``meta`` holds at least ``model``, ``quantization``, ``policy``, ``params``,
+    ``budget``, ``interval``, ``geometry`` (``layers``, ``kv_heads``, ``head_dim``,
+    ``dtype_bytes``) and ``weights_bytes``.
+    ``prompt_ids`` / ``prompt_texts`` are the prefilled tokens; ``segments`` is a list of
+    ``{"kind", "index", "start", "end", "protected"}`` spans over absolute positions.
+    ``snapshots`` maps a step to its ``(L, H_kv, T)`` boolean keep mask, stored for a
+    bounded number of steps so the Explore view can drill into layers and heads.
+    """
+
+    meta: dict[str, Any]
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_texts: list[str] = field(default_factory=list)
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    events: list[StepEvent] = field(default_factory=list)
+    snapshots: dict[int, np.ndarray] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    # ---- derived views -------------------------------------------------------------
+    @property
+    def token_ids(self) -> list[int]:
+        ids = list(self.prompt_ids)
+        for e in self.events:
+            ids.extend(e.token_ids)
+        return ids
+
+    @property
+    def texts(self) -> list[str]:
+        out = list(self.prompt_texts)
+        for e in self.events:
+            out.extend(e.texts)
+        return out
+
+    @property
+    def generated_text(self) -> str:
+        return "".join(e.text for e in self.events)
+
+    def kv_bytes_series(self) -> np.ndarray:
+        """``(S,)`` physical KV bytes after each step."""
+        return np.array([e.kv_bytes for e in self.events], dtype=np.int64)
+
+    def full_kv_bytes_series(self) -> np.ndarray:
+        """``(S,)`` bytes the same steps would hold with nothing evicted."""
+        return np.array([e.full_kv_bytes for e in self.events], dtype=np.int64)
+
+    # ---- persistence ---------------------------------------------------------------
+    def save(self, path: str | Path) -> tuple[Path, Path]:
+        """Write ``path.json`` and ``path.npz`` (suffix of ``path`` is ignored)."""
+        base = Path(path).with_suffix("")
+        base.parent.mkdir(parents=True, exist_ok=True)
+        events_meta = []
+        arrays: dict[str, np.ndarray] = {}
+        for i, e in enumerate(self.events):
+            d = asdict(e)
+            d.pop("scores")
+            d.pop("keep_fraction")
+            events_meta.append(_jsonable(d))
+            arrays[f"scores_{i}"] = np.asarray(e.scores, dtype=np.float32)
+            arrays[f"keep_{i}"] = np.asarray(e.keep_fraction, dtype=np.float32)
+        for step, mask in self.snapshots.items():
+            mask = np.asarray(mask, dtype=bool)
+            arrays[f"snapshot_{step}"] = np.packbits(mask, axis=-1)
+            arrays[f"snapshot_shape_{step}"] = np.array(mask.shape, dtype=np.int64)
+        doc = {
+            "format": "thinkviz-run",
+            "version": FORMAT_VERSION,
+            "meta": _jsonable(self.meta),
+            "prompt_ids": list(map(int, self.prompt_ids)),
+            "prompt_texts": list(self.prompt_texts),
+            "segments": _jsonable(self.segments),
+            "events": events_meta,
+            "snapshot_steps": sorted(int(s) for s in self.snapshots),
+            "summary": _jsonable(self.summary),
+        }
+        json_path, npz_path = base.with_suffix(".json"), base.with_suffix(".npz")
+        json_path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+        with open(npz_path, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
+        return json_path, npz_path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunRecord":
+        """Load a record saved by :meth:`save`; raises :class:`RecordingError` on bad input."""
+        base = Path(path).with_suffix("")
+        json_path, npz_path = base.with_suffix(".json"), base.with_suffix(".npz")
+        for p in (json_path, npz_path):
+            if not p.is_file():
+                raise RecordingError(f"recording file {p.name} is missing")
+            if p.stat().st_size > MAX_RECORDING_BYTES:
+                raise RecordingError(
+                    f"recording file {p.name} is larger than {MAX_RECORDING_BYTES // 2**20} MiB"
+                )
+        try:
+            doc = json.loads(json_path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RecordingError(f"{json_path.name} is not a ThinkViz recording (bad JSON: {exc})") from exc
+        if not isinstance(doc, dict) or doc.get("format") != "thinkviz-run":
+            raise RecordingError(f"{json_path.name} is not a ThinkViz recording")
+        if doc.get("version") != FORMAT_VERSION:
+            raise RecordingError(
+                f"recording format version {doc.get('version')!r} is not supported "
+                f"(this ThinkViz reads version {FORMAT_VERSION})"
+            )
+        try:
+            with np.load(npz_path, allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+        except Exception as exc:  # zipfile.BadZipFile, ValueError, EOFError, OSError ...
+            raise RecordingError(f"{npz_path.name} is not a readable NPZ archive: {exc}") from exc
+        try:
+            events = []
+            for i, d in enumerate(doc["events"]):
+                events.append(
+                    StepEvent(scores=arrays[f"scores_{i}"], keep_fraction=arrays[f"keep_{i}"], **d)
+                )
+            snapshots = {}
+            for step in doc.get("snapshot_steps", []):
+                shape = tuple(int(x) for x in arrays[f"snapshot_shape_{step}"])
+                bits = np.unpackbits(arrays[f"snapshot_{step}"], axis=-1, count=shape[-1])
+                snapshots[int(step)] = bits.astype(bool).reshape(shape)
+            return cls(
+                meta=doc["meta"],
+                prompt_ids=doc["prompt_ids"],
+                prompt_texts=doc["prompt_texts"],
+                segments=doc["segments"],
+                events=events,
+                snapshots=snapshots,
+                summary=doc.get("summary", {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordingError(f"recording is incomplete or corrupted ({exc!r})") from exc
+
+
+def _jsonable(obj: Any) -> Any:
+    """Convert numpy scalars/arrays and tuples so ``json.dumps`` accepts them; NaN -> None."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return _jsonable(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

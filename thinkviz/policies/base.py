@@ -1,0 +1,183 @@
+"""The policy interface, declared parameters, and the shared keep-set selection.
+
+A policy sees a :class:`CacheView` of the cache and returns which physical slots to keep,
+as indices of shape ``(L, H_kv, k)``.  Most policies only override :meth:`Policy.score`
+(higher = more worth keeping, shape ``(L, H_kv, T)``); :meth:`Policy.select` then forces the
+protected spans, the attention sinks and the recent window in and takes the top ``budget``
+slots per (layer, kv-head).  Block-level or value-modifying policies override
+:meth:`Policy.select` or :meth:`Policy.compress`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+
+class PolicyConfigError(ValueError):
+    """A policy name or parameter value is not acceptable; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """A tunable knob with the range a UI slider should offer."""
+
+    name: str
+    default: float | int | bool
+    low: float | int | None = None
+    high: float | int | None = None
+    step: float | int | None = None
+    help: str = ""
+
+    @property
+    def kind(self) -> str:
+        if isinstance(self.default, bool):
+            return "bool"
+        return "int" if isinstance(self.default, int) else "float"
+
+    def coerce(self, value: Any) -> float | int | bool:
+        """Convert and range-check ``value``; raise :class:`PolicyConfigError` otherwise."""
+        try:
+            if self.kind == "bool":
+                if isinstance(value, str):
+                    value = {"true": True, "false": False}.get(value.strip().lower(), value)
+                if not isinstance(value, bool):
+                    raise TypeError
+                return value
+            number = float(value)
+            if number != number:  # NaN
+                raise ValueError
+            if self.kind == "int":
+                if number != int(number):
+                    raise ValueError
+                number = int(number)
+        except (TypeError, ValueError):
+            expected = {"bool": "true or false", "int": "an integer", "float": "a number"}[self.kind]
+            raise PolicyConfigError(f"{self.name} must be {expected}, got {value!r}") from None
+        if self.low is not None and number < self.low or self.high is not None and number > self.high:
+            raise PolicyConfigError(f"{self.name} must be between {self.low} and {self.high}, got {number}")
+        return number
+
+
+COMMON_PARAMS: tuple[Param, ...] = (
+    Param("budget", 256, 8, 16384, 8, "tokens kept per layer and kv-head after each compression"),
+    Param("interval", 1, 1, 512, 1, "compress every N steps; the cache oscillates between budget and budget+N"),
+    Param("protect_system", True, help="never evict the system prompt"),
+    Param("protect_question", True, help="never evict the user's question"),
+)
+
+
+@dataclass
+class CacheView:
+    """What a policy may look at when it decides (``N`` = tokens seen, ``T`` = physical slots).
+
+    - ``positions`` ``(L, H_kv, T)`` absolute position of each slot;
+    - ``received`` ``(L, H_kv, T)`` attention each slot received from every query since it
+      was written (summed over queries, mean over the query heads of a kv group);
+    - ``window`` ``(L, H_kv, W, T)`` the attention rows of the last ``W`` queries, oldest
+      first, zero where a slot did not exist yet;
+    - ``token_entropy`` ``(N,)`` entropy (bits) of each token's own attention row;
+    - ``hidden`` ``(N, d)`` final hidden state per token, when the policy asked for it;
+    - ``protected`` ``(N,)`` bool, positions no policy may evict;
+    - ``keys`` per layer ``(B, H_kv, T, D)``: the cached keys themselves;
+    - ``texts`` per position, ``segments`` the live segmenter (or ``None``).
+    """
+
+    positions: torch.Tensor
+    received: torch.Tensor
+    window: torch.Tensor
+    token_entropy: torch.Tensor
+    protected: torch.Tensor
+    current: int
+    keys: list[torch.Tensor] = field(default_factory=list)
+    hidden: torch.Tensor | None = None
+    texts: list[str] = field(default_factory=list)
+    segments: Any = None
+
+    @property
+    def last(self) -> torch.Tensor:
+        """``(L, H_kv, T)`` attention from the newest query."""
+        return self.window[:, :, -1, :]
+
+    @property
+    def queries_seen(self) -> torch.Tensor:
+        """``(L, H_kv, T)`` how many queries (itself included) could attend to each slot."""
+        return (self.current - self.positions + 1).clamp(min=1)
+
+    def by_position(self, values: torch.Tensor) -> torch.Tensor:
+        """Broadcast a per-position tensor ``(N,)`` onto the slots: ``(L, H_kv, T)``."""
+        return values.to(self.positions.device)[self.positions]
+
+
+class Policy:
+    """Base class: subclasses set ``name``, ``summary``, ``source``, ``params`` and override ``score``.
+
+    ``window_rows``: how many recent query rows the policy needs in ``CacheView.window``;
+    ``needs_hidden``: whether it reads final hidden states.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    source: ClassVar[str] = ""
+    params: ClassVar[tuple[Param, ...]] = ()
+    window_rows: ClassVar[int] = 1
+    needs_hidden: ClassVar[bool] = False
+    evicts: ClassVar[bool] = True
+
+    def __init__(self, **values: Any) -> None:
+        declared = {p.name: p for p in self.all_params()}
+        unknown = sorted(set(values) - set(declared))
+        if unknown:
+            raise PolicyConfigError(
+                f"policy {self.name!r} has no parameter {', '.join(unknown)} "
+                f"(it takes: {', '.join(declared)})"
+            )
+        self.config: dict[str, Any] = {
+            name: param.coerce(values.get(name, param.default)) for name, param in declared.items()
+        }
+        self.budget: int = self.config["budget"]
+        self.interval: int = self.config["interval"]
+        self.n_sink: int = self.config.get("n_sink", 0)
+        self.recent: int = self.config.get("recent", 0)
+        if self.evicts and self.n_sink + self.recent >= self.budget:
+            raise PolicyConfigError(
+                f"budget ({self.budget}) must be larger than sinks + recent window "
+                f"({self.n_sink} + {self.recent})"
+            )
+
+    @classmethod
+    def all_params(cls) -> tuple[Param, ...]:
+        return COMMON_PARAMS + cls.params
+
+    # ---- the decision ------------------------------------------------------------------
+    def score(self, view: CacheView) -> torch.Tensor:
+        """Importance of every slot, ``(L, H_kv, T)``; higher is kept first."""
+        raise NotImplementedError
+
+    def forced(self, view: CacheView) -> torch.Tensor:
+        """``(L, H_kv, T)`` bool: protected spans, the first ``n_sink`` positions, the last ``recent``."""
+        protected = view.by_position(view.protected)
+        sinks = view.positions < self.n_sink
+        recent = view.positions > view.current - self.recent
+        return protected | sinks | recent
+
+    def select(self, view: CacheView) -> torch.Tensor:
+        """Physical indices to keep, ``(L, H_kv, k)`` sorted, ``k = max(budget, forced)`` capped at ``T``."""
+        scores = self.score(view).float()
+        forced = self.forced(view)
+        total = scores.shape[-1]
+        k = min(total, max(self.budget, int(forced.sum(-1).max())))
+        ranked = torch.where(forced, torch.full_like(scores, float("inf")), scores)
+        ranked = torch.nan_to_num(ranked, nan=float("-inf"))
+        keep = ranked.topk(k, dim=-1).indices
+        return keep.sort(dim=-1).values
+
+    def compress(self, view: CacheView, cache) -> torch.Tensor:
+        """Decide and return the keep indices; value-modifying policies also edit ``cache`` here."""
+        return self.select(view)
+
+    def step_info(self, view: CacheView) -> dict[str, Any]:
+        """Policy-specific facts to attach to the step's event (e.g. block verification states)."""
+        return {}

@@ -1,0 +1,26 @@
+"""full: keep every token — the reference every other policy is measured against."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import CacheView, Policy
+from .registry import register
+
+
+@register
+class FullCache(Policy):
+    """Never evicts; ``select`` returns every slot ``(L, H_kv, T)``. Importance shown is the
+    attention each token received, normalised by how many queries could see it."""
+
+    name = "full"
+    summary = "Keep every token. The cache grows by one entry per token in every layer and head."
+    source = "reference (no eviction)"
+    evicts = False
+
+    def score(self, view: CacheView) -> torch.Tensor:
+        return view.received / view.queries_seen
+
+    def select(self, view: CacheView) -> torch.Tensor:
+        layers, heads, total = view.positions.shape
+        return torch.arange(total).expand(layers, heads, total)

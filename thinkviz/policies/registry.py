@@ -1,0 +1,40 @@
+"""Registry of eviction policies by name, with their declared parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Param, Policy, PolicyConfigError
+
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: make ``cls`` available under ``cls.name``."""
+    if not cls.name or cls.name in POLICIES:
+        raise ValueError(f"policy name {cls.name!r} is empty or already registered")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def policy_names() -> list[str]:
+    return list(POLICIES)
+
+
+def policy_class(name: str) -> type[Policy]:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise PolicyConfigError(
+            f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}"
+        ) from None
+
+
+def make_policy(name: str, **values: Any) -> Policy:
+    """Build a policy from its name and parameter values (validated against declared ranges)."""
+    return policy_class(name)(**values)
+
+
+def policy_params(name: str) -> tuple[Param, ...]:
+    """Every parameter (common + own) the named policy accepts, with ranges for sliders."""
+    return policy_class(name).all_params()

@@ -1,0 +1,24 @@
+"""window: FIFO sliding window — keep only the most recent ``budget`` tokens.
+
+The baseline seed 001 criticises: an early formula or definition is dropped as soon as it
+is ``budget`` tokens old, however important it was.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import CacheView, Policy
+from .registry import register
+
+
+@register
+class SlidingWindow(Policy):
+    """Score = absolute position ``(L, H_kv, T)``, so top-``budget`` keeps the newest tokens."""
+
+    name = "window"
+    summary = "First in, first out: keep the newest tokens, drop the oldest, whatever they were."
+    source = "FIFO baseline (criticised in seed 001)"
+
+    def score(self, view: CacheView) -> torch.Tensor:
+        return view.positions.float()
