@@ -1,0 +1,92 @@
+"""Memory accounting: bytes per token, weight sizes and projections, on hand-computed numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from thinkviz.memory import GIB, TARGETS, Projection, TargetModel, device_memory, process_rss_bytes
+
+# A model small enough to count by hand: 1 layer, 1 q head, 1 kv head, head_dim 4, hidden 4.
+TOY = TargetModel("toy", layers=1, q_heads=1, kv_heads=1, head_dim=4, hidden=4, intermediate=8,
+                  vocab=10, tied_embeddings=True)
+
+
+def test_bytes_per_token_is_two_layers_heads_dim_dtype():
+    assert TARGETS["Qwen3-4B"].bytes_per_token == 2 * 36 * 8 * 128 * 2 == 147456
+    assert TARGETS["DeepSeek-R1-Distill-Qwen-7B"].bytes_per_token == 2 * 28 * 4 * 128 * 2 == 57344
+    assert TARGETS["Llama-3.1-8B"].bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
+
+
+@pytest.mark.parametrize("name, billions", [
+    ("Qwen3-4B", 4.02), ("DeepSeek-R1-Distill-Qwen-7B", 7.62), ("Llama-3.1-8B", 8.03),
+])
+def test_parameter_counts_match_the_published_sizes(name, billions):
+    # The sizes the model cards state (Qwen3-4B: 4.0B, 3.6B without embeddings).
+    assert TARGETS[name].params / 1e9 == pytest.approx(billions, abs=0.01)
+
+
+def test_qwen3_4b_non_embedding_parameters():
+    qwen = TARGETS["Qwen3-4B"]
+    assert (qwen.params - qwen.vocab * qwen.hidden) / 1e9 == pytest.approx(3.6, abs=0.05)
+
+
+def test_weights_bytes_by_hand():
+    # linear: q 4·4 + k,v 2·4·4 + o 4·4 + mlp 3·4·8 = 160; other: embeddings 10·4 + 3 norms · 4 = 52
+    assert TOY.linear_params == 160 and TOY.other_params == 52
+    assert TOY.weights_bytes(16) == 2 * 212
+    assert TOY.weights_bytes(8) == 160 + 2 * 52
+    assert TOY.weights_bytes(4) == 160 * 4.5 / 8 + 2 * 52  # NF4: 4 bits + 0.5 bit of absmax
+    with pytest.raises(ValueError, match="4, 8 or 16"):
+        TOY.weights_bytes(3)
+
+
+def test_projection_prices_tokens_and_subtracts_weights():
+    proj = Projection(TOY, card_gb=1, weights_bits=16)
+    assert TOY.bytes_per_token == 2 * 1 * 1 * 4 * 2 == 16
+    assert proj.kv_bytes(100) == 1600
+    np.testing.assert_array_equal(proj.kv_bytes(np.array([0, 1, 10])), [0, 16, 160])
+    assert proj.card_bytes == GIB
+    assert proj.available_bytes == GIB - 424
+    assert proj.max_tokens == (GIB - 424) // 16
+
+
+def test_projection_when_weights_do_not_fit():
+    proj = Projection.named("Llama-3.1-8B", card_gb=6, weights_bits=16)  # 16 GB of weights
+    assert proj.available_bytes < 0
+    assert proj.max_tokens == 0
+
+
+def test_projection_rejects_bad_input():
+    with pytest.raises(ValueError, match="unknown projection target 'GPT-9'"):
+        Projection.named("GPT-9", 8)
+    with pytest.raises(ValueError, match="card_gb"):
+        Projection(TOY, 0)
+    with pytest.raises(ValueError, match="4, 8 or 16"):
+        Projection(TOY, 8, weights_bits=2)
+
+
+def test_process_rss_follows_a_real_allocation():
+    before = process_rss_bytes()
+    block = np.ones(64 * 2**20, dtype=np.uint8)  # 64 MiB, touched
+    after = process_rss_bytes()
+    assert block.sum() == 64 * 2**20
+    assert after - before > 48 * 2**20
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU accounting")
+def test_device_memory_on_cpu_is_process_rss():
+    stats = device_memory("cpu")
+    assert stats["kind"] == "cpu"
+    assert abs(stats["rss"] - process_rss_bytes()) < 32 * 2**20
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_device_memory_on_cuda_counts_a_tensor():
+    before = device_memory("cuda")["allocated"]
+    tensor = torch.empty(32 * 2**20, dtype=torch.uint8, device="cuda")
+    stats = device_memory("cuda")
+    assert stats["kind"] == "cuda"
+    assert stats["allocated"] - before >= tensor.nbytes
+    assert stats["reserved"] >= stats["allocated"]

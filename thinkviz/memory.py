@@ -1,0 +1,176 @@
+"""Memory accounting: device statistics and projection of a run onto bigger models.
+
+A 135M demo model holds a few MiB of KV cache, far from any limit.  The projection prices
+the *same kept-token counts* on the geometry of a model people actually run on a desktop
+card, so the memory chart can show where a full cache would run out of memory and a
+policy would not:
+
+    KV bytes per token = 2 (K and V) · layers · kv_heads · head_dim · dtype bytes
+
+Weights are counted from the architecture (the parameter count follows from the config);
+quantized weights follow bitsandbytes: linear layers at ``bits`` per weight plus their
+blockwise scales, embeddings and the LM head kept at 16 bits.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+# Consumer card sizes offered for the projection, in GiB of VRAM.
+CARDS_GB: tuple[int, ...] = (6, 8, 12, 24)
+
+# bitsandbytes NF4 stores one fp32 absmax per 64-weight block: 32 / 64 = 0.5 extra bits.
+# LLM.int8 keeps one scale per row, which is negligible.
+_SCALE_BITS = {4: 0.5, 8: 0.0, 16: 0.0}
+
+
+@dataclass(frozen=True)
+class TargetModel:
+    """The geometry of a model to price kept tokens on (numbers from its ``config.json``)."""
+
+    name: str
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    dtype_bytes: int = 2  # bf16 cache
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV-cache bytes one token costs across all layers (keys and values)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def linear_params(self) -> int:
+        """Weights of the decoder's linear layers (what a 4/8-bit loader quantizes)."""
+        q, kv = self.q_heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = self.hidden * q + 2 * self.hidden * kv + q * self.hidden
+        mlp = 3 * self.hidden * self.intermediate  # gate, up, down
+        return self.layers * (attention + mlp)
+
+    @property
+    def other_params(self) -> int:
+        """Parameters kept at 16 bits: embeddings, LM head, norms, biases."""
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        norms = (2 * self.layers + 1) * self.hidden + (2 * self.layers * self.head_dim if self.qk_norm else 0)
+        biases = self.layers * (self.q_heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
+        return embeddings + norms + biases
+
+    @property
+    def params(self) -> int:
+        return self.linear_params + self.other_params
+
+    def weights_bytes(self, bits: int = 16) -> int:
+        """Bytes of the weights with linear layers stored at ``bits`` (4, 8 or 16)."""
+        if bits not in _SCALE_BITS:
+            raise ValueError(f"weights_bits must be 4, 8 or 16, got {bits}")
+        linear = self.linear_params * (bits + _SCALE_BITS[bits]) / 8
+        return int(linear + 2 * self.other_params)
+
+
+# Sources (config.json of each model as published on the Hugging Face hub):
+# - Qwen3-4B: github.com/citsjtu2020/LLM-Prof sglang/Model_Config.md, "Qwen3-4B" — 36 layers,
+#   32 q / 8 kv heads, head_dim 128, hidden 2560, intermediate 9728, vocab 151936, tied
+#   embeddings, bfloat16 (Qwen3 adds q/k RMSNorm per head).
+# - DeepSeek-R1-Distill-Qwen-7B: huggingface.co/unsloth/DeepSeek-R1-Distill-Qwen-7B-bnb-4bit and
+#   mlfoundations-dev/DeepSeek-R1-Distill-Qwen-7B_OpenThoughts3 config.json (both copies of
+#   deepseek-ai's) — Qwen2 architecture, 28 layers, 28 q / 4 kv heads, hidden 3584
+#   (head_dim 3584 / 28 = 128), intermediate 18944, vocab 152064, untied, bfloat16, q/k/v bias.
+# - Llama-3.1-8B: github.com/citsjtu2020/LLM-Prof sglang/Model_Config.md, "Llama-3.1-8B" —
+#   32 layers, 32 q / 8 kv heads, hidden 4096 (head_dim 128), intermediate 14336,
+#   vocab 128256, untied, bfloat16.
+TARGETS: dict[str, TargetModel] = {
+    t.name: t
+    for t in (
+        TargetModel("Qwen3-4B", layers=36, q_heads=32, kv_heads=8, head_dim=128, hidden=2560,
+                    intermediate=9728, vocab=151936, tied_embeddings=True, qk_norm=True),
+        TargetModel("DeepSeek-R1-Distill-Qwen-7B", layers=28, q_heads=28, kv_heads=4, head_dim=128,
+                    hidden=3584, intermediate=18944, vocab=152064, tied_embeddings=False, qkv_bias=True),
+        TargetModel("Llama-3.1-8B", layers=32, q_heads=32, kv_heads=8, head_dim=128, hidden=4096,
+                    intermediate=14336, vocab=128256, tied_embeddings=False),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Kept-token counts priced on ``target`` running on a card with ``card_gb`` GiB of VRAM."""
+
+    target: TargetModel
+    card_gb: float
+    weights_bits: int = 4
+
+    def __post_init__(self) -> None:
+        if self.card_gb <= 0:
+            raise ValueError(f"card_gb must be positive, got {self.card_gb}")
+        self.target.weights_bytes(self.weights_bits)  # validates weights_bits
+
+    @classmethod
+    def named(cls, target: str, card_gb: float, weights_bits: int = 4) -> "Projection":
+        """Build from a :data:`TARGETS` name; a clear ``ValueError`` for unknown names."""
+        try:
+            model = TARGETS[target]
+        except KeyError:
+            raise ValueError(f"unknown projection target {target!r}; choose one of: {', '.join(TARGETS)}") from None
+        return cls(model, card_gb, weights_bits)
+
+    def kv_bytes(self, tokens):
+        """KV bytes of ``tokens`` cached tokens on the target (works on numbers and numpy arrays)."""
+        return tokens * self.target.bytes_per_token
+
+    @property
+    def card_bytes(self) -> int:
+        return int(self.card_gb * GIB)
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.target.weights_bytes(self.weights_bits)
+
+    @property
+    def available_bytes(self) -> int:
+        """VRAM left for the KV cache once the weights are loaded (negative: weights do not fit)."""
+        return self.card_bytes - self.weights_bytes
+
+    @property
+    def max_tokens(self) -> int:
+        """How many tokens of KV cache fit in :attr:`available_bytes` (0 when nothing fits)."""
+        return max(0, self.available_bytes) // self.target.bytes_per_token
+
+
+def process_rss_bytes() -> int:
+    """Resident set size of this process, in bytes (``/proc/self/statm`` or ``getrusage``)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        # getrusage reports the *peak* RSS: kilobytes on Linux, bytes on macOS.
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
+def device_memory(device=None) -> dict[str, int | str]:
+    """Memory in use on ``device``: GPU allocated/reserved bytes on CUDA, process RSS otherwise.
+
+    Returns ``{"kind": "cuda", "allocated": …, "reserved": …}`` or ``{"kind": "cpu", "rss": …}``.
+    """
+    import torch
+
+    dev = torch.device(device) if device is not None else None
+    if torch.cuda.is_available() and (dev is None or dev.type == "cuda"):
+        return {
+            "kind": "cuda",
+            "allocated": int(torch.cuda.memory_allocated(dev)),
+            "reserved": int(torch.cuda.memory_reserved(dev)),
+        }
+    return {"kind": "cpu", "rss": process_rss_bytes()}
