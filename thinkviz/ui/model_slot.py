@@ -1,0 +1,136 @@
+"""The one model every browser session shares: loaded in the background, used one run at a time.
+
+Loading happens in a thread so the page is usable at once; :meth:`ModelSlot.watch` yields
+the loader's progress messages for the UI to show.  Runs borrow the model with
+:meth:`ModelSlot.use`, which waits for a load in progress and holds a lock for the whole
+run: the engine's attention hooks live on the model, so two runs must never overlap.
+(Gradio's queue already runs one model-using event at a time; the lock makes it a rule.)
+A new model replaces the old one by reference, so a run in progress keeps the model it
+started with.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from ..model import LoadedModel, ModelLoadError, load_model
+
+
+class ModelUnavailable(RuntimeError):
+    """No model can be used: loading failed (the message says why) or nothing was loaded."""
+
+
+@dataclass(frozen=True)
+class LoadStatus:
+    """Where loading stands: ``fraction`` in [0, 1], a message, and the error if it failed."""
+
+    name: str
+    quantization: str
+    fraction: float
+    message: str
+    error: str | None = None
+    ready: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.ready or self.error is not None
+
+
+Loader = Callable[..., LoadedModel]
+
+
+class ModelSlot:
+    """Holds the shared :class:`~thinkviz.model.LoadedModel` and its loading progress."""
+
+    def __init__(self, device: str | None = None, loader: Loader = load_model) -> None:
+        self.device = device
+        self._loader = loader
+        self._loaded: LoadedModel | None = None
+        self._status = LoadStatus("", "", 0.0, "No model loaded yet")
+        self._changed = threading.Condition()
+        self._run_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def status(self) -> LoadStatus:
+        with self._changed:
+            return self._status
+
+    @property
+    def loaded(self) -> LoadedModel | None:
+        return self._loaded
+
+    def start(self, name: str, quantization: str) -> None:
+        """Begin loading ``name`` in the background unless it is loaded or loading already."""
+        with self._changed:
+            current = self._status
+            same = (current.name, current.quantization) == (name, quantization)
+            if same and (current.error is None) and (current.ready or not current.done):
+                return
+            if self._thread is not None and self._thread.is_alive():
+                raise ModelUnavailable(f"{current.name} is still loading; wait for it before loading another model")
+            self._status = LoadStatus(name, quantization, 0.0, f"Loading {name} ({quantization})")
+            self._changed.notify_all()
+            self._thread = threading.Thread(target=self._load, args=(name, quantization), daemon=True)
+            self._thread.start()
+
+    def _load(self, name: str, quantization: str) -> None:
+        def progress(fraction: float, message: str) -> None:
+            self._set(LoadStatus(name, quantization, float(fraction), message))
+
+        try:
+            loaded = self._loader(name, quantization, self.device, progress=progress)
+        except ModelLoadError as exc:
+            self._set(LoadStatus(name, quantization, 1.0, "Loading failed", error=str(exc)))
+            return
+        except Exception as exc:  # a boundary: the UI must see a message, not a dead thread
+            self._set(LoadStatus(name, quantization, 1.0, "Loading failed", error=f"{type(exc).__name__}: {exc}"))
+            return
+        self._loaded = loaded
+        self._set(LoadStatus(name, quantization, 1.0, f"Ready: {loaded.name} ({loaded.quantization}, {loaded.device})",
+                             ready=True))
+
+    def _set(self, status: LoadStatus) -> None:
+        with self._changed:
+            self._status = status
+            self._changed.notify_all()
+
+    def watch(self, poll: float = 0.25) -> Iterator[LoadStatus]:
+        """Yield the status now and whenever it changes, until loading ends."""
+        last = None
+        while True:
+            with self._changed:
+                if self._status == last:
+                    self._changed.wait(timeout=poll)
+                status = self._status
+            if status != last:
+                last = status
+                yield status
+            if status.done:
+                return
+
+    def wait(self, timeout: float | None = None) -> LoadStatus:
+        """Block until the current load ends (or ``timeout`` seconds pass); return the status."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while not self._status.done and self._status.name:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._changed.wait(timeout=remaining)
+            return self._status
+
+    @contextmanager
+    def use(self) -> Iterator[LoadedModel]:
+        """Borrow the model for one run (waits for a load in progress)."""
+        status = self.wait()
+        if status.error is not None:
+            raise ModelUnavailable(f"The model could not be loaded: {status.error}")
+        if self._loaded is None:
+            raise ModelUnavailable("No model is loaded; open Settings and load one")
+        with self._run_lock:
+            yield self._loaded

@@ -1,0 +1,33 @@
+"""Frame pacing: at most one frame every ``interval`` seconds, whatever the token rate.
+
+A fast model produces hundreds of steps per second and a slow one a step every second;
+the browser wants a steady ≈5–10 frames per second either way.  Callers ask
+:meth:`FramePacer.due` after each step and render a frame only when it says so, then
+always render one final frame when the run ends.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+DEFAULT_FRAME_INTERVAL = 0.15  # seconds: ≈6.7 frames per second
+
+
+class FramePacer:
+    """Says when the next frame is due; the first call is always due."""
+
+    def __init__(self, interval: float = DEFAULT_FRAME_INTERVAL, clock: Callable[[], float] = time.monotonic) -> None:
+        if interval < 0:
+            raise ValueError(f"interval must be ≥ 0, got {interval}")
+        self.interval = interval
+        self._clock = clock
+        self._last: float | None = None
+
+    def due(self) -> bool:
+        """True (and the clock restarts) when ``interval`` has passed since the last due frame."""
+        now = self._clock()
+        if self._last is not None and now - self._last < self.interval:
+            return False
+        self._last = now
+        return True
