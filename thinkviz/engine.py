@@ -153,6 +153,12 @@ class Run:
         self.steps_since_compress = 0
         self.peak_kv_bytes = 0
         self.generator = torch.Generator().manual_seed(settings.seed)
+        # Hooks are installed around each forward pass only, so several runs sharing one model
+        # can be interleaved (Compare, lockstep fidelity) without seeing each other's attention.
+        self.capture = AttentionCapture(
+            loaded.model, heads, tail_rows=self.window_rows, capture_hidden=policy.needs_hidden
+        )
+        self.capture.enabled = settings.scoring or policy.evicts
         self._scores: torch.Tensor | None = None
         self._snapshot_stride = 1
         self.record = RunRecord(
@@ -181,21 +187,20 @@ class Run:
     def generate(self) -> Iterator[StepEvent]:
         """Prefill the prompt, then decode until EOS, ``max_new_tokens`` or cancel."""
         stop_ids = eos_ids(self.loaded) if self.settings.stop_at_eos else set()
-        with self._capture():
-            logits = self._prefill()
-            for step in range(self.settings.max_new_tokens):
-                if self.cancel.is_set():
-                    self.record.summary["stopped"] = "cancelled"
-                    break
-                token = pick_token(logits, self.settings, self.generator)
-                event, step_logits = self._advance(step, [token], logits_to_keep=1)
-                logits = step_logits[-1]
-                yield event
-                if token in stop_ids:
-                    self.record.summary["stopped"] = "eos"
-                    break
-            else:
-                self.record.summary["stopped"] = "max_new_tokens"
+        logits = self._prefill()
+        for step in range(self.settings.max_new_tokens):
+            if self.cancel.is_set():
+                self.record.summary["stopped"] = "cancelled"
+                break
+            token = pick_token(logits, self.settings, self.generator)
+            event, step_logits = self._advance(step, [token], logits_to_keep=1)
+            logits = step_logits[-1]
+            yield event
+            if token in stop_ids:
+                self.record.summary["stopped"] = "eos"
+                break
+        else:
+            self.record.summary["stopped"] = "max_new_tokens"
         self._finish()
 
     def replay(
@@ -217,34 +222,22 @@ class Run:
                 f"the model's context is {self.loaded.geometry.max_context}"
             )
         chunk = self.policy.interval
-        with self._capture():
-            last = self._prefill()
+        last = self._prefill()
+        if on_logits is not None:
+            on_logits([len(self.ids) - 1], last[None])
+        for step, start in enumerate(range(0, len(ids), chunk)):
+            if self.cancel.is_set():
+                self.record.summary["stopped"] = "cancelled"
+                break
+            event, logits = self._advance(step, ids[start : start + chunk], logits_to_keep=0)
             if on_logits is not None:
-                on_logits([len(self.ids) - 1], last[None])
-            for step, start in enumerate(range(0, len(ids), chunk)):
-                if self.cancel.is_set():
-                    self.record.summary["stopped"] = "cancelled"
-                    break
-                event, logits = self._advance(step, ids[start : start + chunk], logits_to_keep=0)
-                if on_logits is not None:
-                    on_logits(event.positions, logits)
-                yield event
-            else:
-                self.record.summary["stopped"] = "end of trace"
+                on_logits(event.positions, logits)
+            yield event
+        else:
+            self.record.summary["stopped"] = "end of trace"
         self._finish()
 
     # ---- internals -----------------------------------------------------------------
-    def _capture(self) -> AttentionCapture:
-        capture = AttentionCapture(
-            self.loaded.model,
-            self.loaded.geometry.kv_heads,
-            tail_rows=self.window_rows,
-            capture_hidden=self.policy.needs_hidden,
-        )
-        capture.enabled = self.settings.scoring or self.policy.evicts
-        self.capture = capture
-        return capture
-
     def _prefill(self) -> torch.Tensor:
         """Run the prompt in chunks, compressing between chunks; return the last logits ``(V,)``."""
         start_time = time.perf_counter()
@@ -263,14 +256,15 @@ class Run:
         """Run ``ids`` at the next absolute positions; return logits ``(q', V)`` (float32)."""
         q, cached = len(ids), self.cache.n_slots
         positions = torch.arange(self.processed, self.processed + q)
-        out = self.loaded.model(
-            input_ids=torch.tensor([ids], device=self.device),
-            position_ids=positions[None].to(self.device),
-            attention_mask=causal_mask(cached, q, self.mask_dtype, self.device),
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
+        with self.capture:
+            out = self.loaded.model(
+                input_ids=torch.tensor([ids], device=self.device),
+                position_ids=positions[None].to(self.device),
+                attention_mask=causal_mask(cached, q, self.mask_dtype, self.device),
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+            )
         self.cache.record_positions(positions)
         self.processed += q
         self.peak_kv_bytes = max(self.peak_kv_bytes, self.cache.nbytes())
@@ -342,7 +336,7 @@ class Run:
             self.segmenter.feed(new_texts)
         logits = self._forward(ids, logits_to_keep)
         seconds_forward = time.perf_counter() - start
-        self.steps_since_compress += 1
+        self.steps_since_compress += len(ids)  # a replayed chunk of `interval` tokens makes a compression due
         compressed, seconds_policy = self._maybe_compress()
         after = self._holders()
         view = self._view()
