@@ -1,0 +1,404 @@
+"""The token view: every token as an escaped ``<span>``, coloured by importance, segment or eviction.
+
+Pure functions of plain data (token texts, the latest step's ``scores`` and
+``keep_fraction``, the segmenter's ``labels`` and ``spans``); the UI only places the HTML.
+
+Appearance is carried by classes (styled once by :data:`TOKEN_CSS`) so that it can be
+patched token by token while a run streams:
+
+- importance: ``tv-h0 … tv-h9``, the score divided by a robust maximum (the 99th
+  percentile of the finite scores of the frame) in ten steps from white over orange to red;
+- eviction: ``tv-gone`` (no layer or head holds the token: greyed and struck through),
+  ``tv-part tv-k1 … tv-k9`` (kept in that many tenths of the (layer, kv-head) slots:
+  faded in proportion and hatched);
+- segments: ``tv-seg-<kind>`` (system, user, template, signature, think, step, tag,
+  answer, code), ``tv-protected``; think blocks are boxed by per-token classes
+  (``tv-think tv-tb<n mod 4>`` with ``tv-think-start`` / ``tv-think-end`` drawing the
+  left / right edge), which survive appends, unlike a nested container.  The start
+  token numbers its block with an inline ``counter-reset`` the CSS shows as a label.
+
+Incremental updates: :func:`token_delta` compares with the previous frame and returns a
+small JSON-able patch ``{"reset": html | None, "append": html, "update": {pos: {...}}}``
+that :data:`TOKEN_PATCH_JS` applies in the browser.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+MODES = ("importance", "segments", "evicted", "combined")
+HEAT_LEVELS = 10  # tv-h0 … tv-h9
+KEEP_LEVELS = 10  # tv-k1 … tv-k9 for partial keeps
+
+KINDS = ("system", "user", "template", "signature", "think", "step", "tag", "answer", "code")
+# Which covering span names a token's colour: the most specific one.
+_RANK = {"system": 0, "user": 0, "answer": 0, "think": 1, "signature": 2, "step": 2, "tag": 3, "code": 3}
+_THINK_PALETTE = ("#fff4d6", "#fde4ec", "#dcf4f7", "#ecf5dc")
+_THINK_BORDER = ("#e0a100", "#d0578a", "#2a9aa8", "#6f9a2a")
+_SEGMENT_COLOURS = {
+    "system": "#e6e8f6",
+    "user": "#dcecfb",
+    "template": "#f3f3f3",
+    "signature": "#ffd9a8",
+    "tag": "#d9cdf0",
+    "answer": "#dff2e1",
+    "code": "#e6ebee",
+}
+
+_HEAT_MODES = {"importance", "combined"}
+_KEEP_MODES = {"importance", "evicted", "combined"}
+_SEGMENT_MODES = {"segments", "combined"}
+_BOX_MODES = {"segments", "evicted", "combined"}
+
+
+class Look(NamedTuple):
+    """How one token is drawn: its class list, inline style and tooltip (unescaped)."""
+
+    cls: str
+    style: str
+    title: str
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """Segment facts of one token, from the spans covering it."""
+
+    kind: str | None = None
+    think: int | None = None
+    think_start: bool = False
+    think_end: bool = False
+    step: int | None = None
+    protected: bool = False
+    path: str = ""
+
+
+# ---- quantisation ------------------------------------------------------------------
+def heat_levels(scores: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray:
+    """``(n,)`` int: importance level ``0 … HEAT_LEVELS-1``, ``-1`` where there is no finite score.
+
+    Scores are scaled into ``[min(0, lowest), p99]`` where ``p99`` is the 99th percentile of
+    the finite scores, so one outlier does not wash out the rest of the frame.
+    """
+    if scores is None:
+        return np.full(n, -1, dtype=np.int64)
+    values = np.asarray(scores, dtype=np.float64)
+    finite = np.isfinite(values)
+    levels = np.full(n, -1, dtype=np.int64)
+    if not finite.any():
+        return levels
+    low = min(0.0, float(values[finite].min()))
+    high = float(np.percentile(values[finite], 99))
+    if high <= low:
+        levels[finite] = 0
+        return levels
+    scaled = np.clip((values[finite] - low) / (high - low), 0.0, 1.0)
+    levels[finite] = np.rint(scaled * (HEAT_LEVELS - 1)).astype(np.int64)
+    return levels
+
+
+def keep_levels(keep_fraction: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray:
+    """``(n,)`` int: ``0`` evicted everywhere, ``KEEP_LEVELS`` kept everywhere, ``1 … 9`` partially
+    kept (tenths of the slots, rounded), ``-1`` unknown."""
+    if keep_fraction is None:
+        return np.full(n, -1, dtype=np.int64)
+    values = np.asarray(keep_fraction, dtype=np.float64)
+    levels = np.full(n, -1, dtype=np.int64)
+    finite = np.isfinite(values)
+    levels[finite & (values <= 0)] = 0
+    levels[finite & (values >= 1)] = KEEP_LEVELS
+    partial = finite & (values > 0) & (values < 1)
+    levels[partial] = np.clip(np.rint(values[partial] * KEEP_LEVELS), 1, KEEP_LEVELS - 1)
+    return levels
+
+
+# ---- segments ----------------------------------------------------------------------
+def _field(span: Any, name: str, default: Any = None) -> Any:
+    """Read a span field from a :class:`~thinkviz.segments.Span` or its ``dict`` form (recordings)."""
+    return span.get(name, default) if isinstance(span, dict) else getattr(span, name, default)
+
+
+def segment_facts(n: int, spans: Sequence[Any], labels: Sequence[str] | None, start: int = 0) -> list[_Segment]:
+    """Per token ``start … start+n-1``: the most specific covering span, its think block and the
+    tooltip path (``"think 2 › step 3"``).  ``labels[i] == "template"`` marks template markers."""
+    covering: list[list[tuple[int, str, int, Any]]] = [[] for _ in range(n)]
+    think_edges: dict[int, tuple[int, int, bool]] = {}
+    for order, span in enumerate(spans):
+        kind = _field(span, "kind")
+        if kind not in _RANK:
+            continue
+        lo, hi = int(_field(span, "start", 0)), int(_field(span, "end", 0))
+        for pos in range(max(lo, start), min(hi, start + n)):
+            covering[pos - start].append((_RANK[kind], kind, order, span))
+        if kind == "think":
+            think_edges[int(_field(span, "index", 0))] = (lo, hi, bool(_field(span, "closed", False)))
+    facts = []
+    for i, cover in enumerate(covering):
+        pos = start + i
+        cover.sort(key=lambda c: (c[0], c[2]))
+        path = " › ".join(f"{kind} {int(_field(span, 'index', 0)) + 1}" for _, kind, _, span in cover)
+        template = labels is not None and labels[i] == "template"
+        if template:
+            path = f"{path} (template)" if path else "template"
+        think = next((int(_field(s, "index", 0)) for _, k, _, s in cover if k == "think"), None)
+        step = next((int(_field(s, "index", 0)) for _, k, _, s in cover if k == "step"), None)
+        lo, hi, closed = think_edges.get(think, (None, None, False))
+        facts.append(_Segment(
+            kind="template" if template else (cover[-1][1] if cover else None),
+            think=think,
+            think_start=think is not None and pos == lo,
+            think_end=think is not None and closed and pos == hi - 1,
+            step=step,
+            protected=any(bool(_field(s, "protected", False)) for _, _, _, s in cover),
+            path=path,
+        ))
+    return facts
+
+
+# ---- one token ----------------------------------------------------------------------
+def _title(text: str, pos: int, score: float | None, keep: float | None, segment: _Segment) -> str:
+    score_text = f"{score:.3g}" if score is not None and np.isfinite(score) else "—"
+    if keep is None or not np.isfinite(keep):
+        keep_text = "kept —"
+    elif keep <= 0:
+        keep_text = "evicted from every layer and head"
+    elif keep >= 1:
+        keep_text = "kept in every layer and head"
+    else:
+        keep_text = f"kept in {keep:.0%} of layer×head slots"
+    where = segment.path or "—"
+    if segment.protected:
+        where += " · protected"
+    return f"{json.dumps(text, ensure_ascii=False)}  pos {pos}\nscore {score_text} · {keep_text}\n{where}"
+
+
+def _look(mode: str, pos: int, text: str, score, keep, heat: int, kept: int, segment: _Segment) -> Look:
+    cls = ["tv-tok"]
+    style = ""
+    if mode in _SEGMENT_MODES and segment.kind is not None:
+        cls.append(f"tv-seg-{segment.kind}")
+        if segment.step is not None:
+            cls.append(f"tv-step-{segment.step % 2}")
+        if segment.protected:
+            cls.append("tv-protected")
+    if mode in _BOX_MODES and segment.think is not None:
+        cls += ["tv-think", f"tv-tb{segment.think % len(_THINK_PALETTE)}"]
+        if segment.think_start:
+            cls.append("tv-think-start")
+            style = f"counter-reset: tv-think {segment.think + 1}"
+        if segment.think_end:
+            cls.append("tv-think-end")
+    if mode in _HEAT_MODES and heat >= 0:
+        cls.append(f"tv-h{heat}")
+    if mode in _KEEP_MODES:
+        if kept == 0:
+            cls.append("tv-gone")
+        elif 0 < kept < KEEP_LEVELS:
+            cls += ["tv-part", f"tv-k{kept}"]
+    return Look(" ".join(cls), style, _title(text, pos, score, keep, segment))
+
+
+def _check(mode: str, texts: Sequence[str], **arrays: Any) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown token view mode {mode!r}; choose one of: {', '.join(MODES)}")
+    for name, values in arrays.items():
+        if values is not None and len(values) != len(texts):
+            raise ValueError(f"{name} has {len(values)} entries for {len(texts)} tokens")
+
+
+def token_looks(
+    texts: Sequence[str],
+    scores: Sequence[float] | np.ndarray | None,
+    keep_fraction: Sequence[float] | np.ndarray | None,
+    labels: Sequence[str] | None,
+    spans: Sequence[Any],
+    mode: str,
+    *,
+    start: int = 0,
+) -> list[Look]:
+    """The :class:`Look` of every token (arguments as in :func:`render_tokens`)."""
+    _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=labels)
+    n = len(texts)
+    heat, kept = heat_levels(scores, n), keep_levels(keep_fraction, n)
+    segments = segment_facts(n, spans, labels, start)
+    return [
+        _look(
+            mode, start + i, texts[i],
+            None if scores is None else float(scores[i]),
+            None if keep_fraction is None else float(keep_fraction[i]),
+            int(heat[i]), int(kept[i]), segments[i],
+        )
+        for i in range(n)
+    ]
+
+
+def _token_html(pos: int, text: str, look: Look) -> str:
+    style = f' style="{html.escape(look.style, quote=True)}"' if look.style else ""
+    return (
+        f'<span class="{look.cls}" data-pos="{pos}"{style} title="{html.escape(look.title, quote=True)}">'
+        f"{html.escape(text, quote=True)}</span>"
+    )
+
+
+def _view_html(mode: str, start: int, texts: Sequence[str], looks: Sequence[Look]) -> str:
+    body = "".join(_token_html(start + i, t, look) for i, (t, look) in enumerate(zip(texts, looks)))
+    return f'<div class="tv-view tv-mode-{mode}" data-start="{int(start)}">{body}</div>'
+
+
+def render_tokens(
+    texts: Sequence[str],
+    scores: Sequence[float] | np.ndarray | None,
+    keep_fraction: Sequence[float] | np.ndarray | None,
+    labels: Sequence[str] | None,
+    spans: Sequence[Any],
+    mode: str,
+    *,
+    start: int = 0,
+) -> str:
+    """HTML of the token view.
+
+    ``texts[i]`` is the text of the token at absolute position ``start + i``; ``scores`` and
+    ``keep_fraction`` ``(n,)`` (``None``: unknown) are the latest step's values for the same
+    tokens; ``labels`` ``(n,)`` the segmenter's labels (or ``None``); ``spans`` the
+    segmenter's spans over absolute positions (:class:`~thinkviz.segments.Span` or the
+    ``dict`` form a recording stores).  ``mode``: one of :data:`MODES`.  All text is escaped.
+    """
+    looks = token_looks(texts, scores, keep_fraction, labels, spans, mode, start=start)
+    return _view_html(mode, start, texts, looks)
+
+
+# ---- incremental updates -----------------------------------------------------------
+@dataclass(frozen=True)
+class TokenViewState:
+    """What the browser shows after the last patch (to diff the next frame against)."""
+
+    mode: str
+    start: int
+    texts: tuple[str, ...]
+    looks: tuple[Look, ...]
+
+
+def token_delta(
+    prev: TokenViewState | None,
+    texts: Sequence[str],
+    scores: Sequence[float] | np.ndarray | None,
+    keep_fraction: Sequence[float] | np.ndarray | None,
+    labels: Sequence[str] | None,
+    spans: Sequence[Any],
+    mode: str,
+    *,
+    start: int = 0,
+) -> tuple[TokenViewState, dict[str, Any]]:
+    """The new state and the patch turning ``prev``'s view into this frame's.
+
+    The patch is ``{"reset": html}`` (whole view) when there is no previous state, the mode
+    or ``start`` changed, or the earlier tokens are not a prefix of ``texts`` (a new run);
+    otherwise ``{"reset": None, "append": html of the new tokens, "update": {pos: changes}}``
+    where ``changes`` holds only the fields that differ: ``cls``, ``style``, ``title`` (plain
+    text, set through the DOM, never parsed as HTML).
+    """
+    looks = tuple(token_looks(texts, scores, keep_fraction, labels, spans, mode, start=start))
+    state = TokenViewState(mode, start, tuple(texts), looks)
+    old = len(prev.texts) if prev is not None else 0
+    if prev is None or (prev.mode, prev.start) != (mode, start) or state.texts[:old] != prev.texts:
+        return state, {"reset": _view_html(mode, start, texts, looks), "append": "", "update": {}}
+    update: dict[int, dict[str, str]] = {}
+    for i, (before, now) in enumerate(zip(prev.looks, looks)):
+        if before != now:
+            update[start + i] = {f: getattr(now, f) for f in Look._fields if getattr(now, f) != getattr(before, f)}
+    append = "".join(_token_html(start + i, texts[i], looks[i]) for i in range(old, len(texts)))
+    return state, {"reset": None, "append": append, "update": update}
+
+
+TOKEN_PATCH_JS = """
+function tvApplyTokenPatch(root, patch) {
+  if (!root || !patch) return;
+  if (typeof patch === "string") patch = JSON.parse(patch);
+  if (patch.reset != null) root.innerHTML = patch.reset;
+  const view = root.querySelector(".tv-view");
+  if (!view) return;
+  if (patch.append) view.insertAdjacentHTML("beforeend", patch.append);
+  const first = Number(view.dataset.start || 0);
+  for (const [pos, change] of Object.entries(patch.update || {})) {
+    const el = view.children[Number(pos) - first];
+    if (!el) continue;
+    if ("cls" in change) el.className = change.cls;
+    if ("style" in change) {
+      if (change.style) el.setAttribute("style", change.style); else el.removeAttribute("style");
+    }
+    if ("title" in change) el.title = change.title;
+  }
+}
+""".strip()
+
+
+def token_patch_js(container_id: str) -> str:
+    """A ``(patch) => …`` function for Gradio's ``js=`` that patches the element ``#container_id``.
+
+    The container should be a plain ``<div id=…>`` the UI owns (a reset replaces its content).
+    """
+    return (
+        f"(patch) => {{ ({TOKEN_PATCH_JS})(document.getElementById({json.dumps(container_id)}), patch); "
+        f"return []; }}"
+    )
+
+
+# ---- the stylesheet ----------------------------------------------------------------
+def _mix(a: str, b: str, t: float) -> str:
+    ca, cb = (np.array([int(c[i : i + 2], 16) for i in (1, 3, 5)]) for c in (a, b))
+    r, g, bl = np.rint(ca + (cb - ca) * t).astype(int)
+    return f"#{r:02x}{g:02x}{bl:02x}"
+
+
+def heat_colour(level: int) -> str:
+    """Background of importance ``level``: white → orange → red."""
+    t = level / (HEAT_LEVELS - 1)
+    return _mix("#ffffff", "#ffa03c", t * 2) if t <= 0.5 else _mix("#ffa03c", "#c8231e", (t - 0.5) * 2)
+
+
+def _stylesheet() -> str:
+    rules = [
+        ".tv-view { white-space: pre-wrap; word-break: break-word; line-height: 1.9;"
+        " font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 13px; }",
+        ".tv-view:empty::before { content: 'no tokens yet'; color: #999; font-style: italic; }",
+        ".tv-tok { border-radius: 2px; }",
+        ".tv-tok:hover { outline: 1px solid #333; }",
+    ]
+    for level in range(HEAT_LEVELS):
+        ink = "; color: #fff" if level >= HEAT_LEVELS - 2 else ""
+        rules.append(f".tv-h{level} {{ background-color: {heat_colour(level)}{ink}; }}")
+    rules += [
+        ".tv-gone { color: #a0a0a0; text-decoration: line-through; background-color: #f1f1f1; }",
+        ".tv-part { background-image: repeating-linear-gradient(45deg, rgba(0,0,0,.16) 0 1px,"
+        " transparent 1px 4px); }",
+    ]
+    for level in range(1, KEEP_LEVELS):
+        rules.append(f".tv-k{level} {{ opacity: {0.3 + 0.7 * level / KEEP_LEVELS:.2f}; }}")
+    for kind, colour in _SEGMENT_COLOURS.items():
+        rules.append(f".tv-mode-segments .tv-seg-{kind} {{ background-color: {colour}; }}")
+        rules.append(f".tv-mode-combined .tv-seg-{kind} {{ box-shadow: inset 0 -3px 0 {colour}; }}")
+    rules += [
+        ".tv-seg-template { color: #8a8a8a; }",
+        ".tv-seg-tag { font-weight: 600; }",
+        ".tv-seg-signature { font-weight: 600; }",
+        ".tv-protected { text-decoration: underline dotted #555; }",
+        ".tv-mode-segments .tv-step-1 { background-image: linear-gradient(rgba(0,0,0,.06), rgba(0,0,0,.06)); }",
+        ".tv-think { border-top: 1.5px solid; border-bottom: 1.5px solid; border-radius: 0; }",
+        ".tv-think-start { border-left: 1.5px solid; margin-left: 2px; padding-left: 2px; }",
+        ".tv-think-end { border-right: 1.5px solid; margin-right: 2px; padding-right: 2px; }",
+        ".tv-think-start::before { content: 'think ' counter(tv-think); font-size: 9px; font-weight: 600;"
+        " vertical-align: super; margin-right: 3px; text-decoration: none; display: inline-block; }",
+    ]
+    for i, (fill, border) in enumerate(zip(_THINK_PALETTE, _THINK_BORDER)):
+        rules.append(f".tv-tb{i} {{ border-color: {border}; }}")
+        rules.append(f".tv-tb{i}.tv-think-start::before {{ color: {border}; }}")
+        rules.append(f".tv-mode-segments .tv-seg-think.tv-tb{i}, .tv-mode-segments .tv-seg-step.tv-tb{i}"
+                     f" {{ background-color: {fill}; }}")
+    return "\n".join(rules)
+
+
+TOKEN_CSS: str = _stylesheet()
