@@ -303,6 +303,7 @@ class Run:
             hidden=self.hidden,
             texts=self.texts,
             segments=self.segmenter,
+            model=self.loaded.name,
         )
 
     def _maybe_compress(self) -> tuple[bool, float]:

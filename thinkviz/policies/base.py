@@ -82,7 +82,8 @@ class CacheView:
     - ``hidden`` ``(N, d)`` final hidden state per token, when the policy asked for it;
     - ``protected`` ``(N,)`` bool, positions no policy may evict;
     - ``keys`` per layer ``(B, H_kv, T, D)``: the cached keys themselves;
-    - ``texts`` per position, ``segments`` the live segmenter (or ``None``).
+    - ``texts`` per position, ``segments`` the live segmenter (or ``None``);
+    - ``model`` the loaded model's name (a learned policy checks it was trained for it).
     """
 
     positions: torch.Tensor
@@ -95,6 +96,7 @@ class CacheView:
     hidden: torch.Tensor | None = None
     texts: list[str] = field(default_factory=list)
     segments: Any = None
+    model: str = ""
 
     @property
     def last(self) -> torch.Tensor:
@@ -111,11 +113,21 @@ class CacheView:
         return values.to(self.positions.device)[self.positions]
 
 
+def keep_top(priority: torch.Tensor, forced: torch.Tensor, k: int) -> torch.Tensor:
+    """Sorted physical indices ``(L, H_kv, k)``: every ``forced`` slot first, then the highest
+    ``priority`` ``(L, H_kv, T)``; NaN ranks last.  ``k`` must not exceed ``T``."""
+    ranked = torch.nan_to_num(priority.float(), nan=float("-inf"))
+    ranked = torch.where(forced, torch.full_like(ranked, float("inf")), ranked)
+    return ranked.topk(k, dim=-1).indices.sort(dim=-1).values
+
+
 class Policy:
     """Base class: subclasses set ``name``, ``summary``, ``source``, ``params`` and override ``score``.
 
     ``window_rows``: how many recent query rows the policy needs in ``CacheView.window``;
-    ``needs_hidden``: whether it reads final hidden states.
+    ``needs_hidden``: whether it reads final hidden states;
+    ``hard_budget``: ``False`` when the rule may only evict certain spans and can therefore stay
+    over budget; such a policy says so with ``"over_budget": True`` in :meth:`step_info`.
     """
 
     name: ClassVar[str] = ""
@@ -125,6 +137,7 @@ class Policy:
     window_rows: ClassVar[int] = 1
     needs_hidden: ClassVar[bool] = False
     evicts: ClassVar[bool] = True
+    hard_budget: ClassVar[bool] = True
 
     def __init__(self, **values: Any) -> None:
         declared = {p.name: p for p in self.all_params()}
@@ -165,14 +178,9 @@ class Policy:
 
     def select(self, view: CacheView) -> torch.Tensor:
         """Physical indices to keep, ``(L, H_kv, k)`` sorted, ``k = max(budget, forced)`` capped at ``T``."""
-        scores = self.score(view).float()
         forced = self.forced(view)
-        total = scores.shape[-1]
-        k = min(total, max(self.budget, int(forced.sum(-1).max())))
-        ranked = torch.where(forced, torch.full_like(scores, float("inf")), scores)
-        ranked = torch.nan_to_num(ranked, nan=float("-inf"))
-        keep = ranked.topk(k, dim=-1).indices
-        return keep.sort(dim=-1).values
+        k = min(forced.shape[-1], max(self.budget, int(forced.sum(-1).max())))
+        return keep_top(self.score(view), forced, k)
 
     def compress(self, view: CacheView, cache) -> torch.Tensor:
         """Decide and return the keep indices; value-modifying policies also edit ``cache`` here."""
