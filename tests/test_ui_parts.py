@@ -1,0 +1,185 @@
+"""UI building blocks without a browser: pacing, policy controls, export, the model slot, inputs."""
+
+from __future__ import annotations
+
+import threading
+import zipfile
+
+import numpy as np
+import pytest
+
+from thinkviz.engine import DecodeSettings, Run
+from thinkviz.events import RecordingError, RunRecord
+from thinkviz.model import ModelLoadError, tiny_model
+from thinkviz.policies import make_policy, policy_names, policy_params
+from thinkviz.ui import controls, inputs
+from thinkviz.ui.export import export_figures, export_recording, import_recording
+from thinkviz.ui.learn import learn_markdown, policy_card
+from thinkviz.ui.model_slot import ModelSlot, ModelUnavailable
+from thinkviz.ui.runs import RunInputError
+from thinkviz.ui.throttle import FramePacer
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_pacer_lets_through_one_frame_per_interval_whatever_the_step_rate():
+    clock = FakeClock()
+    pacer = FramePacer(0.15, clock)
+    due = []
+    for _ in range(300):  # 300 steps at 100 steps/s = 3 s
+        due.append(pacer.due())
+        clock.now += 0.01
+    assert due[0]
+    assert sum(due) == 20  # 3 s / 0.15 s
+    slow = FramePacer(0.15, clock)
+    slow_due = []
+    for _ in range(5):  # a step every second: every step is a frame
+        slow_due.append(slow.due())
+        clock.now += 1.0
+    assert all(slow_due)
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_every_policy_round_trips_through_the_control_pool(name):
+    n_numbers, n_flags = controls.pool_sizes()
+    numbers, flags = controls.slot_specs(name, n_numbers, n_flags)
+    own = controls.own_params(name)
+    shown = [s.name for s in numbers + flags if s is not None]
+    assert sorted(shown) == sorted(p.name for p in own)
+    for spec in numbers:
+        if spec is not None:
+            assert spec.low <= spec.value <= spec.high and spec.step > 0
+    values = controls.collect_params(name, [s.value for s in numbers if s], [s.value for s in flags if s])
+    defaults = {p.name: p.default for p in policy_params(name) if p.name in values}
+    assert values == defaults
+    policy = controls.build_policy(name, values, budget=512, interval=4, protect_system=True, protect_question=False)
+    assert policy.budget == 512 and policy.interval == 4 and policy.config["protect_question"] is False
+
+
+def test_controls_report_bad_values_in_words():
+    with pytest.raises(controls.ControlError, match="budget"):
+        controls.build_policy("h2o", {"recent": 32}, budget=16, interval=1, protect_system=True,
+                              protect_question=True)
+    with pytest.raises(controls.ControlError, match="whole number"):
+        controls.build_policy("h2o", {}, budget="lots", interval=1, protect_system=True, protect_question=True)
+    with pytest.raises(controls.ControlError, match="unknown policy"):
+        controls.build_policy("nope", {}, budget=64, interval=1, protect_system=True, protect_question=True)
+
+
+def test_preset_values_overrides_defaults_in_the_slots():
+    n_numbers, n_flags = controls.pool_sizes()
+    numbers, _ = controls.slot_specs("h2o", n_numbers, n_flags, {"recent": 7, "budget": 99})
+    assert [s.value for s in numbers if s is not None] == [7]
+
+
+def test_learn_tab_names_every_policy_with_its_source_and_parameters():
+    text = learn_markdown()
+    for name in policy_names():
+        assert f"### `{name}`" in text
+        card = policy_card(name)
+        assert make_policy(name).source.split()[0] in card
+        for param in controls.own_params(name):
+            assert f"`{param.name}`" in card
+    assert "<think>" not in text  # tags are shown escaped, never as markup
+
+
+@pytest.fixture(scope="module")
+def record():
+    run = Run(tiny_model("llama"), make_policy("h2o", budget=12, recent=2), list(range(100, 120)),
+              DecodeSettings(max_new_tokens=8, stop_at_eos=False))
+    list(run.generate())
+    return run.record
+
+
+def test_recording_exports_as_one_zip_and_loads_back(record, tmp_path):
+    archive = export_recording(record, tmp_path)
+    with zipfile.ZipFile(archive) as zf:
+        assert sorted(n.rsplit(".", 1)[1] for n in zf.namelist()) == ["json", "npz"]
+    loaded = import_recording([archive])
+    assert loaded.token_ids == record.token_ids
+    np.testing.assert_array_equal(loaded.events[-1].keep_fraction, record.events[-1].keep_fraction)
+    pair = import_recording([tmp_path / f"{archive.stem}.json", tmp_path / f"{archive.stem}.npz"])
+    assert pair.texts == record.texts
+
+
+def test_bad_uploads_get_a_clear_message(record, tmp_path):
+    junk = tmp_path / "junk.zip"
+    junk.write_bytes(b"not a zip")
+    with pytest.raises(RecordingError, match="not a zip"):
+        import_recording([junk])
+    lonely = tmp_path / "only.json"
+    lonely.write_text("{}")
+    with pytest.raises(RecordingError, match="expected one .zip"):
+        import_recording([lonely])
+    with pytest.raises(RecordingError, match="choose a recording"):
+        import_recording([])
+
+
+def test_figures_export_as_one_offline_page(tmp_path):
+    import plotly.graph_objects as go
+
+    page = export_figures({"a <b>": go.Figure(go.Scatter(y=[1, 2])), "skipped": None}, tmp_path)
+    text = page.read_text()
+    assert "a &lt;b&gt;" in text and text.count("<section>") == 1
+    assert "plotly.js" in text or "Plotly" in text  # inlined, no CDN needed
+    with pytest.raises(ValueError):
+        export_figures({}, tmp_path)
+
+
+def test_model_slot_reports_progress_then_lends_the_model(tiny_llama):
+    release = threading.Event()
+
+    def loader(name, quantization, device, progress):
+        progress(0.5, "halfway")
+        release.wait(5)
+        return tiny_llama
+
+    slot = ModelSlot(loader=loader)
+    slot.start("tiny", "none")
+    seen = []
+    watcher = threading.Thread(target=lambda: seen.extend(slot.watch(poll=0.01)))
+    watcher.start()
+    release.set()
+    watcher.join(5)
+    assert seen[-1].ready and any(s.message == "halfway" for s in seen)
+    with slot.use() as loaded:
+        assert loaded is tiny_llama
+
+
+def test_model_slot_turns_a_failed_load_into_a_message():
+    def loader(name, quantization, device, progress):
+        raise ModelLoadError("no such model")
+
+    slot = ModelSlot(loader=loader)
+    slot.start("missing/model", "4bit")
+    assert slot.wait(5).error == "no such model"
+    with pytest.raises(ModelUnavailable, match="no such model"):
+        with slot.use():
+            pass
+
+
+def test_inputs_refuse_empty_and_mismatched_requests():
+    with pytest.raises(RunInputError, match="needs a trace"):
+        inputs.run_input("replay", None, "q", "  ")
+    with pytest.raises(RunInputError, match="max_new_tokens"):
+        inputs.decode_settings(0, 0.0)
+    with pytest.raises(RunInputError, match="projection"):
+        inputs.projection("Qwen3-4B", -1)
+    assert inputs.projection(inputs.NO_PROJECTION, 8) is None
+    request = inputs.run_input("generate", "  ", "Why?", "ignored")
+    assert request.system is None and request.trace is None
+
+
+def test_every_preset_fills_the_controls():
+    for _, name in inputs.preset_choices():
+        choice = inputs.choose_preset(name)
+        assert choice.preset.question.strip()
+        assert (choice.trace != "") == (choice.preset.mode == "replay")

@@ -1,0 +1,89 @@
+"""What to run, as the user sets it: presets, the chat, generate vs replay, decode settings.
+
+Pure helpers turning presets and control values into run requests; the Gradio panels that
+show them are built in :mod:`thinkviz.ui.app`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..chat import REASONING_SYSTEM_PROMPT
+from ..engine import DecodeSettings, EngineError
+from ..memory import TARGETS, Projection
+from ..presets import Preset, PresetError, list_presets, load_preset
+from .runs import RunInput, RunInputError
+
+RUN_MODES = ("generate", "replay")
+NO_PROJECTION = "none"
+PROJECTION_TARGETS = (NO_PROJECTION, *TARGETS)
+DEFAULT_TARGET = "Qwen3-4B"
+DEFAULT_CARD = 8
+
+
+@dataclass(frozen=True)
+class PresetChoice:
+    """A preset as the controls show it (``system`` filled with the reasoning prompt when unset)."""
+
+    preset: Preset
+    system: str
+    trace: str
+
+    @property
+    def notice(self) -> str:
+        return f"**{self.preset.title}**\n\n{self.preset.notice}"
+
+
+def preset_choices() -> list[tuple[str, str]]:
+    """``(label, name)`` pairs for a dropdown: the preset's title, its file stem."""
+    out = []
+    for name in list_presets():
+        try:
+            out.append((load_preset(name).title, name))
+        except PresetError:
+            continue  # a broken preset is reported when picked, not at start-up
+    return out
+
+
+def choose_preset(name: str) -> PresetChoice:
+    """Load preset ``name`` for the controls; :class:`RunInputError` with the preset's reason."""
+    try:
+        preset = load_preset(name)
+    except PresetError as exc:
+        raise RunInputError(str(exc)) from None
+    system = REASONING_SYSTEM_PROMPT if preset.system is None else preset.system
+    return PresetChoice(preset, system, preset.trace or "")
+
+
+def run_input(mode: str, system: str | None, question: str | None, trace: str | None) -> RunInput:
+    """The :class:`RunInput` the controls describe (an empty system box sends no system prompt)."""
+    if mode not in RUN_MODES:
+        raise RunInputError(f"Unknown run mode {mode!r}; choose generate or replay.")
+    if mode == "replay" and not (trace or "").strip():
+        raise RunInputError("Replay mode needs a trace: pick a replay preset or paste the assistant's text.")
+    return RunInput(
+        system=(system or "").strip() or None,
+        question=question or "",
+        trace=trace if mode == "replay" else None,
+    )
+
+
+def decode_settings(max_new_tokens: Any, temperature: Any) -> DecodeSettings:
+    """Validated decode settings (greedy when ``temperature`` is 0)."""
+    try:
+        settings = DecodeSettings(max_new_tokens=int(max_new_tokens), temperature=float(temperature))
+        settings.validate()
+    except (TypeError, ValueError) as exc:  # EngineError is a ValueError
+        raise RunInputError(str(exc) if isinstance(exc, EngineError) else f"Bad decode setting: {exc}") from None
+    return settings
+
+
+def projection(target: str | None, card_gb: Any) -> Projection | None:
+    """The memory projection the controls ask for, or ``None``."""
+    if not target or target == NO_PROJECTION:
+        return None
+    try:
+        return Projection.named(target, float(card_gb))
+    except (TypeError, ValueError) as exc:
+        raise RunInputError(f"Bad projection: {exc}") from None

@@ -1,0 +1,78 @@
+"""Starting runs from what the user typed, and reading a run's token view data.
+
+Shared by the Live and Compare tabs: a :class:`RunInput` is a chat (system prompt +
+question) and, in replay mode, the assistant text to teacher-force instead of generating.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..chat import ChatPrompt, build_chat
+from ..engine import DecodeSettings, EngineError, Run
+from ..events import StepEvent
+from ..model import LoadedModel
+from ..policies import Policy
+from ..replay import TraceError, prepare_trace
+from .stream import TokenData
+
+
+class RunInputError(ValueError):
+    """The input cannot be run; the message is shown to the user as is."""
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """A chat to run; ``trace`` (assistant text) switches from generating to replaying it."""
+
+    system: str | None
+    question: str
+    trace: str | None = None
+
+    @property
+    def replay(self) -> bool:
+        return self.trace is not None
+
+
+def prepare(loaded: LoadedModel, run_input: RunInput) -> tuple[ChatPrompt, list[int] | None]:
+    """The prompt to prefill and, in replay mode, the trace ids to teacher-force."""
+    if not run_input.question.strip():
+        raise RunInputError("The question is empty: type a prompt or pick a preset.")
+    try:
+        if run_input.replay:
+            return prepare_trace(loaded, run_input.system, run_input.question, run_input.trace or "")
+        return build_chat(loaded.tokenizer, run_input.system, run_input.question), None
+    except TraceError as exc:
+        raise RunInputError(str(exc)) from None
+
+
+def start_run(
+    loaded: LoadedModel,
+    policy: Policy,
+    run_input: RunInput,
+    settings: DecodeSettings,
+    cancel: threading.Event,
+) -> tuple[Run, Iterator[StepEvent]]:
+    """A :class:`~thinkviz.engine.Run` and its event stream (generate or replay)."""
+    prompt, trace_ids = prepare(loaded, run_input)
+    try:
+        run = Run(loaded, policy, prompt, settings, cancel)
+        events = run.replay(trace_ids) if trace_ids is not None else run.generate()
+    except EngineError as exc:
+        raise RunInputError(str(exc)) from None
+    return run, events
+
+
+def run_token_data(run: Run, event: StepEvent | None) -> TokenData:
+    """The token view of ``run`` after ``event`` (``None``: before the first step, nothing scored)."""
+    segmenter = run.segmenter
+    n = len(run.texts)
+    return TokenData(
+        texts=list(run.texts),
+        scores=event.scores if event is not None else None,
+        keep_fraction=event.keep_fraction if event is not None else None,
+        labels=segmenter.labels()[:n] if segmenter is not None else None,
+        spans=segmenter.spans() if segmenter is not None else [],
+    )

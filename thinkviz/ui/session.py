@@ -1,0 +1,47 @@
+"""Per-browser-session state (kept in a ``gr.State``; nothing here is shared between sessions)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from ..events import RunRecord
+from .stream import TokenChannel, TokenData
+
+LIVE_TOKENS_ID = "tv-live-tokens"
+COMPARE_TOKENS_IDS = tuple(f"tv-compare-tokens-{i}" for i in range(6))
+
+
+@dataclass
+class Session:
+    """What one browser tab has run and is running."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    running: bool = False
+    live_channel: TokenChannel = field(default_factory=lambda: TokenChannel(LIVE_TOKENS_ID))
+    live_view: TokenData | None = None  # the Live tab's last frame, to re-render in another mode
+    live_record: RunRecord | None = None
+    compare_channels: list[TokenChannel] = field(
+        default_factory=lambda: [TokenChannel(target) for target in COMPARE_TOKENS_IDS]
+    )
+    compare_views: list[TokenData] = field(default_factory=list)
+    compare_records: dict[str, RunRecord] = field(default_factory=dict)
+    explore_record: RunRecord | None = None
+
+    def begin(self) -> threading.Event:
+        """A fresh cancel event for a new run (Stop sets it)."""
+        self.cancel = threading.Event()
+        self.running = True
+        return self.cancel
+
+    def sources(self) -> list[str]:
+        """Runs the Explore tab can open: the last Live run and each Compare column."""
+        out = ["Live run"] if self.live_record is not None else []
+        return out + [f"Compare: {name}" for name in self.compare_records]
+
+    def record_for(self, source: str) -> RunRecord | None:
+        if source == "Live run":
+            return self.live_record
+        if source.startswith("Compare: "):
+            return self.compare_records.get(source.removeprefix("Compare: "))
+        return None
