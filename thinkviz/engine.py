@@ -341,7 +341,8 @@ class Run:
         compressed, seconds_policy = self._maybe_compress()
         after = self._holders()
         view = self._view()
-        evicted = [p for p in range(len(before)) if before[p] > 0 and after[p] == 0]
+        # held before this step, or written by it (a replayed chunk can evict its own tokens)
+        evicted = [p for p in range(len(after)) if (p >= len(before) or before[p] > 0) and after[p] == 0]
         per_slot_bytes = self.cache.nbytes() / max(1, self.cache.n_slots)
         event = StepEvent(
             step=step,

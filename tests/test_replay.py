@@ -1,0 +1,186 @@
+"""Replay: trace input, agreement with plain teacher forcing and with live decoding, fidelity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from thinkviz.engine import DecodeSettings, Run
+from thinkviz.events import RunRecord
+from thinkviz.metrics import log_probs, token_nll
+from thinkviz.policies import make_policy
+from thinkviz.replay import LockstepReplay, TraceError, prepare_trace, read_trace_file
+
+TOLERANCE = 1e-4
+SYSTEM = "You are a careful assistant."
+QUESTION = "Why does findall skip the '1.' in '1.5h'?"
+TRACE = (
+    "<think>\nThe pattern has no decimal point.\n\nSo findall skips what it cannot match and "
+    "picks up 5h.\n</think>\n\nAllow a fraction:\n\n```python\n_PART = r'(\\d+(?:\\.\\d+)?)([dhms])'\n```\n"
+)
+
+
+def _random_ids(loaded, n, seed):
+    vocab = loaded.model.config.vocab_size
+    return torch.randint(10, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# ---- trace input ---------------------------------------------------------------------
+def test_prepare_trace_continues_after_the_opened_think_turn(tiny_llama):
+    prompt, ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE)
+    assert prompt.text.endswith("<think>\n")
+    text = tiny_llama.tokenizer.decode(ids)
+    assert text == TRACE[len("<think>\n"):], "the opening <think> must not be duplicated"
+    same_prompt, same_ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE[len("<think>\n"):])
+    assert same_ids == ids and same_prompt.ids == prompt.ids
+
+
+def test_prepare_trace_refuses_empty_and_overlong_traces(tiny_llama):
+    with pytest.raises(TraceError, match="trace is empty"):
+        prepare_trace(tiny_llama, SYSTEM, QUESTION, "<think>\n   \n")
+    with pytest.raises(TraceError, match="question is empty"):
+        prepare_trace(tiny_llama, SYSTEM, " ", TRACE)
+    too_long = " word" * (tiny_llama.geometry.max_context + 10)
+    with pytest.raises(TraceError, match=r"context is 2048"):
+        prepare_trace(tiny_llama, SYSTEM, QUESTION, too_long)
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"", "is empty"),
+        (b"  \n\t\n", "is empty"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "binary"),
+        ("Caf\u00e9 na\u00efve r\u00e9sum\u00e9".encode("latin-1"), "not UTF-8"),
+    ],
+)
+def test_bad_trace_files_are_refused_with_a_reason(tmp_path, content, reason):
+    path = tmp_path / "trace.md"
+    path.write_bytes(content)
+    with pytest.raises(TraceError, match=reason):
+        read_trace_file(path)
+
+
+def test_utf8_trace_file_with_bom_reads_as_text(tmp_path):
+    path = tmp_path / "trace.md"
+    path.write_bytes("\ufeff<think>\nCaf\u00e9\n</think>\n".encode("utf-8"))
+    assert read_trace_file(path) == "<think>\nCaf\u00e9\n</think>\n"
+    with pytest.raises(TraceError, match="does not exist"):
+        read_trace_file(tmp_path / "missing.md")
+
+
+# ---- replay vs plain teacher forcing ----------------------------------------------------
+def test_full_replay_reproduces_a_plain_teacher_forced_forward(tiny_llama):
+    prompt, ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE)
+    replay = LockstepReplay(tiny_llama, [], prompt, ids, DecodeSettings(prefill_chunk=16)).run()
+    sequence = torch.tensor([prompt.ids + ids])
+    with torch.inference_mode():
+        logits = tiny_llama.model(input_ids=sequence).logits[0]  # (N, V)
+    start = len(prompt.ids)
+    want = token_nll(log_probs(logits[start - 1 : -1]), torch.tensor(ids))
+    got = replay.reference_fidelity
+    assert got.positions.tolist() == list(range(start, start + len(ids)))
+    assert np.abs(got.nll - want.numpy()).max() <= TOLERANCE
+
+
+# ---- replay vs live decoding ------------------------------------------------------------
+def _recording_compress(policy):
+    """Wrap ``policy.compress`` so every decision is recorded as absolute kept positions ``(L, H_kv, k)``."""
+    kept = []
+    decide = policy.compress
+
+    def compress(view, cache):
+        keep = decide(view, cache)
+        kept.append(view.positions.gather(-1, keep.to(view.positions.device)))
+        return keep
+
+    policy.compress = compress
+    return kept
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("window", {}),
+        ("streaming", {"n_sink": 4}),
+        ("h2o", {"recent": 4}),
+        ("tova", {}),
+        ("snapkv", {"window": 6, "kernel": 3}),
+    ],
+)
+def test_replay_every_k_tokens_equals_live_decoding_compressing_every_k_steps(tiny_llama, name, params):
+    """A chunk of ``k`` tokens in one forward accumulates the same attention statistics as ``k``
+    single-token steps: each query row sees the same slots (nothing is evicted inside a chunk),
+    ``received`` sums the same rows and the window keeps the same newest rows.  So the keep
+    sets after each compression and the logits must agree."""
+    loaded, k = tiny_llama, 4
+    prompt = _random_ids(loaded, 20, seed=7)
+    settings = DecodeSettings(max_new_tokens=41, stop_at_eos=False, prefill_chunk=64)
+
+    live_policy = make_policy(name, budget=16, interval=k, **params)
+    live_kept = _recording_compress(live_policy)
+    live_logits = []
+    hook = loaded.model.register_forward_hook(lambda m, a, out: live_logits.append(out.logits[0, -1].float().clone()))
+    try:
+        live = Run(loaded, live_policy, prompt, settings)
+        tokens = [t for event in live.generate() for t in event.token_ids]
+    finally:
+        hook.remove()
+
+    replay_policy = make_policy(name, budget=16, interval=k, **params)
+    replay_kept = _recording_compress(replay_policy)
+    replay_logits = []
+    replay = Run(loaded, replay_policy, prompt, settings)
+    list(replay.replay(tokens, on_logits=lambda positions, logits: replay_logits.extend(logits)))
+
+    assert len(live_kept) >= 10, "the test must exercise many evictions"
+    assert len(replay_kept) == len(live_kept)
+    for live_set, replay_set in zip(live_kept, replay_kept):
+        assert torch.equal(live_set, replay_set)
+    assert len(replay_logits) == len(live_logits) == len(tokens) + 1
+    for a, b in zip(live_logits, replay_logits):
+        assert (a - b).abs().max().item() <= TOLERANCE
+    assert [e.evicted for e in live.record.events][k - 1 :: k] == [e.evicted for e in replay.record.events][: len(tokens) // k]
+
+
+# ---- lockstep fidelity ------------------------------------------------------------------
+def test_lockstep_fidelity_is_zero_without_eviction_and_positive_with_it(tiny_llama, tmp_path):
+    prompt, ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE * 3)
+    total = len(prompt.ids) + len(ids)
+    roomy = make_policy("h2o", budget=total + 8, interval=8, recent=4)
+    tight = make_policy("window", budget=24, interval=8, protect_system=False, protect_question=False)
+    replay = LockstepReplay(tiny_llama, [roomy, tight], prompt, ids)
+    done = list(replay)
+    assert done[-1] == len(ids) and done == sorted(done)
+
+    roomy_fid, tight_fid = replay.fidelity
+    assert len(roomy_fid.positions) == len(tight_fid.positions) == len(ids)
+    assert np.abs(roomy_fid.nll - roomy_fid.nll_full).max() <= TOLERANCE
+    assert roomy_fid.kl.max() <= TOLERANCE and roomy_fid.top1.all()
+    # a random tiny model predicts nearly uniformly, so eviction moves KL by ~1e-3, not more
+    assert tight_fid.kl.max() > 1e-3 and np.abs(tight_fid.nll - tight_fid.nll_full).max() > 1e-3
+    assert np.array_equal(tight_fid.nll_full, replay.reference_fidelity.nll)
+
+    record = replay.runs[1].record
+    for event in record.events:
+        fid = event.info["fidelity"]
+        assert len(fid["nll"]) == len(fid["kl"]) == len(fid["top1"]) == len(event.positions)
+    summary = record.summary["fidelity"]
+    assert summary["all"]["tokens"] == len(ids)
+    assert summary["think"]["tokens"] > 0 and summary["code"]["tokens"] > 0
+    assert summary["all"]["kl"] == pytest.approx(float(tight_fid.kl.mean()), rel=1e-5)
+
+    record.save(tmp_path / "tight")
+    loaded_back = RunRecord.load(tmp_path / "tight")
+    assert loaded_back.summary["fidelity"]["all"]["tokens"] == len(ids)
+    assert loaded_back.events[3].info["fidelity"]["kl"] == pytest.approx(record.events[3].info["fidelity"]["kl"])
+
+
+def test_lockstep_refuses_mixed_intervals(tiny_llama):
+    from thinkviz.engine import EngineError
+
+    prompt, ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE)
+    with pytest.raises(EngineError, match="share one interval"):
+        LockstepReplay(tiny_llama, [make_policy("window", budget=32, interval=4),
+                                    make_policy("window", budget=32, interval=8)], prompt, ids)
