@@ -1,0 +1,23 @@
+"""Shared fixtures: the embedded model (loaded once per session) and tiny random models."""
+
+import pytest
+
+from thinkviz.model import LoadedModel, load_model, tiny_model
+
+
+@pytest.fixture(scope="session")
+def embedded_model() -> LoadedModel:
+    """The embedded SmolLM2-135M-Instruct, 4-bit NF4 (on CUDA when available), shared by the session."""
+    return load_model(quantization="4bit")
+
+
+@pytest.fixture
+def tiny_llama() -> LoadedModel:
+    """A fresh 2-layer random Llama (4 query heads over 2 kv-heads) with the SmolLM2 tokenizer."""
+    return tiny_model("llama")
+
+
+@pytest.fixture
+def tiny_qwen3() -> LoadedModel:
+    """A fresh 2-layer random Qwen3 (4 query heads over 2 kv-heads) with the SmolLM2 tokenizer."""
+    return tiny_model("qwen3")

@@ -1,0 +1,179 @@
+"""Model loading: the embedded SmolLM2 (4-bit, cached conversion), tiny models, clear errors."""
+
+import bitsandbytes as bnb
+import huggingface_hub.constants
+import pytest
+import torch
+
+from thinkviz import model as tvmodel
+from thinkviz.model import EMBEDDED, QUANTIZATIONS, ModelLoadError, cache_dir, load_model, tiny_model
+
+PROMPT = [{"role": "user", "content": "What is 2+2?"}]
+
+
+def _greedy(loaded, messages, new_tokens):
+    """Greedy continuation of a chat, decoded."""
+    inputs = loaded.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    ).to(loaded.device)
+    with torch.no_grad():
+        out = loaded.model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
+    return loaded.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+@pytest.mark.integration
+def test_embedded_model_is_4bit_smollm2(embedded_model):
+    loaded = embedded_model
+    linears = [m for m in loaded.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert sum(isinstance(m, bnb.nn.Linear4bit) for m in linears) == 30 * 7  # q k v o gate up down
+    assert loaded.name == "SmolLM2-135M-Instruct (embedded)"
+    assert loaded.quantization == "4bit"
+    assert loaded.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert loaded.model.config._attn_implementation == "eager"
+    assert not loaded.model.training
+    g = loaded.geometry
+    assert (g.layers, g.q_heads, g.kv_heads, g.head_dim, g.max_context) == (30, 9, 3, 64, 8192)
+    assert g.dtype_bytes == loaded.model.get_input_embeddings().weight.element_size()
+    assert g.bytes_per_token == 2 * 30 * 3 * 64 * g.dtype_bytes
+    # 135M parameters: a float32 copy is 538 MB; NF4 linears + float embeddings are far less.
+    assert 50e6 < loaded.weights_bytes < 200e6
+
+
+@pytest.mark.integration
+def test_embedded_model_answers_greedily(embedded_model):
+    answer = _greedy(embedded_model, PROMPT, 8)
+    assert "4" in answer  # real weights, not noise
+    assert _greedy(embedded_model, PROMPT, 8) == answer
+
+
+@pytest.mark.integration
+def test_embedded_model_exposes_eager_attention_weights(embedded_model):
+    captured = []
+    attn = embedded_model.model.model.layers[0].self_attn
+    handle = attn.register_forward_hook(lambda mod, args, kwargs, out: captured.append(out[1]), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            embedded_model.model(torch.tensor([[1, 2, 3, 4, 5]], device=embedded_model.device))
+    finally:
+        handle.remove()
+    assert captured[0].shape == (1, 9, 5, 5)  # (B, H, q, T)
+
+
+@pytest.mark.integration
+def test_embedded_model_runs_in_8bit(embedded_model):  # embedded_model: the conversion is cached
+    loaded = load_model(EMBEDDED, "8bit")
+    assert sum(isinstance(m, bnb.nn.Linear8bitLt) for m in loaded.model.modules()) == 30 * 7
+    assert loaded.geometry.dtype_bytes == 2  # LLM.int8 computes in float16
+    assert "4" in _greedy(loaded, PROMPT, 12)
+
+
+@pytest.mark.integration
+def test_conversion_happens_once_and_is_then_read_from_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path))
+    first, second = [], []
+    load_model(EMBEDDED, "none", "cpu", progress=lambda f, m: first.append((f, m)))
+    folder = cache_dir() / "smollm2-135m-instruct"
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # no staging folder left
+
+    loaded = load_model(EMBEDDED, "none", "cpu", progress=lambda f, m: second.append((f, m)))
+    assert any("Converting" in m for _, m in first)
+    assert not any("Converting" in m for _, m in second)
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
+    fractions = [f for f, _ in second]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert loaded.quantization == "none" and loaded.geometry.dtype_bytes == 4
+
+
+def test_failed_conversion_leaves_no_cache(tmp_path, monkeypatch):
+    class HalfWritten:
+        def save_pretrained(self, folder):
+            (folder / "model.safetensors").write_bytes(b"partial")
+            raise RuntimeError("disk full\nmore detail")
+
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path))
+    monkeypatch.setattr(tvmodel.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: HalfWritten())
+    with pytest.raises(ModelLoadError, match="disk full") as caught:
+        load_model(EMBEDDED, "none", "cpu")
+    assert "\n" not in str(caught.value)
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_damaged_cache_says_how_to_recover(tmp_path, monkeypatch):
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path))
+    (tmp_path / "smollm2-135m-instruct").mkdir()
+    (tmp_path / "smollm2-135m-instruct" / "config.json").write_text("{not json")
+    assert "delete the folder" in str(_one_line_error(EMBEDDED, "none", "cpu"))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_tiny_model(arch):
+    loaded = tiny_model(arch, layers=3, hidden=96, q_heads=6, kv_heads=2)
+    assert type(loaded.model).__name__ == {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]
+    assert loaded.model.config._attn_implementation == "eager" and not loaded.model.training
+    assert (loaded.quantization, loaded.device) == ("none", torch.device("cpu"))
+    g = loaded.geometry
+    assert (g.layers, g.q_heads, g.kv_heads, g.head_dim, g.dtype_bytes) == (3, 6, 2, 16, 4)
+    assert loaded.model.config.vocab_size == len(loaded.tokenizer)
+    assert loaded.weights_bytes == sum(p.nbytes for p in loaded.model.parameters()) + sum(
+        b.nbytes for b in loaded.model.buffers()
+    )
+    ids = loaded.tokenizer("Hello there", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = loaded.model(ids, output_attentions=True)
+    assert out.logits.shape == (1, ids.shape[1], len(loaded.tokenizer))
+    assert out.attentions[0].shape == (1, 6, ids.shape[1], ids.shape[1])
+
+
+def test_tiny_model_is_seeded_and_leaves_the_global_rng_alone():
+    state = torch.random.get_rng_state()
+    a, b, c = tiny_model(seed=1), tiny_model(seed=1), tiny_model(seed=2)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    weight = lambda m: m.model.model.layers[0].self_attn.q_proj.weight  # noqa: E731
+    assert torch.equal(weight(a), weight(b))
+    assert not torch.equal(weight(a), weight(c))
+    assert tiny_model(dtype=torch.bfloat16).geometry.dtype_bytes == 2
+
+
+def test_tiny_model_rejects_unknown_arch():
+    with pytest.raises(ValueError, match="arch"):
+        tiny_model("gpt2")
+
+
+def _one_line_error(*args, **kwargs) -> ModelLoadError:
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(*args, **kwargs)
+    message = str(caught.value)
+    assert message and "\n" not in message
+    return caught.value
+
+
+def test_unknown_quantization_is_refused():
+    error = _one_line_error(EMBEDDED, "3bit")
+    assert "3bit" in str(error) and all(q in str(error) for q in QUANTIZATIONS)
+
+
+def test_missing_local_folder_is_reported():
+    assert "not found: /no/such/model" in str(_one_line_error("/no/such/model", "none"))
+    assert "not found" in str(_one_line_error("./no-such-model", "none"))
+
+
+def test_folder_without_a_model_is_reported(tmp_path):
+    error = _one_line_error(str(tmp_path), "none")
+    assert str(tmp_path) in str(error) and error.__cause__ is not None
+
+
+def test_unreachable_hub_model_is_reported(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail fast, no retries
+    error = _one_line_error("nobody-xyz/no-such-model-123", "none")
+    assert "nobody-xyz/no-such-model-123" in str(error) and error.__cause__ is not None
+
+
+def test_invalid_hub_name_is_reported():
+    assert "not a valid name!" in str(_one_line_error("not a valid name!", "none"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu_is_reported():
+    assert "CUDA" in str(_one_line_error(EMBEDDED, "4bit", "cuda"))

