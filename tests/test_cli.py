@@ -1,0 +1,52 @@
+"""The command line: one-line errors and a non-zero exit for bad arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from thinkviz.cli import main
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "thinkviz", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        (["generate", "--policy", "lru", "hello"], "unknown policy 'lru'"),
+        (["generate", "--budget", "0", "hello"], "budget must be between"),
+        (["generate", "--budget", "-5", "hello"], "budget must be between"),
+        (["generate", "   "], "the prompt is empty"),
+        (["generate", "--param", "recent=5000", "--budget", "64", "hi"], "recent must be between"),
+        (["generate", "--max-new-tokens", "0", "hi"], "max_new_tokens"),
+    ],
+)
+def test_bad_arguments_exit_non_zero_with_one_line(args, reason):
+    result = _cli(*args)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and reason in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_model_is_a_clear_error(tmp_path):
+    result = _cli("generate", "--model", str(tmp_path / "nowhere"), "hi")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "thinkviz: error:" in result.stderr.splitlines()[-1]
+
+
+@pytest.mark.integration
+def test_generate_streams_and_writes_a_recording(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["generate", "--policy", "h2o", "--budget", "64", "--param", "recent=16",
+                 "--max-new-tokens", "12", "--json", str(out), "What is 2 + 3?"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "<think>" in captured.out
+    assert "tok/s" in captured.err and "peak KV" in captured.err
+    assert (tmp_path / "run.json").is_file() and (tmp_path / "run.npz").is_file()
