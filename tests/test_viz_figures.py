@@ -1,0 +1,220 @@
+"""Plotly figures on real records (a tiny random Llama run by the engine) and constructed cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from thinkviz.events import RunRecord, StepEvent
+from thinkviz.memory import GIB, Projection, TargetModel
+from thinkviz.model import tiny_model
+from thinkviz.viz.figures import (
+    MAX_COLS,
+    MAX_ROWS,
+    MIB,
+    bytes_per_token,
+    compare_memory_figure,
+    keep_heatmap,
+    keep_matrix,
+    memory_figure,
+    oom_step,
+    tokens_seen,
+)
+from viz_records import generated, replayed
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    # the tiny_llama fixture's model, built once for the module (the fixture is per test)
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def h2o_run(loaded):
+    return generated(loaded, "h2o", recent=4)
+
+
+@pytest.fixture(scope="module")
+def replay_run(loaded):
+    return replayed(loaded, "h2o", recent=4)
+
+
+def traces(fig):
+    return {t.name: t for t in fig.data}
+
+
+def one_kv_head_model(bytes_per_token_target: int) -> TargetModel:
+    """A target whose bytes per token is exactly ``bytes_per_token_target`` (1 layer, head_dim = bytes/8)."""
+    return TargetModel("Toy", layers=1, q_heads=1, kv_heads=1, head_dim=bytes_per_token_target // 4, hidden=8,
+                       intermediate=8, vocab=8, tied_embeddings=True)
+
+
+# ---- memory ------------------------------------------------------------------------
+def test_memory_figure_draws_the_recorded_bytes(h2o_run, loaded):
+    record = h2o_run.record
+    fig = memory_figure(record)
+    lines = traces(fig)
+    x = tokens_seen(record)
+    assert list(x) == [e.positions[-1] + 1 for e in record.events]
+    np.testing.assert_allclose(lines["KV cache (physical)"].x, x)
+    np.testing.assert_allclose(lines["KV cache (physical)"].y, record.kv_bytes_series() / MIB)
+    np.testing.assert_allclose(lines["full cache (no eviction)"].y, record.full_kv_bytes_series() / MIB)
+    assert bytes_per_token(record) == loaded.geometry.bytes_per_token
+    budget = lines["budget (20 tokens)"]
+    assert budget.y[0] == pytest.approx(20 * loaded.geometry.bytes_per_token / MIB)
+    weights = [t for name, t in lines.items() if name.startswith("weights (none")]
+    assert weights and weights[0].y[0] == pytest.approx(loaded.weights_bytes / MIB)
+    assert weights[0].yaxis == "y2"  # device-scale numbers live on the second axis
+    # eviction really happened: the physical curve stays near the budget while the full one grows
+    assert lines["KV cache (physical)"].y[-1] < lines["full cache (no eviction)"].y[-1]
+
+
+def test_memory_figure_full_policy_has_no_budget_line(loaded):
+    record = generated(loaded, "full", steps=6).record
+    names = set(traces(memory_figure(record)))
+    assert not any(name.startswith("budget") for name in names)
+    np.testing.assert_allclose(record.kv_bytes_series(), record.full_kv_bytes_series())
+
+
+def test_memory_figure_device_series_from_ui_samples_or_events(h2o_run, tmp_path):
+    record = h2o_run.record
+    sampled = {e.step: {"kind": "cpu", "rss": 1000 * MIB + e.step * MIB} for e in record.events if e.step % 10 == 0}
+    rss = traces(memory_figure(record, device_stats=sampled))["process RSS"]
+    assert rss.yaxis == "y2"
+    measured = ~np.isnan(np.asarray(rss.y, dtype=float))
+    assert measured.sum() == len(sampled)
+    np.testing.assert_allclose(np.asarray(rss.y, dtype=float)[measured], [1000 + s for s in sorted(sampled)])
+
+    copy = RunRecord.load(record.save(tmp_path / "run")[0])  # a loaded recording, per-step stats in info
+    for event in copy.events:
+        event.info["device_memory"] = {"kind": "cuda", "allocated": 5 * MIB, "reserved": 8 * MIB}
+    lines = traces(memory_figure(copy))
+    assert np.allclose(lines["GPU allocated"].y, 5) and np.allclose(lines["GPU reserved"].y, 8)
+
+
+def test_oom_step():
+    full = np.array([1, 2, 3, 4, 5])
+    assert oom_step(full, np.array([1, 2, 2, 2, 2]), 2.5) == 2
+    assert oom_step(full, np.array([1, 2, 3, 3, 3]), 2.5) is None  # the policy does not fit either
+    assert oom_step(full, full, 10) is None
+
+
+def test_projection_marks_where_the_full_cache_runs_out(h2o_run):
+    record = h2o_run.record
+    x = tokens_seen(record)
+    kept = np.array([e.kv_tokens for e in record.events])
+    target = one_kv_head_model(1024)
+    assert target.bytes_per_token == 1024
+    # a card with room for exactly `room` tokens after the weights: more than the policy keeps,
+    # fewer than the run sees by its end
+    room = int(kept.max()) + 3
+    assert x[-1] > room
+    card = (target.weights_bytes(4) + room * 1024) / GIB
+    projection = Projection(target, card, 4)
+    assert projection.max_tokens == room
+    fig = memory_figure(record, projection=projection)
+    lines = traces(fig)
+    marker = lines["full cache out of memory"]
+    first = int(np.flatnonzero(x > room)[0])
+    assert list(marker.x) == [x[first]]
+    assert marker.y[0] == pytest.approx(x[first] * 1024 / GIB)
+    np.testing.assert_allclose(lines["policy on Toy"].y, kept * 1024 / GIB)
+    np.testing.assert_allclose(lines["full cache on Toy"].y, x * 1024 / GIB)
+    available = [t for name, t in lines.items() if "card − weights" in name][0]
+    assert available.y[0] == pytest.approx(room * 1024 / GIB)
+    notes = [a.text for a in fig.layout.annotations]
+    assert f"full cache runs out of memory at {x[first]:,} tokens; the policy still fits" in notes
+
+
+def test_projection_without_oom_and_without_room(h2o_run):
+    record = h2o_run.record
+    roomy = memory_figure(record, projection=Projection.named("Qwen3-4B", 24))
+    assert "full cache out of memory" not in traces(roomy)
+    fits = Projection.named("Qwen3-4B", 24).max_tokens
+    assert f"a full cache fits {fits:,} tokens on this card" in [a.text for a in roomy.layout.annotations]
+    too_small = memory_figure(record, projection=Projection.named("Llama-3.1-8B", 6, weights_bits=16))
+    assert any("do not fit this card" in (a.text or "") for a in too_small.layout.annotations)
+
+
+def test_compare_memory_figure_overlays_runs(loaded, h2o_run):
+    window = generated(loaded, "window", steps=25)
+    fig = compare_memory_figure({"h2o": h2o_run.record, "window": window.record})
+    lines = traces(fig)
+    assert set(lines) == {"full cache", "h2o", "window"}
+    np.testing.assert_allclose(lines["window"].y, window.record.kv_bytes_series() / MIB)
+    np.testing.assert_allclose(lines["full cache"].y, h2o_run.record.full_kv_bytes_series() / MIB)  # the longer run
+    assert len(compare_memory_figure({}).data) == 0
+
+
+# ---- keep heatmap --------------------------------------------------------------------
+def test_keep_matrix_average_is_the_events_keep_fraction(replay_run):
+    record = replay_run.record
+    matrix = keep_matrix(record)
+    assert matrix.shape == (len(record.events), len(record.texts))
+    for i, event in enumerate(record.events):
+        seen = len(event.keep_fraction)
+        np.testing.assert_allclose(matrix[i, :seen], event.keep_fraction)
+        assert np.isnan(matrix[i, seen:]).all()
+    assert (matrix == 0).any()  # something was evicted
+
+
+def test_keep_matrix_per_layer_and_head_uses_the_snapshot_at_or_before(replay_run):
+    record = replay_run.record
+    steps = sorted(record.snapshots)
+    assert len(steps) >= 2 and steps[0] == 0
+    matrix = keep_matrix(record, layer=1, head=0)
+    for i, event in enumerate(record.events):
+        snap = max(s for s in steps if s <= event.step)
+        mask = record.snapshots[snap][1, 0]
+        np.testing.assert_array_equal(matrix[i, : len(mask)], mask.astype(np.float32))
+        assert np.isnan(matrix[i, len(mask):]).all()
+    layer_mean = keep_matrix(record, layer=0)
+    np.testing.assert_allclose(layer_mean[0, : record.snapshots[0].shape[-1]], record.snapshots[0][0].mean(axis=0))
+
+
+def test_keep_matrix_refuses_bad_layer_head_and_missing_snapshots(replay_run):
+    record = replay_run.record
+    with pytest.raises(ValueError, match="layer must be between 0 and 1, got 2"):
+        keep_matrix(record, layer=2)
+    with pytest.raises(ValueError, match="head must be between 0 and 1, got -1"):
+        keep_matrix(record, head=-1)
+    bare = RunRecord(meta=record.meta, prompt_texts=record.prompt_texts, events=record.events)
+    with pytest.raises(ValueError, match="no per-layer snapshots"):
+        keep_matrix(bare, layer=0)
+
+
+def test_keep_heatmap_outlines_think_blocks(replay_run):
+    record = replay_run.record
+    fig = keep_heatmap(record)
+    think = [s for s in record.segments if s["kind"] == "think"]
+    assert len(think) == 2
+    assert [(s.x0, s.x1) for s in fig.layout.shapes] == [(t["start"] - 0.5, t["end"] - 0.5) for t in think]
+    heat = fig.data[0]
+    assert heat.z.shape == (len(record.events), len(record.texts))
+    assert list(heat.y) == [e.step for e in record.events]
+
+
+def _synthetic_record(steps: int, first: int, kept_below: int) -> RunRecord:
+    """``steps`` events over ``first + s`` tokens, positions below ``kept_below`` kept, the rest evicted."""
+    events = []
+    for s in range(steps):
+        seen = first + s
+        keep = (np.arange(seen) < kept_below).astype(np.float32)
+        events.append(StepEvent(step=s, token_ids=[0], texts=["x"], positions=[seen - 1],
+                                scores=np.zeros(seen, np.float32), keep_fraction=keep))
+    meta = {"geometry": {"layers": 1, "kv_heads": 1, "head_dim": 1, "dtype_bytes": 1}, "budget": 1, "policy": "h2o"}
+    return RunRecord(meta=meta, prompt_texts=["x"] * (first - 1), events=events)
+
+
+def test_large_heatmaps_are_downsampled_and_stay_light():
+    record = _synthetic_record(steps=900, first=2600, kept_below=1000)
+    fig = keep_heatmap(record)
+    z = np.asarray(fig.data[0].z)
+    assert z.shape[0] <= MAX_ROWS and z.shape[1] <= MAX_COLS
+    x = np.asarray(fig.data[0].x)
+    inside = x + (3500 / MAX_COLS) < 1000  # bins wholly below the kept boundary
+    assert np.all(z[:, inside] == 1.0)
+    beyond = (x > 1000) & (x + 3500 / MAX_COLS < 2600)  # evicted and seen from the first step on
+    assert np.all(z[:, beyond] == 0.0)
+    assert np.isnan(z[0, -1]) and not np.isnan(z[-1, -1])  # the last positions arrive late
+    assert len(fig.to_json()) < 3_000_000

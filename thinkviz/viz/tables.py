@@ -1,0 +1,117 @@
+"""Tables and headline numbers of a run, as plain lists and dicts a UI can show as they are.
+
+Everything is computed from the record's events, so the same functions serve a run that
+is still streaming (its ``summary`` is filled only at the end) and a loaded recording.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..events import RunRecord
+from ..units import format_bytes
+
+SEGMENT_TABLE_HEADERS = ["segment", "tokens", "kept %", "mean importance"]
+FIDELITY_TABLE_HEADERS = ["segment", "tokens", "NLL Δ (nats)", "KL(full‖policy)", "top-1 agree %"]
+# Kinds listed in the segment table; steps and tags are too fine-grained for a table.
+TABLE_KINDS = ("system", "user", "signature", "think", "code", "answer")
+
+
+def _event_at(record: RunRecord, step: int | None):
+    """The event of ``step`` (the last one at or before it); the last event for ``None``."""
+    if not record.events:
+        return None
+    if step is None:
+        return record.events[-1]
+    before = [e for e in record.events if e.step <= step]
+    if not before:
+        raise ValueError(f"step {step} is before the first step ({record.events[0].step}) of this run")
+    return before[-1]
+
+
+def _segment_name(span: Mapping[str, Any]) -> str:
+    kind, index = span["kind"], int(span.get("index", 0)) + 1
+    if kind in ("system", "user"):
+        return kind if index == 1 else f"{kind} {index}"
+    name = f"{kind} {index}"
+    parent = span.get("parent")
+    return f"{name} (in think {int(parent) + 1})" if kind == "code" and parent is not None else name
+
+
+def _round(value: float, digits: int) -> float | None:
+    return None if not math.isfinite(value) else round(value, digits)
+
+
+def segment_table(record: RunRecord, step: int | None = None, spans: Sequence[Any] | None = None) -> list[list]:
+    """Rows ``[segment, tokens, kept %, mean importance]`` after ``step`` (default: the last).
+
+    ``kept %`` is the mean fraction of (layer, kv-head) slots still holding the segment's
+    tokens; ``mean importance`` the mean of the policy's finite scores there (``None`` when the
+    policy scored none of them).  Segments not reached yet at ``step`` are left out; a run
+    without segments gets one row, ``all tokens``.  ``spans``: the live segmenter's spans
+    while a run streams (the record stores its segments when it ends).
+    """
+    event = _event_at(record, step)
+    if event is None:
+        return []
+    keep = np.asarray(event.keep_fraction, dtype=np.float64)
+    scores = np.asarray(event.scores, dtype=np.float64)
+    seen = len(keep)
+    spans = record.segments if spans is None else [s if isinstance(s, dict) else dataclasses.asdict(s) for s in spans]
+    spans = [s for s in spans if s["kind"] in TABLE_KINDS] or [
+        {"kind": "all", "start": 0, "end": seen, "name": "all tokens"}
+    ]
+    rows = []
+    for span in spans:
+        lo, hi = int(span["start"]), min(int(span["end"]), seen)
+        if hi <= lo:
+            continue
+        finite = scores[lo:hi][np.isfinite(scores[lo:hi])]
+        rows.append([
+            span.get("name") or _segment_name(span),
+            hi - lo,
+            round(100 * float(keep[lo:hi].mean()), 1),
+            _round(float(finite.mean()), 4) if len(finite) else None,
+        ])
+    return rows
+
+
+def stats_strip(record: RunRecord) -> dict[str, str]:
+    """Headline numbers, formatted: decode speed, share of tokens kept, peak KV, compression."""
+    events = record.events
+    if not events:
+        return {"tok/s": "—", "kept": "—", "peak KV": "—", "compression": "—"}
+    last = events[-1]
+    seconds = sum(e.seconds_forward + e.seconds_policy for e in events)
+    new_tokens = sum(len(e.token_ids) for e in events)
+    seen = last.positions[-1] + 1 if last.positions else len(last.keep_fraction)
+    peak = max(int(record.summary.get("peak_kv_bytes", 0)), max(e.kv_bytes for e in events))
+    return {
+        "tok/s": f"{new_tokens / seconds:.1f}" if seconds > 0 else "—",
+        "kept": f"{100 * last.kv_tokens / seen:.0f}% ({last.kv_tokens:,} of {seen:,} tokens)" if seen else "—",
+        "peak KV": format_bytes(peak),
+        "compression": f"{last.full_kv_bytes / last.kv_bytes:.1f}×" if last.kv_bytes else "—",
+    }
+
+
+def fidelity_table(by_kind: Mapping[str, Mapping[str, float]]) -> list[list]:
+    """Rows ``[segment, tokens, NLL Δ, KL, top-1 %]`` from :func:`thinkviz.metrics.summarize_by_kind`.
+
+    Kinds with no tokens are left out; ``None`` marks a mean that is not a number.
+    """
+    rows = []
+    for kind, summary in by_kind.items():
+        if not summary.get("tokens"):
+            continue
+        rows.append([
+            "all tokens" if kind == "all" else kind,
+            int(summary["tokens"]),
+            _round(float(summary["nll_delta"]), 4),
+            _round(float(summary["kl"]), 4),
+            _round(100 * float(summary["top1"]), 1),
+        ])
+    return rows
