@@ -20,7 +20,6 @@ from thinkviz.viz.tokens import (
     keep_levels,
     render_tokens,
     token_delta,
-    token_patch_js,
 )
 
 OUR_ATTRS = {"class", "data-pos", "data-start", "title", "style"}
@@ -375,7 +374,6 @@ def page():
             pytest.skip(f"no Chromium to run the patch script in: {exc}")
         page = browser.new_page()
         page.set_content(f"<style>{TOKEN_CSS}</style><div id='live'></div><div id='full'></div>")
-        page.add_script_tag(content=TOKEN_PATCH_JS)
         yield page
         browser.close()
 
@@ -393,10 +391,9 @@ def test_patch_script_in_a_browser_matches_the_full_render(page, mode):
     state = None
     for i, (texts, scores, keep, labels, spans) in enumerate(_frames()):
         state, patch = token_delta(state, texts, scores, keep, labels, spans, mode)
-        if i % 2:
-            page.evaluate("(p) => tvApplyTokenPatch(document.getElementById('live'), p)", patch)
-        else:  # the Gradio-ready wrapper, fed the patch as a JSON string
-            page.evaluate(token_patch_js("live"), json.dumps(patch))
+        # the script as a function expression (how the UI embeds it), fed objects or JSON strings
+        page.evaluate(f"(p) => ({TOKEN_PATCH_JS})(document.getElementById('live'), p)",
+                      json.dumps(patch) if i % 2 else patch)
         page.evaluate("(html) => { document.getElementById('full').innerHTML = html; }",
                       render_tokens(texts, scores, keep, labels, spans, mode))
         assert page.evaluate(READ_VIEW, "live") == page.evaluate(READ_VIEW, "full")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
@@ -66,7 +67,7 @@ class Look(NamedTuple):
 
 @dataclass(frozen=True)
 class _Segment:
-    """Segment facts of one token, from the spans covering it."""
+    """Segment facts of one token, from the spans covering it (``path`` is the tooltip line)."""
 
     kind: str | None = None
     think: int | None = None
@@ -124,59 +125,66 @@ def _field(span: Any, name: str, default: Any = None) -> Any:
 
 def segment_facts(n: int, spans: Sequence[Any], labels: Sequence[str] | None, start: int = 0) -> list[_Segment]:
     """Per token ``start … start+n-1``: the most specific covering span, its think block and the
-    tooltip path (``"think 2 › step 3"``).  ``labels[i] == "template"`` marks template markers."""
-    covering: list[list[tuple[int, str, int, Any]]] = [[] for _ in range(n)]
-    think_edges: dict[int, tuple[int, int, bool]] = {}
-    for order, span in enumerate(spans):
+    tooltip path (``"think 2 › step 3"``).  ``labels[i] == "template"`` marks template markers.
+
+    Spans are painted onto one row per specificity rank (spans of one rank do not overlap);
+    tokens covered by the same spans share one :class:`_Segment`.
+    """
+    table: list[tuple[str, int, int, int, bool, bool]] = []  # kind, index, start, end, closed, protected
+    painted = np.full((max(_RANK.values()) + 1, n), -1, dtype=np.int64)  # (ranks, n) row in `table`
+    for span in spans:
         kind = _field(span, "kind")
         if kind not in _RANK:
             continue
         lo, hi = int(_field(span, "start", 0)), int(_field(span, "end", 0))
-        for pos in range(max(lo, start), min(hi, start + n)):
-            covering[pos - start].append((_RANK[kind], kind, order, span))
-        if kind == "think":
-            think_edges[int(_field(span, "index", 0))] = (lo, hi, bool(_field(span, "closed", False)))
+        a, b = max(lo, start) - start, min(hi, start + n) - start
+        if b > a:
+            painted[_RANK[kind], a:b] = len(table)
+            table.append((kind, int(_field(span, "index", 0)), lo, hi, bool(_field(span, "closed", False)),
+                          bool(_field(span, "protected", False))))
+    shared: dict[tuple, _Segment] = {}
     facts = []
-    for i, cover in enumerate(covering):
+    for i, ids in enumerate(zip(*painted.tolist())):
         pos = start + i
-        cover.sort(key=lambda c: (c[0], c[2]))
-        path = " › ".join(f"{kind} {int(_field(span, 'index', 0)) + 1}" for _, kind, _, span in cover)
-        template = labels is not None and labels[i] == "template"
-        if template:
-            path = f"{path} (template)" if path else "template"
-        think = next((int(_field(s, "index", 0)) for _, k, _, s in cover if k == "think"), None)
-        step = next((int(_field(s, "index", 0)) for _, k, _, s in cover if k == "step"), None)
-        lo, hi, closed = think_edges.get(think, (None, None, False))
-        facts.append(_Segment(
-            kind="template" if template else (cover[-1][1] if cover else None),
-            think=think,
-            think_start=think is not None and pos == lo,
-            think_end=think is not None and closed and pos == hi - 1,
-            step=step,
-            protected=any(bool(_field(s, "protected", False)) for _, _, _, s in cover),
-            path=path,
-        ))
+        cover = [table[j] for j in ids if j >= 0]  # outer to inner
+        think = next((c for c in cover if c[0] == "think"), None)
+        key = (ids, labels is not None and labels[i] == "template",
+               think is not None and pos == think[2], think is not None and think[4] and pos == think[3] - 1)
+        if key not in shared:
+            shared[key] = _segment(cover, *key[1:])
+        facts.append(shared[key])
     return facts
 
 
+def _segment(cover: list[tuple], template: bool, think_start: bool, think_end: bool) -> _Segment:
+    path = " › ".join(f"{kind} {index + 1}" for kind, index, *_ in cover)
+    if template:
+        path = f"{path} (template)" if path else "template"
+    protected = any(c[5] for c in cover)
+    return _Segment(
+        kind="template" if template else (cover[-1][0] if cover else None),
+        think=next((c[1] for c in cover if c[0] == "think"), None),
+        think_start=think_start,
+        think_end=think_end,
+        step=next((c[1] for c in cover if c[0] == "step"), None),
+        protected=protected,
+        path=path + (" · protected" if protected else ""),
+    )
+
+
 # ---- one token ----------------------------------------------------------------------
-def _title(text: str, pos: int, score: float | None, keep: float | None, segment: _Segment) -> str:
-    score_text = f"{score:.3g}" if score is not None and np.isfinite(score) else "—"
+def _keep_text(keep: float | None) -> str:
     if keep is None or not np.isfinite(keep):
-        keep_text = "kept —"
-    elif keep <= 0:
-        keep_text = "evicted from every layer and head"
-    elif keep >= 1:
-        keep_text = "kept in every layer and head"
-    else:
-        keep_text = f"kept in {keep:.0%} of layer×head slots"
-    where = segment.path or "—"
-    if segment.protected:
-        where += " · protected"
-    return f"{json.dumps(text, ensure_ascii=False)}  pos {pos}\nscore {score_text} · {keep_text}\n{where}"
+        return "kept —"
+    if keep <= 0:
+        return "evicted from every layer and head"
+    if keep >= 1:
+        return "kept in every layer and head"
+    return f"kept in {keep:.0%} of layer×head slots"
 
 
-def _look(mode: str, pos: int, text: str, score, keep, heat: int, kept: int, segment: _Segment) -> Look:
+def _segment_look(mode: str, segment: _Segment) -> tuple[str, str]:
+    """The class list and inline style a token's segment gives it in ``mode``."""
     cls = ["tv-tok"]
     style = ""
     if mode in _SEGMENT_MODES and segment.kind is not None:
@@ -192,14 +200,18 @@ def _look(mode: str, pos: int, text: str, score, keep, heat: int, kept: int, seg
             style = f"counter-reset: tv-think {segment.think + 1}"
         if segment.think_end:
             cls.append("tv-think-end")
-    if mode in _HEAT_MODES and heat >= 0:
-        cls.append(f"tv-h{heat}")
+    return " ".join(cls), style
+
+
+def _value_classes(mode: str, heat: int, kept: int) -> str:
+    """The classes importance and eviction give a token in ``mode`` (leading space included)."""
+    out = f" tv-h{heat}" if mode in _HEAT_MODES and heat >= 0 else ""
     if mode in _KEEP_MODES:
         if kept == 0:
-            cls.append("tv-gone")
+            out += " tv-gone"
         elif 0 < kept < KEEP_LEVELS:
-            cls += ["tv-part", f"tv-k{kept}"]
-    return Look(" ".join(cls), style, _title(text, pos, score, keep, segment))
+            out += f" tv-part tv-k{kept}"
+    return out
 
 
 def _check(mode: str, texts: Sequence[str], **arrays: Any) -> None:
@@ -223,17 +235,21 @@ def token_looks(
     """The :class:`Look` of every token (arguments as in :func:`render_tokens`)."""
     _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=labels)
     n = len(texts)
-    heat, kept = heat_levels(scores, n), keep_levels(keep_fraction, n)
-    segments = segment_facts(n, spans, labels, start)
-    return [
-        _look(
-            mode, start + i, texts[i],
-            None if scores is None else float(scores[i]),
-            None if keep_fraction is None else float(keep_fraction[i]),
-            int(heat[i]), int(kept[i]), segments[i],
-        )
-        for i in range(n)
-    ]
+    heat, kept = heat_levels(scores, n).tolist(), keep_levels(keep_fraction, n).tolist()
+    score_list = [None] * n if scores is None else np.asarray(scores, dtype=np.float64).tolist()
+    keep_list = [None] * n if keep_fraction is None else np.asarray(keep_fraction, dtype=np.float64).tolist()
+    segment_looks: dict[int, tuple[str, str]] = {}
+    looks = []
+    for i, segment in enumerate(segment_facts(n, spans, labels, start)):
+        if id(segment) not in segment_looks:
+            segment_looks[id(segment)] = _segment_look(mode, segment)
+        cls, style = segment_looks[id(segment)]
+        score = score_list[i]
+        score_text = f"{score:.3g}" if score is not None and math.isfinite(score) else "—"
+        title = (f"{json.dumps(texts[i], ensure_ascii=False)}  pos {start + i}\n"
+                 f"score {score_text} · {_keep_text(keep_list[i])}\n{segment.path or '—'}")
+        looks.append(Look(cls + _value_classes(mode, heat[i], kept[i]), style, title))
+    return looks
 
 
 def _token_html(pos: int, text: str, look: Look) -> str:
@@ -334,17 +350,6 @@ function tvApplyTokenPatch(root, patch) {
   }
 }
 """.strip()
-
-
-def token_patch_js(container_id: str) -> str:
-    """A ``(patch) => …`` function for Gradio's ``js=`` that patches the element ``#container_id``.
-
-    The container should be a plain ``<div id=…>`` the UI owns (a reset replaces its content).
-    """
-    return (
-        f"(patch) => {{ ({TOKEN_PATCH_JS})(document.getElementById({json.dumps(container_id)}), patch); "
-        f"return []; }}"
-    )
 
 
 # ---- the stylesheet ----------------------------------------------------------------
