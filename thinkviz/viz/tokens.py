@@ -36,7 +36,6 @@ MODES = ("importance", "segments", "evicted", "combined")
 HEAT_LEVELS = 10  # tv-h0 … tv-h9
 KEEP_LEVELS = 10  # tv-k1 … tv-k9 for partial keeps
 
-KINDS = ("system", "user", "template", "signature", "think", "step", "tag", "answer", "code")
 # Which covering span names a token's colour: the most specific one.
 _RANK = {"system": 0, "user": 0, "answer": 0, "think": 1, "signature": 2, "step": 2, "tag": 3, "code": 3}
 _THINK_PALETTE = ("#fff4d6", "#fde4ec", "#dcf4f7", "#ecf5dc")
