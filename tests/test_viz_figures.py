@@ -218,3 +218,13 @@ def test_large_heatmaps_are_downsampled_and_stay_light():
     assert np.all(z[:, beyond] == 0.0)
     assert np.isnan(z[0, -1]) and not np.isnan(z[-1, -1])  # the last positions arrive late
     assert len(fig.to_json()) < 3_000_000
+
+
+def test_figures_before_the_first_step():
+    meta = {"geometry": {"layers": 2, "kv_heads": 2, "head_dim": 16, "dtype_bytes": 4}, "budget": 8,
+            "policy": "h2o", "weights_bytes": 1000, "quantization": "none"}
+    record = RunRecord(meta=meta, prompt_texts=["a", "b"])
+    fig = memory_figure(record, projection=Projection.named("Qwen3-4B", 8))
+    assert all(len(t.x) == 0 for t in fig.data)
+    assert keep_heatmap(record).data[0].z.shape == (0, 2)
+    assert len(compare_memory_figure({"h2o": record}).data[0].x) == 0
