@@ -156,7 +156,9 @@ def test_token_texts_batch_equals_decode_and_streaming(text, context):
     pieces = token_texts(tok, ids)
     assert len(pieces) == len(ids)
     assert "".join(pieces) == text + "."
-    streamed = [token_texts(tok, ids[i : i + 1], prefix_ids=ids[max(0, i - context) : i])[0] for i in range(len(ids))]
+    streamed = [
+        token_texts(tok, ids[i : i + 1], prefix_ids=ids[max(0, i - context) : i])[0] for i in range(len(ids))
+    ]
     assert streamed == pieces
 
 
@@ -185,4 +187,6 @@ def test_build_chat_invariants(user, assistant, system):
         assert previous <= role.start <= role.body_start <= body_end <= role.end
         previous = role.end
     assert prompt.text.endswith(assistant) and prompt.assistant_prefix == assistant
-    assert "".join(prompt.texts[prompt.roles[-2].body_start : prompt.roles[-2].body_end]) == user
+    # whitespace at a body's edge may share a token with a marker (anchor rule): compare stripped
+    body = "".join(prompt.texts[prompt.roles[-2].body_start : prompt.roles[-2].body_end])
+    assert body.strip() == user.strip() and body in user

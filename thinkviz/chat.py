@@ -92,7 +92,9 @@ def token_boundary(anchors: Sequence[int], char: int) -> int:
     return bisect.bisect_left(anchors, char)
 
 
-def token_texts(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], prefix_ids: Sequence[int] = ()) -> list[str]:
+def token_texts(
+    tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], prefix_ids: Sequence[int] = ()
+) -> list[str]:
     """Per-token text pieces of ``ids``, decoded after ``prefix_ids`` (the tokens before).
 
     Each piece is the text the token completes: a token holding the first bytes of a
@@ -177,7 +179,9 @@ def _body(
     return (len(head), len(head) + len(content)) if found and rendered == head + content + tail else None
 
 
-def build_chat(tokenizer: PreTrainedTokenizerBase, system: str | None, user: str, assistant: str = "<think>\n") -> ChatPrompt:
+def build_chat(
+    tokenizer: PreTrainedTokenizerBase, system: str | None, user: str, assistant: str = "<think>\n"
+) -> ChatPrompt:
     """Tokenize a system + user chat and open the assistant turn with ``assistant``.
 
     ``system=None`` sends no system message (a template may still insert its own,
