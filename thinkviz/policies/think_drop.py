@@ -1,0 +1,129 @@
+"""think_drop: drop whole finished ``<think>`` blocks, oldest first, once their code parses — seed 000.
+
+Seed 000 ("dynamic token-dropping for local reflection loops"): an agent that drafts, tests and
+rewrites code leaves a ``<think>`` block behind every loop.  Once a loop is over and the code
+it produced is sound, its reasoning is the cheapest thing to forget.  The rules:
+
+- only *completed* think blocks (``</think>`` seen) are ever evicted, each as a whole, tags
+  included, and in the order they were written;
+- a block is evictable only once the code that follows it parses (:func:`code_parses`: Python's
+  ``ast.parse``, never compiled or run).  No complete code after it yet → ``"pending"``, code that
+  does not parse → ``"syntax error"``: either way the reasoning stays, it may be needed to debug;
+- protected tokens (system prompt, question, file signatures, per the protection toggles) are
+  never evicted, even inside a block; nothing outside think blocks is ever evicted;
+- blocks are dropped only while the cache exceeds the budget, as few as bring it within it.
+
+When dropping every evictable block still leaves the cache over budget, nothing else is
+evicted: the cache stays over budget and :meth:`ThinkDrop.step_info` says so
+(``"over_budget": True`` with the excess), so the memory chart shows a budget this rule cannot
+hold.  The decision is per position: every layer and kv-head keeps the same tokens.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import warnings
+from typing import Any
+
+import torch
+
+from .base import CacheView, Policy, keep_top
+from .registry import register
+
+
+@functools.lru_cache(maxsize=256)
+def code_parses(source: str) -> bool:
+    """Whether ``source`` is syntactically valid Python (``ast.parse`` only; nothing is executed)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. invalid escapes in model output
+            ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
+
+
+def code_state(code: str | None) -> str:
+    """``"pending"`` (no complete code yet), ``"parsed"`` or ``"syntax error"``."""
+    if code is None:
+        return "pending"
+    return "parsed" if code_parses(code) else "syntax error"
+
+
+@register
+class ThinkDrop(Policy):
+    """Keep everything except whole completed think blocks whose following code parses, which are
+    dropped oldest first while the cache is over budget (rules in the module docstring)."""
+
+    name = "think_drop"
+    summary = (
+        "When memory is short, forget whole finished <think> blocks, oldest first — but only once "
+        "the code written after them parses. Nothing else is ever dropped."
+    )
+    source = "seed 000 (dynamic thinking-token dropping)"
+    hard_budget = False
+
+    def score(self, view: CacheView) -> torch.Tensor:
+        """``(L, H_kv, T)``: 0 for slots of a block this rule may drop, 1 for slots it must keep."""
+        evictable = torch.zeros(len(view.protected), dtype=torch.bool)
+        for block in self._blocks(view):
+            if block["closed"] and block["code"] == "parsed":
+                evictable[block["start"] : block["end"]] = True
+        return view.by_position(~(evictable & ~view.protected)).float()
+
+    def select(self, view: CacheView) -> torch.Tensor:
+        total = view.positions.shape[-1]
+        excess = total - self.budget
+        drop = torch.zeros(len(view.protected), dtype=torch.bool)
+        present = self._present(view)
+        for block in self._blocks(view):
+            if excess <= 0:
+                break
+            if not (block["closed"] and block["code"] == "parsed"):
+                continue
+            span = torch.zeros_like(drop)
+            span[block["start"] : block["end"]] = True
+            span &= present & ~view.protected
+            drop |= span
+            excess -= int(span.sum())
+        keep = ~view.by_position(drop)  # (L, H_kv, T)
+        return keep_top(torch.zeros(keep.shape), keep, int(keep.sum(-1).max()))
+
+    def step_info(self, view: CacheView) -> dict[str, Any]:
+        blocks = self._blocks(view)
+        present = self._present(view)
+        for block in blocks:
+            droppable = ~view.protected[block["start"] : block["end"]]
+            held = present[block["start"] : block["end"]] & droppable
+            block["evicted"] = bool(droppable.any()) and not bool(held.any())
+        excess = view.positions.shape[-1] - self.budget
+        droppable = [
+            b for b in blocks if b["closed"] and b["code"] == "parsed" and not b["evicted"]
+        ]
+        info: dict[str, Any] = {"blocks": blocks, "over_budget": excess > 0 and not droppable}
+        if info["over_budget"]:
+            info["excess_tokens"] = excess
+        if view.segments is None:
+            info["note"] = "a plain token prompt has no think blocks: nothing can be dropped"
+        return info
+
+    @staticmethod
+    def _blocks(view: CacheView) -> list[dict[str, Any]]:
+        """Every think block in order with its code verification state."""
+        if view.segments is None:
+            return []
+        blocks = []
+        for span in view.segments.think_blocks():
+            code = view.segments.code_after(span) if span.closed else None
+            blocks.append(
+                {"index": span.index, "start": span.start, "end": span.end, "closed": span.closed, "code": code_state(code)}
+            )
+        return blocks
+
+    @staticmethod
+    def _present(view: CacheView) -> torch.Tensor:
+        """``(N,)`` bool: positions held by at least one slot."""
+        present = torch.zeros(len(view.protected), dtype=torch.bool)
+        present[view.positions.flatten()] = True
+        return present
