@@ -21,6 +21,7 @@ class Session:
     live_channel: TokenChannel = field(default_factory=lambda: TokenChannel(LIVE_TOKENS_ID))
     live_view: TokenData | None = None  # the Live tab's last frame, to re-render in another mode
     live_record: RunRecord | None = None
+    live_device_stats: dict[int, dict] = field(default_factory=dict)  # step -> device memory sampled then
     compare_channels: list[TokenChannel] = field(
         default_factory=lambda: [TokenChannel(target) for target in COMPARE_TOKENS_IDS]
     )

@@ -9,7 +9,7 @@ browser, which applies each message to its container.
 Gradio fires ``.change`` again with the final value when a generator ends, so messages are
 numbered: the browser applies a message only if it is the next one of the run it shows (or
 a reset, which starts over).  A run's last frame is always a reset, so a view that missed a
-message for any reason still ends exact.
+message for any reason still ends exact.  A view scrolled to its end follows new tokens.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ class TokenChannel:
             self.state, data.texts, data.scores, data.keep_fraction, data.labels, data.spans, self.mode
         )
         self.seq += 1
-        return {"target": self.target, "run": self.run, "seq": self.seq, "patch": patch}
+        patch = {**patch, "update": {str(pos): change for pos, change in patch.get("update", {}).items()}}
+        return {"target": self.target, "run": self.run, "seq": self.seq, "patch": patch}  # JSON keys: strings
 
     def set_mode(self, mode: str) -> None:
         """Switch view mode; the next message is a reset."""
@@ -77,7 +78,9 @@ PATCH_BUS_JS = (
     const next = root.dataset.tvRun === m.run && Number(root.dataset.tvSeq) + 1 === m.seq;
     if (!fresh && !next) continue;
     if (fresh && root.dataset.tvRun === m.run && Number(root.dataset.tvSeq) >= m.seq) continue;
+    const following = root.scrollHeight - root.scrollTop - root.clientHeight < 48;  // reader is at the end
     apply(root, m.patch);
+    if (following) root.scrollTop = root.scrollHeight;
     root.dataset.tvRun = m.run;
     root.dataset.tvSeq = String(m.seq);
   }

@@ -1,0 +1,166 @@
+"""The Live / Compare / Explore frame generators, driven with list(...) on tiny models."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import orjson
+import pytest
+
+from thinkviz.engine import DecodeSettings
+from thinkviz.memory import Projection
+from thinkviz.model import tiny_model
+from thinkviz.policies import make_policy
+from thinkviz.ui import explore
+from thinkviz.ui.compare import FIDELITY_COLUMNS, compare_frames
+from thinkviz.ui.live import live_frames
+from thinkviz.ui.runs import RunInput, RunInputError
+from thinkviz.ui.stream import TokenChannel
+from thinkviz.ui.throttle import FramePacer
+
+QUESTION = RunInput(system="Think step by step.", question="What is 2 + 3?")
+TRACE = RunInput(system=None, question="Sum the list.",
+                 trace="<think>\nFirst add 1 and 2.\n\nThen add 3.\n</think>\n\nThe sum is 6.\n")
+
+
+class StepClock:
+    """A clock that advances ``tick`` seconds each time it is read (one read per engine step)."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model("llama")
+
+
+def _live(tiny, policy, run_input=QUESTION, tokens=24, pacer=None, cancel=None, channel=None):
+    channel = channel or TokenChannel("t")
+    settings = DecodeSettings(max_new_tokens=tokens, stop_at_eos=False)
+    frames = live_frames(tiny, policy, run_input, settings, cancel or threading.Event(), channel,
+                         Projection.named("Qwen3-4B", 8), pacer or FramePacer(0.0))
+    return list(frames), channel
+
+
+def test_live_streams_patches_that_append_then_ends_with_a_reset(tiny):
+    frames, _ = _live(tiny, make_policy("h2o", budget=24, recent=4), tokens=24)
+    assert len(frames) == 1 + 24 + 1  # the prompt, one frame per token (no pacing), the final frame
+    first, *middle, last = frames
+    assert first.message["patch"]["reset"] is not None and not first.done
+    assert all(f.message["patch"]["reset"] is None for f in middle)
+    assert [f.message["seq"] for f in frames] == list(range(1, len(frames) + 1))
+    appended = [f.message["patch"]["append"].count("data-pos=") for f in middle]
+    assert appended == [1] * 24  # each frame sends only its new token
+    assert any(f.message["patch"]["update"] for f in middle)  # older tokens restyled as they are evicted
+    for frame in frames:
+        orjson.dumps(frame.message)  # what gr.JSON sends: string keys only
+    assert last.done and last.message["patch"]["reset"].count("data-pos=") == len(last.record.texts)
+    assert "tv-gone" in last.message["patch"]["reset"]  # budget 24 < prompt + 24 tokens: evictions shown
+    assert last.figure.layout.height > 0 and len(last.figure.data) >= 3
+    assert "tok/s" in last.stats and last.status.startswith("Done: 24 tokens generated")
+
+
+def test_live_frames_are_paced_whatever_the_token_rate(tiny):
+    # 0.05 s per step against a 0.15 s frame interval: about one frame every three tokens
+    frames, _ = _live(tiny, make_policy("window", budget=64), tokens=30, pacer=FramePacer(0.15, StepClock(0.05)))
+    assert 8 <= len(frames) - 2 <= 12
+    # skipped steps are not lost: each patch appends every token since the previous frame
+    appended = sum(f.message["patch"]["append"].count("data-pos=") for f in frames[1:-1])
+    prompt = frames[0].message["patch"]["reset"].count("data-pos=")
+    assert prompt + appended == len(frames[-2].view.texts)
+    assert frames[-1].message["patch"]["reset"].count("data-pos=") == len(frames[-1].record.texts)
+
+
+def test_switching_mode_mid_run_resets_the_view_once(tiny):
+    channel = TokenChannel("t")
+    settings = DecodeSettings(max_new_tokens=6, stop_at_eos=False)
+    frames = live_frames(tiny, make_policy("h2o", budget=64), QUESTION, settings, threading.Event(), channel,
+                         None, FramePacer(0.0))
+    seen = [next(frames), next(frames)]
+    channel.set_mode("segments")
+    seen += list(frames)
+    resets = [f.message["patch"]["reset"] is not None for f in seen]
+    assert resets == [True, False, True, False, False, False, False, True]
+    assert "tv-mode-segments" in seen[2].message["patch"]["reset"]
+
+
+def test_stop_ends_the_run_with_a_final_frame(tiny):
+    cancel = threading.Event()
+    channel = TokenChannel("t")
+    settings = DecodeSettings(max_new_tokens=200, stop_at_eos=False)
+    frames = live_frames(tiny, make_policy("h2o", budget=64), QUESTION, settings, cancel, channel, None,
+                         FramePacer(0.0))
+    for i, frame in enumerate(frames):
+        if i == 3:
+            cancel.set()
+    assert frame.done and frame.record.summary["stopped"] == "cancelled"
+    assert len(frame.record.events) < 10
+
+
+def test_replay_mode_streams_the_trace(tiny):
+    frames, _ = _live(tiny, make_policy("h2o", budget=32, interval=4, recent=4), TRACE)
+    final = frames[-1]
+    assert final.status.startswith("Done:") and "replayed" in final.status
+    assert "The sum is 6." in final.record.generated_text
+    view = final.message["patch"]["reset"]
+    assert "<think>" not in view and "&lt;" in view  # tags shown as text, escaped
+    assert {s["kind"] for s in final.record.segments} >= {"think", "answer"}
+
+
+def test_empty_question_is_refused_before_anything_runs(tiny):
+    with pytest.raises(RunInputError, match="question is empty"):
+        _live(tiny, make_policy("h2o"), RunInput(None, "   "))
+
+
+@pytest.mark.parametrize("run_input", [QUESTION, TRACE], ids=["generate", "replay"])
+def test_compare_streams_three_columns_together_and_measures_fidelity(tiny, run_input):
+    policies = [make_policy("window", budget=24, interval=4), make_policy("h2o", budget=24, interval=4, recent=4),
+                make_policy("streaming", budget=24, interval=4)]
+    channels = [TokenChannel(f"c{i}") for i in range(6)]
+    settings = DecodeSettings(max_new_tokens=20, stop_at_eos=False)
+    frames = list(compare_frames(tiny, policies, run_input, settings, threading.Event(), channels, True,
+                                 FramePacer(0.0)))
+    assert len(frames) > 5
+    for frame in frames:
+        assert len(frame.messages) == len(frame.headers) == 3
+        assert [m["target"] for m in frame.messages] == ["c0", "c1", "c2"]
+    # the columns grow together: after each streaming frame their lengths differ by at most one step
+    for frame in frames[1:-1]:
+        lengths = [len(r.events) for r in frame.records.values()]
+        assert max(lengths) - min(lengths) <= 1
+    final = frames[-1]
+    assert final.done and [row[0] for row in final.table] == ["window", "h2o", "streaming"]
+    assert len(final.table[0]) == len(FIDELITY_COLUMNS)
+    for row in final.table:
+        nll, delta, kl, top1 = row[1:5]
+        assert float(nll) > 0 and float(kl) >= 0 and top1.endswith("%")
+    assert len(final.figure.data) == 4  # three policies + the full-cache curve
+
+
+def test_compare_refuses_a_single_policy(tiny):
+    with pytest.raises(RunInputError, match="between 2 and 6"):
+        list(compare_frames(tiny, [make_policy("h2o")], QUESTION, DecodeSettings(max_new_tokens=2),
+                            threading.Event(), [TokenChannel("a")]))
+
+
+def test_explore_shows_any_step_of_a_finished_run(tiny):
+    frames, _ = _live(tiny, make_policy("h2o", budget=24, recent=4), tokens=20)
+    record = frames[-1].record
+    early = explore.explore_view(record, 2, explore.AVERAGE, explore.AVERAGE, "evicted")
+    late = explore.explore_view(record, 19, explore.AVERAGE, explore.AVERAGE, "evicted")
+    assert early.tokens_html.count("data-pos=") == len(record.prompt_texts) + 3
+    assert late.tokens_html.count("data-pos=") == len(record.texts)
+    assert late.tokens_html.count("tv-gone") > early.tokens_html.count("tv-gone")
+    assert early.segments["data"] and early.heatmap.data
+    one = explore.explore_view(record, 19, "1", "0", "evicted")
+    assert "layer 1, kv-head 0" in one.caption
+    keep = explore.token_data_at(record, 19, 1, 0)[0].keep_fraction
+    assert set(np.unique(keep)) <= {0.0, 1.0}  # one head: each token is either held or not
+    with pytest.raises(ValueError, match="layer must be between"):
+        explore.explore_view(record, 0, "99", explore.AVERAGE, "importance")

@@ -1,0 +1,195 @@
+"""The Compare tab: 2–6 policies on the same input, streamed side by side, with fidelity.
+
+Generate mode runs every policy and a full-cache reference round-robin, one token each in
+turn, so the columns grow together; the fidelity table reports the step at which each
+greedy text first leaves the full cache's.  Then (optionally) the full cache's text is
+teacher-forced through fresh copies of the policies in lockstep
+(:class:`~thinkviz.replay.LockstepReplay`) to measure NLL, KL and top-1 agreement against
+the full cache on the same tokens.  Replay mode is one lockstep replay from the start: the
+columns stream and the fidelity table fills in as they go.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..engine import DecodeSettings, EngineError, Run
+from ..events import RunRecord
+from ..metrics import TokenFidelity, divergence_step, summarize
+from ..model import LoadedModel
+from ..policies import Policy, make_policy
+from ..replay import LockstepReplay
+from ..units import format_bytes
+from ..viz.figures import compare_memory_figure
+from .live import stats_html
+from .runs import RunInput, RunInputError, prepare, run_token_data
+from .stream import TokenChannel, TokenData
+from .throttle import FramePacer
+
+MIN_POLICIES, MAX_POLICIES = 2, 6
+FIDELITY_COLUMNS = ["policy", "NLL (nats)", "ΔNLL vs full", "KL(full‖policy)", "top-1 agree", "diverges at step",
+                    "peak KV", "kept"]
+
+
+@dataclass
+class CompareFrame:
+    """One screen update: a patch message and a header per column, the overlay, the table."""
+
+    status: str
+    messages: list[dict[str, Any]]
+    headers: list[str]
+    figure: Any
+    table: list[list[Any]]
+    records: dict[str, RunRecord]
+    views: list[TokenData]
+    done: bool = False
+
+
+def check_policies(policies: Sequence[Policy]) -> None:
+    """:class:`RunInputError` unless there are 2–6 distinct policies sharing one interval."""
+    names = [p.name for p in policies]
+    if not MIN_POLICIES <= len(names) <= MAX_POLICIES:
+        raise RunInputError(f"Choose between {MIN_POLICIES} and {MAX_POLICIES} policies to compare (got {len(names)}).")
+    if len(set(names)) != len(names):
+        raise RunInputError("Each policy can be compared once.")
+    if len({p.interval for p in policies}) > 1:
+        raise RunInputError("Policies compared together must share one interval.")
+
+
+def fidelity_row(name: str, fidelity: TokenFidelity | None, diverged: str, record: RunRecord) -> list[Any]:
+    """One table row: mean NLL, ΔNLL, KL, top-1 (``—`` until measured), divergence, peak KV, kept share."""
+
+    def number(value: float, fmt: str) -> str:
+        return "—" if not np.isfinite(value) else format(value, fmt)
+
+    last = record.events[-1] if record.events else None
+    kept = f"{last.kv_tokens / (last.positions[-1] + 1):.0%}" if last else "—"
+    peak = format_bytes(max(e.kv_bytes for e in record.events)) if last else "—"
+    if fidelity is None or len(fidelity.positions) == 0:
+        cells = ["—"] * 4
+    else:
+        s = summarize(fidelity)
+        cells = [number(s["nll"], ".3f"), number(s["nll_delta"], "+.3f"), number(s["kl"], ".4f"),
+                 number(s["top1"], ".1%")]
+    return [name, *cells, diverged, peak, kept]
+
+
+class _Columns:
+    """The runs shown as columns, in the user's order, each with its token channel."""
+
+    def __init__(self, names: list[str], runs: list[Run], channels: Sequence[TokenChannel]) -> None:
+        self.names, self.runs, self.channels = names, runs, list(channels[: len(names)])
+
+    def frame(self, status: str, table: list[list[Any]], done: bool = False) -> CompareFrame:
+        views = [run_token_data(run, run.record.events[-1] if run.record.events else None) for run in self.runs]
+        messages = [c.message(v, reset=done or v.scores is None) for c, v in zip(self.channels, views)]
+        headers = [f"<div class='tv-col-title'>{name}</div>{stats_html(run.record)}"
+                   for name, run in zip(self.names, self.runs)]
+        records = {name: run.record for name, run in zip(self.names, self.runs)}
+        return CompareFrame(status, messages, headers, compare_memory_figure(records), table, records, views, done)
+
+
+def compare_frames(
+    loaded: LoadedModel,
+    policies: Sequence[Policy],
+    run_input: RunInput,
+    settings: DecodeSettings,
+    cancel: threading.Event,
+    channels: Sequence[TokenChannel],
+    measure_fidelity: bool = True,
+    pacer: FramePacer | None = None,
+) -> Iterator[CompareFrame]:
+    """Run ``policies`` side by side on ``run_input``; yield paced frames and a final one.
+
+    ``channels[i]`` streams column ``i``.  In generate mode with ``measure_fidelity``, a
+    second phase teacher-forces the full cache's text through the policies.  Raises
+    :class:`RunInputError` for input the model cannot run.
+    """
+    check_policies(policies)
+    if len(channels) < len(policies):
+        raise ValueError(f"{len(policies)} policies need as many channels, got {len(channels)}")
+    pacer = pacer or FramePacer()
+    try:
+        if run_input.replay:
+            yield from _replay_frames(loaded, policies, run_input, settings, cancel, channels, pacer)
+        else:
+            yield from _generate_frames(loaded, policies, run_input, settings, cancel, channels, measure_fidelity,
+                                        pacer)
+    except EngineError as exc:
+        raise RunInputError(str(exc)) from None
+
+
+def _fresh(policy: Policy) -> Policy:
+    """A new policy with the same settings (policies may keep per-run state)."""
+    return make_policy(policy.name, **policy.config)
+
+
+def _replay_frames(loaded, policies, run_input, settings, cancel, channels, pacer) -> Iterator[CompareFrame]:
+    prompt, trace_ids = prepare(loaded, run_input)
+    evicting = [p for p in policies if p.name != "full"]
+    lockstep = LockstepReplay(loaded, evicting, prompt, trace_ids, replace(settings, scoring=True), cancel)
+    pairs = {p.name: (run, f) for p, run, f in zip(evicting, lockstep.runs, lockstep.fidelity)}
+    pairs["full"] = (lockstep.reference, lockstep.reference_fidelity)
+    names = [p.name for p in policies]
+    columns = _Columns(names, [pairs[n][0] for n in names], channels)
+
+    def table() -> list[list[Any]]:
+        return [fidelity_row(n, pairs[n][1], "— (teacher-forced)", pairs[n][0].record) for n in names]
+
+    yield columns.frame(f"Prefilling {len(prompt.ids)} prompt tokens in {len(evicting) + 1} runs…", table())
+    for replayed in lockstep:
+        if pacer.due():
+            yield columns.frame(f"Replaying in lockstep… {replayed}/{len(trace_ids)} trace tokens", table())
+    stopped = lockstep.reference.record.summary.get("stopped", "end of trace")
+    yield columns.frame(f"Done: {len(trace_ids)} trace tokens through {len(names)} policies (stopped: {stopped}).",
+                        table(), done=True)
+
+
+def _generate_frames(loaded, policies, run_input, settings, cancel, channels, measure, pacer) -> Iterator[CompareFrame]:
+    prompt, _ = prepare(loaded, run_input)
+    names = [p.name for p in policies]
+    runs = [Run(loaded, policy, prompt, settings, cancel) for policy in policies]
+    columns = _Columns(names, runs, channels)
+    if "full" in names:
+        reference, everyone = runs[names.index("full")], runs
+    else:
+        reference = Run(loaded, make_policy("full", interval=policies[0].interval), prompt, settings, cancel)
+        everyone = runs + [reference]
+
+    def table(fidelity: dict[str, TokenFidelity] | None = None) -> list[list[Any]]:
+        reference_tokens = [t for e in reference.record.events for t in e.token_ids]
+        rows = []
+        for name, run in zip(names, runs):
+            step = divergence_step(reference_tokens, [t for e in run.record.events for t in e.token_ids])
+            rows.append(fidelity_row(name, (fidelity or {}).get(name), "never" if step is None else str(step),
+                                     run.record))
+        return rows
+
+    yield columns.frame(f"Prefilling {len(prompt.ids)} prompt tokens in {len(everyone)} runs…", table())
+    streams = [run.generate() for run in everyone]
+    active = list(range(len(streams)))
+    while active:
+        for i in list(active):  # one token from each run in turn: the columns grow together
+            if next(streams[i], None) is None:
+                active.remove(i)
+        if active and pacer.due():
+            longest = max(len(r.record.events) for r in everyone)
+            yield columns.frame(f"Generating round-robin… {longest} tokens", table())
+    full_ids = [t for e in reference.record.events for t in e.token_ids]
+    if not measure or cancel.is_set() or not full_ids:
+        yield columns.frame("Stopped." if cancel.is_set() else f"Done: {len(full_ids)} tokens.", table(), done=True)
+        return
+    evicting = [_fresh(p) for p in policies if p.name != "full"]
+    lockstep = LockstepReplay(loaded, evicting, prompt, full_ids, replace(settings, scoring=False), cancel)
+    fidelity = {p.name: f for p, f in zip(evicting, lockstep.fidelity)}
+    fidelity["full"] = lockstep.reference_fidelity
+    for replayed in lockstep:
+        if pacer.due():
+            yield columns.frame(f"Measuring fidelity: teacher-forcing the full cache's text… "
+                                f"{replayed}/{len(full_ids)}", table(fidelity))
+    yield columns.frame(f"Done: {len(full_ids)} tokens; NLL / KL / top-1 measured on the full cache's text.",
+                        table(fidelity), done=True)

@@ -1,0 +1,108 @@
+"""The Live tab's run: one policy, streamed as paced frames a browser can keep up with.
+
+:func:`live_frames` is a plain generator (tests call ``list(live_frames(...))``): it starts
+the run, then after each engine step asks the :class:`~thinkviz.ui.throttle.FramePacer`
+whether a frame is due, and always ends with a final frame.  A frame carries a token-view
+patch message (see :mod:`thinkviz.ui.stream`), the memory figure, the stats strip and a
+status line; the Gradio wiring only places them.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from ..engine import DecodeSettings, EngineError, Run
+from ..events import RunRecord, StepEvent
+from ..memory import Projection, device_memory
+from ..model import LoadedModel
+from ..policies import Policy
+from ..viz.figures import memory_figure
+from ..viz.tables import stats_strip
+from .runs import RunInput, RunInputError, run_token_data, start_run
+from .stream import TokenChannel, TokenData
+from .throttle import FramePacer
+
+
+@dataclass
+class LiveFrame:
+    """One screen update of the Live tab."""
+
+    status: str
+    message: dict[str, Any]
+    figure: Any
+    stats: str
+    record: RunRecord
+    view: TokenData
+    device_stats: dict[int, dict]
+    done: bool = False
+
+
+def stats_html(record: RunRecord) -> str:
+    """The stats strip (:func:`~thinkviz.viz.tables.stats_strip`) as a row of labelled numbers."""
+    cells = "".join(
+        f"<div class='tv-stat'><span>{html.escape(label)}</span><b>{html.escape(value)}</b></div>"
+        for label, value in stats_strip(record).items()
+    )
+    return f"<div class='tv-stats'>{cells}</div>"
+
+
+def status_line(run: Run, event: StepEvent | None, replay: bool, done: bool = False) -> str:
+    """One line saying where the run is."""
+    record = run.record
+    generated = sum(len(e.token_ids) for e in record.events)
+    if done:
+        stopped = record.summary.get("stopped", "finished")
+        return f"Done: {generated} tokens {'replayed' if replay else 'generated'} (stopped: {stopped})."
+    if event is None:
+        return f"Prefilling {len(run.ids)} prompt tokens…"
+    verb = "Replaying" if replay else "Generating"
+    return f"{verb}… {generated} tokens, cache holds {event.kv_tokens} per layer and head."
+
+
+def live_frames(
+    loaded: LoadedModel,
+    policy: Policy,
+    run_input: RunInput,
+    settings: DecodeSettings,
+    cancel: threading.Event,
+    channel: TokenChannel,
+    projection: Projection | None = None,
+    pacer: FramePacer | None = None,
+) -> Iterator[LiveFrame]:
+    """Run ``policy`` on ``run_input`` and yield frames at the pacer's rate, then a final one.
+
+    ``channel`` may be switched to another view mode from outside while the run streams;
+    the next frame then resets the view.  Raises :class:`RunInputError` for input the model
+    cannot run.
+    """
+    pacer = pacer or FramePacer()
+    run, events = start_run(loaded, policy, run_input, settings, cancel)
+    device_stats: dict[int, dict] = {}  # step -> device memory, sampled once per frame
+
+    def frame(event: StepEvent | None, done: bool = False) -> LiveFrame:
+        if event is not None:
+            device_stats[event.step] = device_memory(loaded.device)
+        view = run_token_data(run, event)
+        return LiveFrame(
+            status=status_line(run, event, run_input.replay, done),
+            message=channel.message(view, reset=done or event is None),
+            figure=memory_figure(run.record, projection=projection, device_stats=device_stats),
+            stats=stats_html(run.record),
+            record=run.record,
+            view=view,
+            device_stats=device_stats,
+            done=done,
+        )
+
+    yield frame(None)
+    event = None
+    try:
+        for event in events:
+            if pacer.due():
+                yield frame(event)
+    except EngineError as exc:
+        raise RunInputError(str(exc)) from None
+    yield frame(event, done=True)
