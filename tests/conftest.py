@@ -21,3 +21,9 @@ def tiny_llama() -> LoadedModel:
 def tiny_qwen3() -> LoadedModel:
     """A fresh 2-layer random Qwen3 (4 query heads over 2 kv-heads) with the SmolLM2 tokenizer."""
     return tiny_model("qwen3")
+
+
+@pytest.fixture(scope="session")
+def embedded_model_fp32() -> LoadedModel:
+    """The embedded model unquantized in float32: the reference precision of the eviction oracle."""
+    return load_model(quantization="none", device="cpu")

@@ -119,3 +119,19 @@ def test_chunked_prefill_compresses_long_prompts(tiny_llama):
     assert run.record.summary["peak_kv_bytes"] <= (16 + 16) * tiny_llama.geometry.bytes_per_token
     kept = np.flatnonzero(events[-1].keep_fraction)
     assert kept[:4].tolist() == [0, 1, 2, 3]  # the sinks survived the chunked prefill
+
+
+@pytest.mark.integration
+def test_embedded_4bit_model_generates_32_tokens_through_h2o(embedded_model):
+    from thinkviz.chat import REASONING_SYSTEM_PROMPT, build_chat
+
+    assert embedded_model.quantization == "4bit"
+    prompt = build_chat(embedded_model.tokenizer, REASONING_SYSTEM_PROMPT, "What is 12 times 3?")
+    policy = make_policy("h2o", budget=64, recent=16, protect_system=False, protect_question=False)
+    run = Run(embedded_model, policy, prompt,
+              DecodeSettings(max_new_tokens=32, stop_at_eos=False))
+    events = list(run.generate())
+    assert len(events) == 32
+    assert run.record.generated_text.strip()
+    assert max(e.kv_tokens for e in events) <= 64 + 1
+    assert any(e.evicted for e in events)
