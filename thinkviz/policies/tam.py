@@ -1,0 +1,168 @@
+"""tam: Thought-Aware attention Matching — budgets per reasoning step, ∝ √(importance · size).
+
+Seed 003 ("Thought-Aware KV Cache Compaction for Reasoning via Adaptive Attention Matching",
+TAM): a chain of thought is a sequence of steps of unequal value, so compress it step by step
+instead of as a flat sequence.  Three mechanisms, at every compression and in every
+(layer, kv-head):
+
+1. *Thought segmentation.*  Segments are the segmenter's reasoning steps (a think block split
+   at blank lines) and, outside thinking, runs of one label (system, question, template,
+   answer, code, tag); segments shorter than ``l_min`` tokens merge into the previous one (a
+   short first one into the next).  Without a segmenter (a plain token prompt) the whole text
+   is one segment.
+2. *Pivotal tokens.*  ``a`` ``(T,)`` = mean attention from the last ``window`` queries (``R``).  Slots
+   with ``a > pivot_factor · mean(a)`` are pivotal and kept first, strongest first, as far as
+   the budget allows once the forced slots (protected spans and the ``recent`` tail ``τ``) are in.
+3. *Adaptive budgets.*  The budget left, ``B``, is split over the segments by
+   :func:`allocate_budgets`: ``t_i ∝ √(w_i · n_i)`` with ``w_i`` the attention mass (sum of ``a``)
+   and ``n_i`` the number of a segment's slots still undecided, ``t_i ≤ n_i``, ``Σ t_i = B``.
+   Inside each segment the ``t_i`` slots with the highest ``a`` are kept.
+
+The kept count is therefore exactly ``budget`` (or the forced count, if larger).  TAM's
+allocation is optimal under its convex error model; keeping the top keys per segment is this
+app's selection-only reading of its attention matching.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .base import CacheView, Param, Policy, keep_top
+from .registry import register
+
+
+def allocate_budgets(weights: Sequence[float], sizes: Sequence[int], budget: int) -> list[int]:
+    """Split ``budget`` tokens over segments: ``t_i ∝ √(w_i · n_i)``, ``0 ≤ t_i ≤ n_i``,
+    ``Σ t_i = min(budget, Σ n_i)``.
+
+    A share that would exceed its segment is capped at ``n_i`` and the surplus goes to the
+    others in the same proportion (repeated until no share overflows); segments with zero
+    ``w_i`` still open when every open segment has zero weight share ``∝ √n_i`` (no attention
+    evidence: size alone).  Real shares become integers by largest remainder: each gets its
+    floor, the tokens left go one each to the largest fractional parts (ties: larger share,
+    then earlier segment).  Negative or NaN weights count as 0.
+    """
+    w = np.clip(np.nan_to_num(np.asarray(weights, dtype=np.float64), nan=0.0), 0.0, None)
+    n = np.asarray(sizes, dtype=np.int64)
+    if w.shape != n.shape or w.ndim != 1:
+        raise ValueError(f"weights and sizes must be two lists of one length, got {w.shape} and {n.shape}")
+    if budget < 0 or (n < 0).any():
+        raise ValueError("budget and sizes must not be negative")
+    total = int(min(budget, n.sum()))
+    shares = np.zeros(len(n))
+    open_ = n > 0
+    left = float(total)
+    while open_.any() and left > 0:
+        raw = np.sqrt(w * n) * open_
+        if raw.sum() <= 0:
+            raw = np.sqrt(n) * open_
+        ideal = left * raw / raw.sum()
+        full = open_ & (ideal >= n)
+        if not full.any():
+            shares[open_] = ideal[open_]
+            break
+        shares[full] = n[full]
+        left -= float(n[full].sum())
+        open_ &= ~full
+    counts = np.minimum(np.floor(shares).astype(np.int64), n)
+    room = [i for i in range(len(n)) if counts[i] < n[i]]
+    room.sort(key=lambda i: (-(shares[i] - counts[i]), -shares[i], i))
+    for i in room[: total - int(counts.sum())]:
+        counts[i] += 1
+    return counts.tolist()
+
+
+def merge_short(bounds: Sequence[int], l_min: int) -> list[tuple[int, int]]:
+    """Segments ``[lo, hi)`` between consecutive ``bounds``; one shorter than ``l_min`` joins the
+    previous segment (a short first one joins the next)."""
+    segments: list[list[int]] = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        if segments and hi - lo < l_min:
+            segments[-1][1] = hi
+        else:
+            segments.append([lo, hi])
+    if len(segments) > 1 and segments[0][1] - segments[0][0] < l_min:
+        first = segments.pop(0)
+        segments[0][0] = first[0]
+    return [(lo, hi) for lo, hi in segments]
+
+
+@register
+class ThoughtAwareMatching(Policy):
+    """Score ``(L, H_kv, T)`` = mean attention from the last ``window`` queries; selection by
+    segment budgets ``∝ √(w·n)`` plus pivotal tokens and a recent tail (module docstring)."""
+
+    name = "tam"
+    summary = (
+        "Split the reasoning into steps; give each step a share of the budget by its importance "
+        "and size (√(w·n)); always keep pivotal tokens and the newest ones."
+    )
+    source = "seed 003 — TAM, thought-aware KV compaction via adaptive attention matching"
+    params = (
+        Param("recent", 32, 0, 1024, 1, "tail τ: newest tokens always kept"),
+        Param("window", 16, 1, 64, 1, "R: the newest queries whose attention weighs segments and tokens"),
+        Param("l_min", 16, 1, 512, 1, "segments shorter than this merge into the previous one"),
+        Param("pivot_factor", 4.0, 1.0, 100.0, 0.5, "pivotal token: attention above this multiple of the mean"),
+    )
+    window_rows = 64
+
+    def score(self, view: CacheView) -> torch.Tensor:
+        return view.window[:, :, -self.config["window"] :, :].mean(dim=2)  # (L, H_kv, T)
+
+    def segment_ids(self, view: CacheView) -> torch.Tensor:
+        """``(N,)`` segment number of every position (step 1 of the module docstring)."""
+        total = len(view.protected)
+        if view.segments is None or total == 0:
+            return torch.zeros(total, dtype=torch.long)
+        labels = view.segments.labels()[:total]
+        starts = {0} | {i for i in range(1, total) if labels[i] != labels[i - 1]}
+        starts |= {s.start for s in view.segments.spans() if s.kind == "step" and s.start < total}
+        ids = torch.empty(total, dtype=torch.long)
+        for number, (lo, hi) in enumerate(merge_short([*sorted(starts), total], self.config["l_min"])):
+            ids[lo:hi] = number
+        return ids
+
+    def select(self, view: CacheView) -> torch.Tensor:
+        attention = self.score(view).float()  # (L, H_kv, T)
+        forced = self.forced(view)
+        segments = view.by_position(self.segment_ids(view))  # (L, H_kv, T)
+        keep = forced.clone()
+        layers, heads, _ = attention.shape
+        for layer in range(layers):
+            for head in range(heads):
+                keep[layer, head] |= self.choose(attention[layer, head], forced[layer, head], segments[layer, head])
+        return keep_top(attention, keep, int(keep.sum(-1).max()))
+
+    def choose(self, attention: torch.Tensor, forced: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+        """One (layer, kv-head): ``attention``, ``forced`` and segment numbers ``segments`` per slot
+        ``(T,)`` → ``(T,)`` bool, the pivotal and per-segment top slots kept besides ``forced``."""
+        left = self.budget - int(forced.sum())
+        chosen = torch.zeros_like(forced)
+        if left <= 0:
+            return chosen
+        free = ~forced
+        pivotal = free & (attention > self.config["pivot_factor"] * attention.mean())
+        strongest = torch.where(pivotal, attention, torch.full_like(attention, -1.0)).argsort(descending=True)
+        chosen[strongest[: min(left, int(pivotal.sum()))]] = True
+        left -= int(chosen.sum())
+        candidates = (free & ~chosen).nonzero().squeeze(1)
+        if left <= 0 or len(candidates) == 0:
+            return chosen
+        seg = segments[candidates]
+        n_segments = int(seg.max()) + 1
+        mass = torch.zeros(n_segments).scatter_add_(0, seg, attention[candidates])
+        sizes = torch.bincount(seg, minlength=n_segments)
+        budgets = torch.tensor(allocate_budgets(mass.tolist(), sizes.tolist(), left))
+        # rank inside each segment: order by attention (descending), then stably by segment
+        order = attention[candidates].argsort(descending=True, stable=True)
+        order = order[seg[order].argsort(stable=True)]
+        first_of_segment = torch.cumsum(sizes, 0) - sizes  # (S,)
+        rank = torch.arange(len(order)) - first_of_segment[seg[order]]
+        chosen[candidates[order[rank < budgets[seg[order]]]]] = True
+        return chosen
+
+    def step_info(self, view: CacheView) -> dict[str, Any]:
+        return {"segments": int(self.segment_ids(view).max()) + 1 if len(view.protected) else 0}
