@@ -134,4 +134,5 @@ def test_embedded_4bit_model_generates_32_tokens_through_h2o(embedded_model):
     assert len(events) == 32
     assert run.record.generated_text.strip()
     assert max(e.kv_tokens for e in events) <= 64 + 1
-    assert any(e.evicted for e in events)
+    # h2o decides per kv-head: tokens leave some of the 30 x 3 (layer, head) slots first
+    assert (events[-1].keep_fraction < 1).sum() > len(prompt.ids) // 2

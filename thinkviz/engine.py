@@ -411,4 +411,5 @@ class Run:
             }
         )
         if self.segmenter is not None:
+            self.segmenter.finish()
             self.record.segments = [span.__dict__.copy() for span in self.segmenter.spans()]
