@@ -136,3 +136,25 @@ def test_embedded_4bit_model_generates_32_tokens_through_h2o(embedded_model):
     assert max(e.kv_tokens for e in events) <= 64 + 1
     # h2o decides per kv-head: tokens leave some of the 30 x 3 (layer, head) slots first
     assert (events[-1].keep_fraction < 1).sum() > len(prompt.ids) // 2
+
+
+def test_two_threads_sharing_one_model_get_their_own_results(tiny_llama):
+    """Runs in parallel threads on one model equal the same runs done one after the other."""
+    def tokens_and_scores(policy, prompt):
+        run = Run(tiny_llama, make_policy(policy, budget=40), prompt,
+                  DecodeSettings(max_new_tokens=20, stop_at_eos=False))
+        events = list(run.generate())
+        return [e.token_ids for e in events], events[-1].scores
+
+    jobs = [("h2o", _prompt(tiny_llama, 20, seed=1)), ("tova", _prompt(tiny_llama, 30, seed=2))]
+    alone = [tokens_and_scores(*job) for job in jobs]
+    together: dict[int, tuple] = {}
+    threads = [threading.Thread(target=lambda i=i, job=job: together.__setitem__(i, tokens_and_scores(*job)))
+               for i, job in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, (tokens, scores) in enumerate(alone):
+        assert together[i][0] == tokens
+        np.testing.assert_allclose(together[i][1], scores, rtol=1e-5, atol=1e-6)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -73,6 +74,23 @@ def causal_mask(cached: int, new: int, dtype: torch.dtype, device, hidden: torch
         mask = mask.repeat(1, hidden.shape[0], 1, 1)
         mask[0, :, :, :cached] |= hide
     return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(mask, torch.finfo(dtype).min)
+
+
+_MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.Lock]" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: torch.nn.Module) -> threading.Lock:
+    """The lock serialising forward passes on ``model``.
+
+    Attention hooks are installed on the shared model for the duration of one forward, so
+    two runs (two browser sessions, or Compare columns in threads) must never overlap there.
+    """
+    with _LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.Lock()
+        return lock
 
 
 def eos_ids(loaded: LoadedModel) -> set[int]:
@@ -256,7 +274,7 @@ class Run:
         """Run ``ids`` at the next absolute positions; return logits ``(q', V)`` (float32)."""
         q, cached = len(ids), self.cache.n_slots
         positions = torch.arange(self.processed, self.processed + q)
-        with self.capture:
+        with model_lock(self.loaded.model), self.capture:
             out = self.loaded.model(
                 input_ids=torch.tensor([ids], device=self.device),
                 position_ids=positions[None].to(self.device),
