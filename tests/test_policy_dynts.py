@@ -1,0 +1,156 @@
+"""dynts (seed 004) and its importance predictor: labels, files, fallback, what always survives."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from thinkviz import predictor as P
+from thinkviz.chat import build_chat
+from thinkviz.cli import main
+from thinkviz.engine import DecodeSettings, Run
+from thinkviz.policies import make_policy
+from thinkviz.policies.dynts import DynTS
+
+from thought_trace import QUESTION, SYSTEM, TRACE, chat_and_trace
+
+
+def _predictor(hidden_size, seed=0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        predictor = P.ImportancePredictor(hidden_size)
+    predictor.mean.normal_()
+    predictor.std.uniform_(0.5, 2.0)
+    return predictor.eval()
+
+
+def _save_for(loaded, folder, hidden_size=None, model=None):
+    hidden_size = hidden_size or loaded.model.config.hidden_size
+    predictor = _predictor(hidden_size)
+    meta = P.PredictorMeta(model=model or loaded.name, hidden_size=hidden_size, width=predictor.width)
+    P.save(predictor, meta, P.predictor_path(loaded.name, folder))
+    return predictor
+
+
+def _replay(loaded, budget, recent=8):
+    prompt, trace = chat_and_trace(loaded.tokenizer)
+    run = Run(loaded, make_policy("dynts", budget=budget, interval=4, recent=recent), prompt, DecodeSettings())
+    return run, list(run.replay(trace))
+
+
+def test_question_and_local_window_always_survive_with_a_predictor(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    predictor = _save_for(tiny_llama, tmp_path)
+    budget = len(chat_and_trace(tiny_llama.tokenizer)[0].ids) + 24
+    run, events = _replay(tiny_llama, budget)
+    protected = np.flatnonzero(run.segmenter.protected_mask())
+    assert any(e.evicted for e in events)
+    for event in events:
+        assert event.info["importance"] == f"predicted by {P.predictor_path(tiny_llama.name).name}"
+        assert np.all(event.keep_fraction[protected] == 1.0)
+        newest = event.positions[-1]
+        assert np.all(event.keep_fraction[newest - 7 : newest + 1] == 1.0)
+        assert event.kv_tokens <= budget + 4
+    # the score of every held position is the predictor's exp(output) on its hidden state
+    last = events[-1]
+    held = np.flatnonzero(last.keep_fraction > 0)
+    with torch.inference_mode():
+        want = predictor(run.hidden).exp().numpy()
+    assert np.allclose(last.scores[held], want[held], rtol=1e-5)
+
+
+def test_missing_predictor_falls_back_to_attention_and_says_why(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    run, events = _replay(tiny_llama, budget=100)
+    info = events[-1].info["importance"]
+    assert info.startswith("attention fallback: no predictor trained for tiny-llama (random)")
+    assert "train-predictor" in info
+    # the fallback score is attention received per query, as in h2o
+    h2o = make_policy("h2o", budget=100).score(run._view())
+    assert torch.equal(run.policy.score(run._view()), h2o)
+
+
+@pytest.mark.parametrize("hidden_size, model", [(32, None), (None, "another model")])
+def test_mismatched_predictor_is_refused_and_labelled(tiny_llama, tmp_path, monkeypatch, hidden_size, model):
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    _save_for(tiny_llama, tmp_path, hidden_size=hidden_size, model=model)
+    _, events = _replay(tiny_llama, budget=100)
+    info = events[-1].info["importance"]
+    assert info.startswith("attention fallback: ") and "was trained for" in info
+    assert f"not {tiny_llama.name} (hidden size {tiny_llama.model.config.hidden_size})" in info
+
+
+def test_save_load_round_trip(tmp_path):
+    predictor = _predictor(24, seed=3)
+    meta = P.PredictorMeta(model="m", hidden_size=24, width=64, heldout_spearman=0.42, trained_on="a,b")
+    path = P.save(predictor, meta, tmp_path / "p.safetensors")
+    loaded, loaded_meta = P.load(path)
+    assert loaded_meta == meta
+    x = torch.randn(7, 24)
+    assert torch.equal(loaded(x), predictor(x))
+
+
+def test_unreadable_files_give_one_line_reasons(tmp_path):
+    with pytest.raises(P.PredictorError, match="no predictor file"):
+        P.load(tmp_path / "missing.safetensors")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x80\x04not a safetensors file")
+    with pytest.raises(P.PredictorError, match="not a readable safetensors file"):
+        P.load(junk)
+    pickled = tmp_path / "pickled.safetensors"
+    torch.save(_predictor(4).state_dict(), pickled)  # a pickle archive is never unpickled
+    with pytest.raises(P.PredictorError, match="not a readable safetensors file"):
+        P.load(pickled)
+    from safetensors.torch import save_file
+
+    other = tmp_path / "other.safetensors"
+    save_file({"w": torch.zeros(2)}, str(other), metadata={"format": "something else"})
+    with pytest.raises(P.PredictorError, match="not a ThinkViz DynTS predictor"):
+        P.load(other)
+
+
+def test_labels_are_the_attention_paid_by_the_answer(tiny_llama):
+    examples = P.collect_examples(tiny_llama, "t", SYSTEM, QUESTION, TRACE)
+    # the same quantity from one plain forward over the whole text, with all attention maps
+    body = TRACE
+    cut = body.rfind("</think>") + len("</think>")
+    prompt = build_chat(tiny_llama.tokenizer, SYSTEM, QUESTION, assistant="<think>\n" + body[:cut])
+    answer = tiny_llama.tokenizer(body[cut:], add_special_tokens=False)["input_ids"]
+    with torch.inference_mode():
+        out = tiny_llama.model(torch.tensor([prompt.ids + answer]), output_attentions=True, output_hidden_states=True)
+    n = len(prompt.ids)
+    maps = torch.stack([a[0] for a in out.attentions])  # (L, H, N, N)
+    want = maps[:, :, n:, :n].sum(2).mean((0, 1)) / len(answer)  # (n,)
+    assert examples.labels.shape == (n,) and torch.allclose(examples.labels, want, atol=1e-6)
+    assert torch.allclose(examples.features, out.hidden_states[-1][0, :n], atol=1e-5)
+    assert examples.thinking.sum() == n - prompt.roles[-1].start
+
+
+def test_spearman_on_hand_numbers():
+    assert P.spearman([1, 2, 3], [10, 20, 35]) == pytest.approx(1.0)
+    assert P.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    # ties share their average rank: ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4)
+    assert P.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
+    assert math.isnan(P.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_training_learns_a_ranking():
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(600, 12, generator=generator)
+    labels = torch.exp(features[:, 0] - 0.5 * features[:, 3]) * 1e-3
+    split = [P.Examples("a", features[:400], labels[:400], torch.ones(400, dtype=torch.bool))]
+    model = P.train(split, epochs=300, seed=0)
+    with torch.inference_mode():
+        rho = P.spearman(model(features[400:]), labels[400:])
+    assert rho > 0.9
+
+
+def test_train_predictor_refuses_an_unknown_holdout(capsys):
+    assert main(["train-predictor", "--holdout", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("thinkviz: error: --holdout 'nope' is not a reasoning trace; choose one of:")
+    assert "math_tilings" in err and len(err.splitlines()) == 1
+
