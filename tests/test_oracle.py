@@ -7,8 +7,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from thinkviz.chat import ChatPrompt
 from thinkviz.engine import DecodeSettings, Run, causal_mask
 from thinkviz.policies import make_policy
+
+from thought_trace import chat_and_trace
 
 TOLERANCE = 1e-4
 
@@ -16,7 +19,8 @@ TOLERANCE = 1e-4
 def replay_with_visibility(loaded, policy, prompt, trace):
     """Replay ``trace`` through ``policy``; return per-chunk logits and, for every chunk, the
     ``(L, H_kv, k)`` positions its queries could see (recorded when the previous chunk ended)."""
-    run = Run(loaded, policy, prompt, DecodeSettings(prefill_chunk=len(prompt)))
+    ids = prompt.ids if isinstance(prompt, ChatPrompt) else prompt
+    run = Run(loaded, policy, prompt, DecodeSettings(prefill_chunk=len(ids)))
     visible, logits = [], []
 
     def on_logits(positions, chunk_logits):
@@ -55,6 +59,31 @@ def test_per_head_eviction_matches_masked_full_cache(arch_fixture, request):
     visible = _check(loaded, make_policy("h2o", budget=24, interval=4, recent=4), (3, 4))
     heads_differ = any(not torch.equal(v[:, :1].expand_as(v), v) for v in visible)
     assert heads_differ, "h2o should keep different tokens in different kv-heads"
+
+
+# The thought-aware policies on a chat whose assistant reasons in three <think> blocks, so their
+# segments, blocks and protected spans are real.  merge is not here: it rewrites kept values,
+# so a step after merging is *meant* to differ from the masked full cache (its fold rule is
+# tested in test_policy_rkv_merge.py).
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("entropy", {"max_capacity_tokens": 8, "retention_threshold": 0.15}),
+        ("think_drop", {}),
+        ("tam", {"recent": 4, "window": 8, "l_min": 4}),
+        ("dynts", {"recent": 4}),
+        ("rkv", {"recent": 4, "lam": 0.5}),
+    ],
+)
+def test_thought_aware_eviction_matches_masked_full_cache(tiny_llama, name, params):
+    prompt, trace = chat_and_trace(tiny_llama.tokenizer)
+    budget = 160 if name == "think_drop" else len(prompt.ids) + 24
+    policy = make_policy(name, budget=budget, interval=4, **params)
+    events, logits, visible = replay_with_visibility(tiny_llama, policy, prompt, trace)
+    assert sum(len(e.evicted) for e in events) >= 30, "the test must exercise real evictions"
+    reference = reference_logits(tiny_llama, prompt.ids, trace, policy.interval, visible)
+    for got, want in zip(logits, reference, strict=True):
+        assert (got - want).abs().max().item() <= TOLERANCE
 
 
 @pytest.mark.integration
