@@ -170,6 +170,10 @@ def test_unreachable_hub_model_is_reported(monkeypatch):
     assert "nobody-xyz/no-such-model-123" in str(error) and error.__cause__ is not None
 
 
+def test_empty_name_is_refused():
+    assert "No model given" in str(_one_line_error("  ", "none"))
+
+
 def test_invalid_hub_name_is_reported():
     assert "not a valid name!" in str(_one_line_error("not a valid name!", "none"))
 

@@ -108,6 +108,9 @@ def load_model(
     message)`` is called at each stage.  Raises :class:`ModelLoadError`.
     """
     report = progress or (lambda fraction, message: None)
+    name = name.strip()
+    if not name:
+        raise ModelLoadError("No model given; use 'embedded', a Hugging Face id or a local folder")
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(
             f"Unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}"
