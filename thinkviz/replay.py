@@ -78,14 +78,15 @@ def read_trace_file(path: str | Path) -> str:
 
 
 def load_trace(spec: str, question: str | None = None, system: str | None = None) -> Trace:
-    """A trace from a preset name or a file path.
+    """A trace from a preset (a name in ``presets/`` or a ``.yaml`` path) or a text file path.
 
     A file holds only the assistant's text; its chat is ``system`` (default: the reasoning
     prompt) and ``question`` (default: a generic instruction).  A preset brings its own
     system prompt and question; ``question`` / ``system`` override them when given.
     """
     path = Path(spec)
-    if path.suffix or path.exists() or "/" in spec:
+    is_preset = path.suffix in (".yaml", ".yml") or not (path.suffix or path.exists() or "/" in spec)
+    if not is_preset:
         text = read_trace_file(path)
         return Trace(path.stem, REASONING_SYSTEM_PROMPT if system is None else system,
                      question or DEFAULT_QUESTION, text)
@@ -101,13 +102,13 @@ def load_trace(spec: str, question: str | None = None, system: str | None = None
 
 
 def prepare_trace(
-    loaded: LoadedModel, system: str | None, question: str, assistant_text: str
+    loaded: LoadedModel, system: str | None, question: str, assistant_text: str, max_tokens: int | None = None
 ) -> tuple[ChatPrompt, list[int]]:
     """The prompt to prefill (chat + opened ``<think>`` turn) and the trace ids to teacher-force.
 
     :func:`~thinkviz.chat.build_chat` already opens the assistant turn with ``"<think>\\n"``, so
     a trace that starts with it continues after it instead of repeating it.  The trace is
-    tokenized on its own (no special tokens added).  Raises :class:`TraceError` when the
+    tokenized on its own (no special tokens added) and cut to its first ``max_tokens``.  Raises :class:`TraceError` when the
     question or trace is empty or the whole does not fit the model's context.
     """
     if not question.strip():
@@ -116,7 +117,7 @@ def prepare_trace(
     if not body.strip():
         raise TraceError("the trace is empty")
     prompt = build_chat(loaded.tokenizer, system, question, assistant=ASSISTANT_PREFIX)
-    ids = list(loaded.tokenizer(body, add_special_tokens=False)["input_ids"])
+    ids = list(loaded.tokenizer(body, add_special_tokens=False)["input_ids"])[:max_tokens]
     total, context = len(prompt.ids) + len(ids), loaded.geometry.max_context
     if total > context:
         raise TraceError(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from ..cli import add_model_args, command, load_from_args
+from ..cli import add_model_args, command, load_from_args, parse_param
 
 BENCHES: dict[str, tuple] = {}
 
@@ -48,6 +50,131 @@ def overhead(args: argparse.Namespace) -> int:
     print(f"engine   (h2o, budget {args.budget}, interval 1, scoring on): {result.engine_tokens_per_second:7.2f} tok/s")
     print(f"baseline (model.generate, full cache):                   {result.generate_tokens_per_second:7.2f} tok/s")
     print(f"overhead ratio (engine / generate, {result.new_tokens} new tokens): {result.ratio:.3f}  (target >= 0.85)")
+    return 0
+
+
+def _sweep_args(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    parser.add_argument("--trace", action="extend", nargs="+", required=True, metavar="PRESET_OR_FILE",
+                        help="a preset name (its question + trace) or a UTF-8 trace file; repeatable")
+    parser.add_argument("--policies", default="all", help="comma-separated policy names, or 'all'")
+    parser.add_argument("--budgets", default="0.1,0.25,0.5",
+                        help="fractions of the sequence's tokens (0.25) and/or token counts (256)")
+    parser.add_argument("--interval", type=int, default=32, help="tokens per forward = compression interval")
+    parser.add_argument("--param", type=parse_param, action="append", default=[], metavar="KEY=VALUE",
+                        help="a policy knob, given to every selected policy that declares it (repeatable)")
+    parser.add_argument("--no-protect-system", action="store_true", help="allow evicting the system prompt")
+    parser.add_argument("--no-protect-question", action="store_true", help="allow evicting the question")
+    parser.add_argument("--question", default=None, help="the question for trace files (presets bring their own)")
+    parser.add_argument("--system", default=None, help="system prompt for trace files (default: the reasoning prompt)")
+    parser.add_argument("--max-trace-tokens", type=int, default=None, metavar="N",
+                        help="replay only the first N tokens of each trace (a cheaper subset)")
+    parser.add_argument("--out", default="sweep-out", help="folder for sweep.csv, sweep.json and pareto.html")
+    parser.add_argument("--save-runs", action="store_true", help="also save every run's recording into OUT/runs/")
+
+
+@bench_kind("sweep", _sweep_args)
+def sweep(args: argparse.Namespace) -> int:
+    """Replay traces through policies × budgets; write CSV, JSON and a memory-vs-fidelity Pareto plot."""
+    from ..bench.sweep import check_params, parse_budgets, parse_policies, sweep_trace, write_rows
+    from ..cli import CliError
+    from ..policies import PolicyConfigError
+    from ..replay import TraceError, load_trace
+    from tqdm import tqdm
+
+    try:
+        budgets = parse_budgets(args.budgets)
+        policies = parse_policies(args.policies)
+        params = dict(args.param)
+        check_params(policies, params)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if not 1 <= args.interval <= 512:
+        raise CliError(f"--interval must be between 1 and 512, got {args.interval}")
+    if args.max_trace_tokens is not None and args.max_trace_tokens < 1:
+        raise CliError(f"--max-trace-tokens must be at least 1, got {args.max_trace_tokens}")
+    params.update(protect_system=not args.no_protect_system, protect_question=not args.no_protect_question)
+    try:
+        traces = [load_trace(spec, args.question, args.system) for spec in args.trace]
+    except TraceError as exc:
+        raise CliError(str(exc)) from None
+    loaded = load_from_args(args)
+    out = Path(args.out)
+    rows = []
+    for trace in traces:
+        with tqdm(desc=trace.name, unit="tok", file=sys.stderr, dynamic_ncols=True) as bar:
+            def progress(name: str, done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+
+            try:
+                trace_rows, replay = sweep_trace(loaded, trace, policies, budgets, args.interval, params, progress,
+                                                  args.max_trace_tokens)
+            except (TraceError, PolicyConfigError) as exc:
+                raise CliError(str(exc)) from None
+        rows.extend(trace_rows)
+        if args.save_runs:
+            for row, run in zip(trace_rows, [replay.reference, *replay.runs]):
+                run.record.save(out / "runs" / f"{trace.name}-{row['policy']}-{row['budget'].rstrip('%')}")
+    meta = {"model": loaded.name, "quantization": loaded.quantization, "device": str(loaded.device),
+            "interval": args.interval, "budgets": args.budgets, "params": params, "traces": args.trace,
+            "max_trace_tokens": args.max_trace_tokens}
+    paths = write_rows(rows, out, meta)
+    print(f"{'trace':<28} {'policy':<11} {'budget':>6} {'KV kept':>8} {'ΔNLL':>8} {'KL':>8} {'top-1':>6} {'tok/s':>7}")
+    for row in rows:
+        print(f"{row['trace']:<28} {row['policy']:<11} {row['budget']:>6} {row['kv_fraction']:>8.1%} "
+              f"{row['nll_delta']:>8.4f} {row['kl']:>8.4f} {row['top1']:>6.1%} {row['tokens_per_second']:>7.1f}")
+    print("written: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _replay_cost_args(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    parser.add_argument("--trace", default="math_h2o_vs_window", metavar="PRESET_OR_FILE",
+                        help="the trace to replay (default: the ~2k-token math derivation)")
+    parser.add_argument("--policy", default="h2o", help="the policy whose replay is timed")
+    parser.add_argument("--budget", default="0.25", help="a fraction of the sequence (0.25) or a token count")
+    parser.add_argument("--interval", type=int, default=32, help="tokens per forward = compression interval")
+    parser.add_argument("--repeats", type=int, default=3)
+
+
+@bench_kind("replay-cost", _replay_cost_args)
+def replay_cost(args: argparse.Namespace) -> int:
+    """Time of one policy's chunked replay ÷ one plain full-cache teacher-forced pass of the same trace."""
+    from ..bench.replay_cost import measure_replay_cost
+    from ..bench.sweep import parse_budgets, parse_policies
+    from ..cli import CliError
+    from ..policies import PolicyConfigError, make_policy
+    from ..replay import TraceError, load_trace, prepare_trace
+
+    try:
+        budgets, policies = parse_budgets(args.budget), parse_policies(args.policy)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if len(budgets) != 1 or len(policies) != 1:
+        raise CliError("give exactly one --budget and one --policy (other than full)")
+    budget, policy = budgets[0], policies[0]
+    if not 1 <= args.interval <= 512 or args.repeats < 1:
+        raise CliError("--interval must be between 1 and 512 and --repeats at least 1")
+    try:
+        trace = load_trace(args.trace)
+    except TraceError as exc:
+        raise CliError(str(exc)) from None
+    loaded = load_from_args(args)
+    try:
+        prompt, ids = prepare_trace(loaded, trace.system, trace.question, trace.text)
+        tokens = budget.tokens(len(prompt.ids) + len(ids))
+        make_policy(policy, budget=tokens, interval=args.interval)
+    except (TraceError, PolicyConfigError) as exc:
+        raise CliError(str(exc)) from None
+    result = measure_replay_cost(loaded, prompt, ids, policy, tokens, args.interval, args.repeats)
+    print(f"model: {loaded.name} ({loaded.quantization}, {loaded.device}); trace {trace.name}: "
+          f"{len(prompt.ids)} prompt + {result.tokens} trace tokens")
+    print(f"replay ({policy}, budget {tokens}, interval {args.interval}, scoring on): {result.replay_seconds:7.2f} s")
+    print(f"plain full-cache pass, one forward:                  {result.one_pass_seconds:7.2f} s")
+    print(f"plain full-cache pass, {args.interval}-token chunks:            {result.chunked_pass_seconds:7.2f} s")
+    print(f"replay-cost ratio (replay / one plain pass, best of {args.repeats}): {result.ratio:.3f}  (target <= 2.0)")
+    print(f"replay / plain pass over the same chunks:            {result.chunked_ratio:.3f}")
     return 0
 
 

@@ -1,0 +1,152 @@
+"""The sweep: budget parsing, rows on a tiny model, CSV/JSON/HTML output, CLI errors, Pareto front."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from thinkviz.bench.sweep import COLUMNS, Budget, parse_budgets, parse_policies, sweep_trace, write_rows
+from thinkviz.policies import policy_names
+from thinkviz.replay import Trace
+from thinkviz.viz.pareto import pareto_figure, pareto_front
+
+TRACE = Trace(
+    name="tiny",
+    system="You are a careful assistant.",
+    question="What does 2 + 3 * 4 evaluate to?",
+    text=(
+        "<think>\nMultiplication binds tighter, so 3 * 4 = 12 first.\n\nThen 2 + 12 = 14.\n</think>\n\n"
+        "<think>\nCheck: (2 + 3) * 4 would be 20, which is not what the expression says.\n</think>\n\n"
+        "The answer is 14.\n\n```python\nassert 2 + 3 * 4 == 14\n```\n"
+    ),
+)
+
+
+def test_budgets_are_fractions_or_token_counts():
+    budgets = parse_budgets("0.1, 0.25,1.0,128")
+    assert [(b.fraction, b.label) for b in budgets] == [(True, "10%"), (True, "25%"), (True, "100%"), (False, "128")]
+    assert budgets[1].tokens(1000) == 250 and budgets[3].tokens(1000) == 128
+    for bad, reason in [("0", "positive integer"), ("1.5", r"\(0, 1\]"), ("abc", "neither"), ("0.0", r"\(0, 1\]")]:
+        with pytest.raises(ValueError, match=reason):
+            parse_budgets(bad)
+
+
+def test_policies_all_excludes_the_reference_and_unknown_names_fail():
+    assert parse_policies("all") == [n for n in policy_names() if n != "full"]
+    assert parse_policies("h2o, window,h2o") == ["h2o", "window"]
+    with pytest.raises(ValueError, match="unknown policy 'lru'"):
+        parse_policies("h2o,lru")
+
+
+def test_sweep_rows_and_files_are_well_formed(tiny_llama, tmp_path):
+    budgets = [Budget(0.5, True), Budget(40, False)]
+    seen = []
+    rows, replay = sweep_trace(tiny_llama, TRACE, ["window", "h2o"], budgets, interval=8,
+                               params={"recent": 4}, progress=lambda name, done, total: seen.append((done, total)))
+    assert [(r["policy"], r["budget"]) for r in rows] == [
+        ("full", "100%"), ("window", "50%"), ("window", "40"), ("h2o", "50%"), ("h2o", "40")]
+    total = rows[0]["prompt_tokens"] + rows[0]["trace_tokens"]
+    assert seen[-1] == (rows[0]["trace_tokens"], rows[0]["trace_tokens"])
+    full = rows[0]
+    assert full["kv_fraction"] == 1.0 and full["kl"] == 0.0 and full["top1"] == 1.0 and full["nll_delta"] == 0.0
+    assert full["peak_kv_bytes"] == total * tiny_llama.geometry.bytes_per_token
+    for row in rows[1:]:
+        assert set(row) == set(COLUMNS)
+        assert row["budget_tokens"] in (round(0.5 * total), 40)
+        assert 0 < row["kv_fraction"] < 1 and row["compression"] == pytest.approx(1 / row["kv_fraction"])
+        # the cache never holds more than budget + interval slots (protected prompt permitting)
+        assert row["peak_kv_bytes"] <= max(row["budget_tokens"] + 8, row["prompt_tokens"] + 8) * tiny_llama.geometry.bytes_per_token
+        assert row["kl"] > 0 and row["tokens_per_second"] > 0 and row["nll"] == pytest.approx(row["nll_full"] + row["nll_delta"])
+        assert not math.isnan(row["kl_think"]) and not math.isnan(row["kl_code"])
+    assert replay.runs[0].record.summary["fidelity"]["all"]["kl"] == rows[1]["kl"]
+
+    paths = write_rows(rows, tmp_path / "out", {"model": tiny_llama.name})
+    with open(paths["csv"], newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames) == COLUMNS
+        table = list(reader)
+    assert len(table) == len(rows)
+    assert [float(r["kl"]) for r in table] == pytest.approx([r["kl"] for r in rows])
+    doc = json.loads(paths["json"].read_text(encoding="utf-8"))
+    assert doc["meta"]["model"] == tiny_llama.name and doc["rows"] == json.loads(json.dumps(rows))
+    html = paths["html"].read_text(encoding="utf-8")
+    assert "Plotly.newPlot" in html and "Pareto front" in html
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "thinkviz", "bench", "sweep", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _one_line_error(result, reason):
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("thinkviz: error:") and reason in lines[0], result.stderr
+    assert "Loading" not in result.stderr, "input errors must be caught before the model loads"
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"", "is empty"),
+        (b"\x7fELF\x02\x01\x01\x00\x00\x00", "is binary"),
+        ("r\u00e9sum\u00e9 \u00e0 la carte".encode("cp1252"), "not UTF-8"),
+    ],
+)
+def test_bad_trace_files_exit_non_zero_before_loading(tmp_path, content, reason):
+    path = tmp_path / "trace.md"
+    path.write_bytes(content)
+    _one_line_error(_cli("--trace", str(path), "--policies", "h2o", "--budgets", "128"), reason)
+
+
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        (["--trace", "nowhere.md"], "does not exist"),
+        (["--trace", "generate_muffins"], "has no trace"),
+        (["--trace", "math_h2o_vs_window", "--budgets", "0.1,2.5"], "(0, 1]"),
+        (["--trace", "math_h2o_vs_window", "--policies", "h2o,lru"], "unknown policy 'lru'"),
+        (["--trace", "math_h2o_vs_window", "--param", "n_sink=4", "--policies", "h2o"], "no selected policy takes"),
+        (["--trace", "math_h2o_vs_window", "--interval", "0"], "--interval"),
+    ],
+)
+def test_bad_arguments_exit_non_zero_before_loading(args, reason):
+    _one_line_error(_cli(*args), reason)
+
+
+@pytest.mark.integration
+def test_a_trace_longer_than_the_context_is_refused(tmp_path):
+    path = tmp_path / "long.md"
+    path.write_text("<think>\n" + " lorem ipsum" * 6000 + "\n</think>\n", encoding="utf-8")
+    result = _cli("--trace", str(path), "--policies", "h2o", "--budgets", "128", "--out", str(tmp_path / "o"))
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("thinkviz: error:") and "the model's context is 8192" in last
+    assert not (tmp_path / "o").exists()
+
+
+def test_pareto_front_keeps_only_undominated_points():
+    points = [(0.5, 0.2), (0.1, 0.9), (0.25, 0.3), (0.25, 0.5), (0.6, 0.25), (1.0, 0.0), (0.3, float("nan"))]
+    assert pareto_front(points) == [1, 2, 0, 5]
+    assert pareto_front([(0.1, 0.2), (0.5, 0.9), (0.3, 0.4)], higher_is_better=True) == [0, 2, 1]
+
+
+def test_pareto_figure_has_one_panel_per_trace_and_one_legend_entry_per_policy():
+    rows = [
+        {"trace": t, "policy": p, "budget": b, "kv_fraction": f, "kl": k, "nll_delta": k, "top1": 1 - k}
+        for t in ("a", "b")
+        for p, b, f, k in [("full", "100%", 1.0, 0.0), ("h2o", "10%", 0.1, 0.4), ("window", "10%", 0.1, 0.9)]
+    ]
+    figure = pareto_figure(rows)
+    assert [a.text for a in figure.layout.annotations] == ["a", "b"]
+    legend = [t.name for t in figure.data if t.showlegend]
+    assert legend == ["full", "h2o", "window", "Pareto front"]
+    front = [t for t in figure.data if t.name == "Pareto front"][0]
+    assert list(front.x) == [10.0, 100.0] and list(front.y) == [0.4, 0.0]
+    with pytest.raises(ValueError, match="metric must be"):
+        pareto_figure(rows, metric="speed")

@@ -1,0 +1,174 @@
+"""Budget × policy sweeps: replay traces, measure memory and fidelity, write CSV / JSON / Pareto HTML.
+
+For each trace every (policy, budget) pair is replayed in lockstep with one full-cache run
+(:class:`~thinkviz.replay.LockstepReplay`), ``interval`` tokens per forward, so the
+reference is computed once per trace and every pair sees exactly the same tokens.  A row
+holds the trace, policy, budget, the peak KV bytes measured on the real tensors, the
+compression against the full cache's peak, fidelity means (overall and per segment kind)
+and the replay throughput.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..engine import DecodeSettings
+from ..metrics import SEGMENT_KINDS
+from ..model import LoadedModel
+from ..policies import PolicyConfigError, make_policy, policy_names, policy_params
+from ..replay import LockstepReplay, Trace, prepare_trace
+
+Progress = Callable[[str, int, int], None]  # (trace name, tokens done, tokens in the trace)
+
+COLUMNS = (
+    "trace", "policy", "budget", "budget_tokens", "interval", "prompt_tokens", "trace_tokens",
+    "peak_kv_bytes", "full_peak_kv_bytes", "kv_fraction", "compression",
+    "nll", "nll_full", "nll_delta", "ppl", "ppl_full", "kl", "top1", "tokens_per_second",
+    *(f"{name}_{kind}" for kind in SEGMENT_KINDS for name in ("nll_delta", "kl", "top1")),
+)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A budget as given: a fraction of the sequence's tokens (``0 < value ≤ 1``) or a token count."""
+
+    value: float
+    fraction: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.value:.0%}" if self.fraction else str(int(self.value))
+
+    def tokens(self, total: int) -> int:
+        """Tokens per layer and kv-head for a sequence of ``total`` tokens (prompt + trace)."""
+        return max(1, round(self.value * total)) if self.fraction else int(self.value)
+
+
+def parse_budgets(text: str) -> list[Budget]:
+    """``"0.1,0.25,0.5"`` (fractions) or ``"128,256"`` (tokens), mixed allowed; ValueError otherwise."""
+    budgets = []
+    for item in (part.strip() for part in text.split(",")):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ValueError(f"budget {item!r} is neither a fraction (0.25) nor a token count (256)") from None
+        if "." in item or "e" in item.lower():
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"a fractional budget must be in (0, 1], got {item}")
+            budgets.append(Budget(value, True))
+        elif value >= 1:
+            budgets.append(Budget(value, False))
+        else:
+            raise ValueError(f"a token budget must be a positive integer, got {item}")
+    if not budgets:
+        raise ValueError("no budgets given")
+    return budgets
+
+
+def parse_policies(text: str) -> list[str]:
+    """``"h2o,window"`` or ``"all"`` (every registered policy except ``full``, which is the reference)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if names == ["all"]:
+        return [name for name in policy_names() if name != "full"]
+    known = policy_names()
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"unknown policy {', '.join(map(repr, unknown))}; choose from: {', '.join(known)}")
+    if not names:
+        raise ValueError("no policies given")
+    return [name for name in dict.fromkeys(names) if name != "full"]
+
+
+def policy_values(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The subset of ``params`` that policy ``name`` declares (others ignore a knob they lack)."""
+    declared = {p.name for p in policy_params(name)}
+    return {key: value for key, value in params.items() if key in declared}
+
+
+def check_params(policies: Sequence[str], params: dict[str, Any]) -> None:
+    """ValueError if a ``--param`` is declared by none of ``policies``."""
+    declared = {p.name for name in policies for p in policy_params(name)}
+    stray = sorted(set(params) - declared)
+    if stray:
+        raise ValueError(f"no selected policy takes parameter {', '.join(stray)}")
+
+
+def sweep_trace(
+    loaded: LoadedModel,
+    trace: Trace,
+    policies: Sequence[str],
+    budgets: Sequence[Budget],
+    interval: int = 32,
+    params: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    max_trace_tokens: int | None = None,
+) -> tuple[list[dict[str, Any]], LockstepReplay]:
+    """Replay ``trace`` through every (policy, budget) in lockstep with the full cache.
+
+    ``params`` holds policy knobs (``recent``, ``n_sink``, ``protect_system`` ...), each given to
+    the policies that declare it; ``max_trace_tokens`` replays only the trace's first tokens
+    (an affordable subset on a slow machine).  Returns one row per run — the full cache first — and the
+    finished replay (its records carry per-token fidelity).  Raises
+    :class:`~thinkviz.replay.TraceError` / :class:`~thinkviz.policies.PolicyConfigError`.
+    """
+    params = dict(params or {})
+    prompt, ids = prepare_trace(loaded, trace.system, trace.question, trace.text, max_trace_tokens)
+    total = len(prompt.ids) + len(ids)
+    pairs = [(name, budget) for name in policies for budget in budgets]
+    built = []
+    for name, budget in pairs:
+        try:
+            built.append(make_policy(name, budget=budget.tokens(total), interval=interval, **policy_values(name, params)))
+        except PolicyConfigError as exc:
+            raise PolicyConfigError(f"{name} at budget {budget.label} of {trace.name}: {exc}") from None
+    replay = LockstepReplay(loaded, built, prompt, ids, DecodeSettings(scoring=False))
+    for done in replay:
+        if progress is not None:
+            progress(trace.name, done, len(ids))
+    reference = replay.reference.record
+    full_peak = reference.summary["peak_kv_bytes"]
+    base = {"trace": trace.name, "interval": interval, "prompt_tokens": len(prompt.ids), "trace_tokens": len(ids),
+            "full_peak_kv_bytes": full_peak}
+    rows = [_row(base, "full", "100%", total, reference)]
+    for (name, budget), run in zip(pairs, replay.runs):
+        rows.append(_row(base, name, budget.label, budget.tokens(total), run.record))
+    return rows, replay
+
+
+def _row(base: dict[str, Any], policy: str, budget: str, budget_tokens: int, record) -> dict[str, Any]:
+    summary = record.summary
+    fidelity = summary["fidelity"]
+    peak = summary["peak_kv_bytes"]
+    row = {**base, "policy": policy, "budget": budget, "budget_tokens": budget_tokens, "peak_kv_bytes": peak,
+           "kv_fraction": peak / base["full_peak_kv_bytes"], "compression": base["full_peak_kv_bytes"] / peak,
+           "tokens_per_second": summary["tokens_per_second"]}
+    row.update({key: fidelity["all"][key] for key in ("nll", "nll_full", "nll_delta", "ppl", "ppl_full", "kl", "top1")})
+    for kind in SEGMENT_KINDS:
+        for name in ("nll_delta", "kl", "top1"):
+            row[f"{name}_{kind}"] = fidelity[kind][name]
+    return {column: row[column] for column in COLUMNS}
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def write_rows(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]) -> dict[str, Path]:
+    """Write ``sweep.csv``, ``sweep.json`` (``{"meta", "rows"}``) and ``pareto.html`` into ``out_dir``."""
+    from ..viz.pareto import pareto_figure
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": out_dir / "sweep.csv", "json": out_dir / "sweep.json", "html": out_dir / "pareto.html"}
+    with open(paths["csv"], "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: ("" if _finite(v) is None else v) for k, v in row.items()} for row in rows)
+    clean = [{k: _finite(v) for k, v in row.items()} for row in rows]
+    paths["json"].write_text(json.dumps({"meta": meta, "rows": clean}, indent=1), encoding="utf-8")
+    pareto_figure(rows).write_html(paths["html"], include_plotlyjs=True)
+    return paths

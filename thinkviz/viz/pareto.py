@@ -1,0 +1,108 @@
+"""Pareto figure of a sweep: KV memory kept (x) against fidelity lost (y), per policy.
+
+Input rows are the sweep's (see :mod:`thinkviz.bench.sweep`): at least ``trace``, ``policy``,
+``budget``, ``kv_fraction`` (peak KV bytes ÷ the full cache's) and the metric plotted.
+The frontier connects the points no other point beats on both axes: less memory *and*
+better fidelity.  Pure: rows in, figure out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+# metric -> (axis title, higher is better)
+METRICS: dict[str, tuple[str, bool]] = {
+    "kl": ("mean KL(full ‖ policy), nats/token", False),
+    "nll_delta": ("mean NLL − full-cache NLL, nats/token", False),
+    "top1": ("top-1 agreement with the full cache", True),
+}
+
+
+def pareto_front(points: Sequence[tuple[float, float]], higher_is_better: bool = False) -> list[int]:
+    """Indices of the non-dominated ``(memory, loss)`` points, by increasing memory.
+
+    A point is on the front when no other point has less or equal memory and a strictly
+    better metric (lower, or higher when ``higher_is_better``).  NaN points are skipped.
+    """
+    sign = -1.0 if higher_is_better else 1.0
+    order = sorted(
+        (i for i, (x, y) in enumerate(points) if not (math.isnan(x) or math.isnan(y))),
+        key=lambda i: (points[i][0], sign * points[i][1]),
+    )
+    front, best = [], math.inf
+    for i in order:
+        value = sign * points[i][1]
+        if value < best:
+            front.append(i)
+            best = value
+    return front
+
+
+def _number(value) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def pareto_figure(rows: list[dict], metric: str = "kl") -> go.Figure:
+    """Scatter of memory vs ``metric`` (one colour per policy, one panel per trace) with the front."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    title, higher = METRICS[metric]
+    traces = list(dict.fromkeys(row["trace"] for row in rows))
+    policies = list(dict.fromkeys(row["policy"] for row in rows))
+    colours = {p: qualitative.Plotly[i % len(qualitative.Plotly)] for i, p in enumerate(policies)}
+    figure = make_subplots(rows=1, cols=max(1, len(traces)), subplot_titles=traces or None, shared_yaxes=True)
+    for col, trace in enumerate(traces, start=1):
+        mine = [row for row in rows if row["trace"] == trace]
+        for policy in policies:
+            points = [row for row in mine if row["policy"] == policy]
+            if not points:
+                continue
+            points.sort(key=lambda row: _number(row["kv_fraction"]))
+            figure.add_trace(
+                go.Scatter(
+                    x=[100 * _number(row["kv_fraction"]) for row in points],
+                    y=[_number(row[metric]) for row in points],
+                    mode="lines+markers",
+                    name=policy,
+                    legendgroup=policy,
+                    showlegend=col == 1,
+                    marker={"color": colours[policy], "size": 9},
+                    line={"color": colours[policy], "width": 1},
+                    text=[f"budget {row['budget']}" for row in points],
+                    hovertemplate=(
+                        f"<b>{policy}</b> %{{text}}<br>KV kept %{{x:.1f}}%<br>{metric} %{{y:.4g}}<extra>{trace}</extra>"
+                    ),
+                ),
+                row=1,
+                col=col,
+            )
+        xy = [(_number(row["kv_fraction"]), _number(row[metric])) for row in mine]
+        front = pareto_front(xy, higher)
+        figure.add_trace(
+            go.Scatter(
+                x=[100 * xy[i][0] for i in front],
+                y=[xy[i][1] for i in front],
+                mode="lines",
+                name="Pareto front",
+                legendgroup="front",
+                showlegend=col == 1,
+                line={"color": "rgba(80,80,80,0.6)", "dash": "dash", "width": 2},
+                hoverinfo="skip",
+            ),
+            row=1,
+            col=col,
+        )
+        figure.update_xaxes(title_text="peak KV memory, % of the full cache", row=1, col=col)
+    figure.update_yaxes(title_text=title, row=1, col=1)
+    figure.update_layout(
+        title=f"Memory vs fidelity ({'higher' if higher else 'lower'} {metric} is better)",
+        template="plotly_white",
+        hovermode="closest",
+        height=460,
+    )
+    return figure
