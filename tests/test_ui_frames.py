@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from html.parser import HTMLParser
 
 import numpy as np
 import orjson
@@ -35,6 +36,38 @@ class StepClock:
         return self.now
 
 
+class BrowserView(HTMLParser):
+    """What PATCH_BUS_JS leaves in the page, modelled in Python: ``{pos: [class, title, text]}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens: dict[int, list[str]] = {}
+        self._open: int | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "span" and "data-pos" in attrs:
+            self._open = int(attrs["data-pos"])
+            self.tokens[self._open] = [attrs.get("class", ""), attrs.get("title", ""), ""]
+
+    def handle_data(self, data):
+        if self._open is not None:
+            self.tokens[self._open][2] += data
+
+    def handle_endtag(self, tag):
+        self._open = None
+
+    def apply(self, patch: dict) -> None:
+        if patch["reset"] is not None:
+            self.tokens = {}
+            self.feed(patch["reset"])
+        self.feed(patch["append"])
+        for pos, change in patch["update"].items():
+            token = self.tokens[int(pos)]
+            token[0] = change.get("cls", token[0])
+            token[1] = change.get("title", token[1])
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return tiny_model("llama")
@@ -64,6 +97,24 @@ def test_live_streams_patches_that_append_then_ends_with_a_reset(tiny):
     assert "tv-gone" in last.message["patch"]["reset"]  # budget 24 < prompt + 24 tokens: evictions shown
     assert last.figure.layout.height > 0 and len(last.figure.data) >= 3
     assert "tok/s" in last.stats and last.status.startswith("Done: 24 tokens generated")
+
+
+def test_patches_rebuild_the_final_view_and_refresh_tooltips_every_few_seconds(tiny):
+    clock = StepClock(0.5)  # read once per message: a message every 0.5 s
+    channel = TokenChannel("t", title_refresh=2.0, clock=clock)
+    frames, _ = _live(tiny, make_policy("h2o", budget=24, recent=4), tokens=16, channel=channel)
+    browser = BrowserView()
+    with_titles = []
+    for frame in frames[:-1]:
+        browser.apply(frame.message["patch"])
+        with_titles.append(any("title" in c for c in frame.message["patch"]["update"].values()))
+    final = BrowserView()
+    final.apply(frames[-1].message["patch"])
+    assert sorted(browser.tokens) == sorted(final.tokens)
+    assert all(browser.tokens[p][0] == final.tokens[p][0] for p in final.tokens)  # classes always current
+    assert all(browser.tokens[p][2] == final.tokens[p][2] for p in final.tokens)  # same text
+    assert 2 <= sum(with_titles) <= 5  # tooltips refreshed about every 4th message, not every one
+    assert not with_titles[1]
 
 
 def test_live_frames_are_paced_whatever_the_token_rate(tiny):
@@ -164,3 +215,30 @@ def test_explore_shows_any_step_of_a_finished_run(tiny):
     assert set(np.unique(keep)) <= {0.0, 1.0}  # one head: each token is either held or not
     with pytest.raises(ValueError, match="layer must be between"):
         explore.explore_view(record, 0, "99", explore.AVERAGE, "importance")
+
+
+def test_sweep_reports_progress_then_a_pareto_plot_and_a_table(tiny, tmp_path):
+    from thinkviz.bench.sweep import parse_budgets
+    from thinkviz.replay import Trace
+    from thinkviz.ui.sweep import TABLE_COLUMNS, export_sweep, sweep_frames
+
+    trace = Trace("tiny", None, TRACE.question, TRACE.trace * 3)
+    frames = list(sweep_frames(tiny, trace, ["window", "h2o"], parse_budgets("0.5,0.75"), 4, {"recent": 2},
+                               poll=0.0))
+    assert all(f.rows is None for f in frames[:-1]) and len(frames) >= 2
+    final = frames[-1]
+    assert [r["policy"] for r in final.rows] == ["full", "window", "window", "h2o", "h2o"]
+    assert len(final.table) == 5 and len(final.table[0]) == len(TABLE_COLUMNS)
+    assert final.figure.data  # one trace per policy + the front
+    paths = export_sweep(final.rows, {"trace": "tiny"}, tmp_path)
+    assert sorted(p.rsplit(".", 1)[1] for p in paths) == ["csv", "html", "json"]
+
+
+def test_sweep_turns_a_bad_budget_into_a_message(tiny):
+    from thinkviz.bench.sweep import Budget
+    from thinkviz.replay import Trace
+    from thinkviz.ui.sweep import sweep_frames
+
+    trace = Trace("tiny", None, TRACE.question, TRACE.trace)
+    with pytest.raises(RunInputError, match="budget"):
+        list(sweep_frames(tiny, trace, ["h2o"], [Budget(4, False)], 4, {}, poll=0.0))

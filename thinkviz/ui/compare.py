@@ -25,7 +25,7 @@ from ..policies import Policy, make_policy
 from ..replay import LockstepReplay
 from ..units import format_bytes
 from ..viz.figures import compare_memory_figure
-from .live import stats_html
+from .live import FIGURE_INTERVAL, stats_html
 from .runs import RunInput, RunInputError, prepare, run_token_data
 from .stream import TokenChannel, TokenData
 from .throttle import FramePacer
@@ -37,12 +37,13 @@ FIDELITY_COLUMNS = ["policy", "NLL (nats)", "ΔNLL vs full", "KL(full‖policy)"
 
 @dataclass
 class CompareFrame:
-    """One screen update: a patch message and a header per column, the overlay, the table."""
+    """One screen update: a patch message and a header per column, the overlay (``None``:
+    unchanged), the fidelity table."""
 
     status: str
     messages: list[dict[str, Any]]
     headers: list[str]
-    figure: Any
+    figure: Any | None
     table: list[list[Any]]
     records: dict[str, RunRecord]
     views: list[TokenData]
@@ -83,14 +84,17 @@ class _Columns:
 
     def __init__(self, names: list[str], runs: list[Run], channels: Sequence[TokenChannel]) -> None:
         self.names, self.runs, self.channels = names, runs, list(channels[: len(names)])
+        self.figure_pacer = FramePacer(FIGURE_INTERVAL)
 
     def frame(self, status: str, table: list[list[Any]], done: bool = False) -> CompareFrame:
+        """The columns now; the overlay figure only when due (else ``None``) and at the end."""
         views = [run_token_data(run, run.record.events[-1] if run.record.events else None) for run in self.runs]
         messages = [c.message(v, reset=done or v.scores is None) for c, v in zip(self.channels, views)]
         headers = [f"<div class='tv-col-title'>{name}</div>{stats_html(run.record)}"
                    for name, run in zip(self.names, self.runs)]
         records = {name: run.record for name, run in zip(self.names, self.runs)}
-        return CompareFrame(status, messages, headers, compare_memory_figure(records), table, records, views, done)
+        figure = compare_memory_figure(records) if self.figure_pacer.due() or done else None
+        return CompareFrame(status, messages, headers, figure, table, records, views, done)
 
 
 def compare_frames(

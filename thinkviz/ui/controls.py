@@ -49,6 +49,14 @@ def pool_sizes(names: Sequence[str] | None = None) -> tuple[int, int]:
     return numbers, flags
 
 
+def pool_bounds(names: Sequence[str] | None = None) -> tuple[float, float]:
+    """``(lowest, highest)`` over every numeric parameter of ``names``: a range no slot value leaves."""
+    specs = [_spec(p, p.default) for n in (names or policy_names()) for p in own_params(n) if p.kind != "bool"]
+    if not specs:
+        return 0, 1
+    return min(s.low for s in specs), max(s.high for s in specs)
+
+
 def _spec(param: Param, value: Any) -> SlotSpec:
     label = param.name.replace("_", " ")
     if param.kind == "bool":

@@ -25,14 +25,16 @@ from .runs import RunInput, RunInputError, run_token_data, start_run
 from .stream import TokenChannel, TokenData
 from .throttle import FramePacer
 
+FIGURE_INTERVAL = 1.0  # seconds between memory-chart rebuilds while a run streams
+
 
 @dataclass
 class LiveFrame:
-    """One screen update of the Live tab."""
+    """One screen update of the Live tab (``figure`` ``None``: the chart is unchanged)."""
 
     status: str
     message: dict[str, Any]
-    figure: Any
+    figure: Any | None
     stats: str
     record: RunRecord
     view: TokenData
@@ -71,14 +73,18 @@ def live_frames(
     channel: TokenChannel,
     projection: Projection | None = None,
     pacer: FramePacer | None = None,
+    figure_pacer: FramePacer | None = None,
 ) -> Iterator[LiveFrame]:
     """Run ``policy`` on ``run_input`` and yield frames at the pacer's rate, then a final one.
 
-    ``channel`` may be switched to another view mode from outside while the run streams;
-    the next frame then resets the view.  Raises :class:`RunInputError` for input the model
-    cannot run.
+    The memory figure is rebuilt only when ``figure_pacer`` allows (default: once a second;
+    ``figure`` is ``None`` in the frames between) and in the first and last frames: a plotly
+    figure costs far more to build and redraw than a token patch.  ``channel`` may be switched
+    to another view mode from outside while the run streams; the next frame then resets the
+    view.  Raises :class:`RunInputError` for input the model cannot run.
     """
     pacer = pacer or FramePacer()
+    figure_pacer = figure_pacer or FramePacer(FIGURE_INTERVAL)
     run, events = start_run(loaded, policy, run_input, settings, cancel)
     device_stats: dict[int, dict] = {}  # step -> device memory, sampled once per frame
 
@@ -89,7 +95,8 @@ def live_frames(
         return LiveFrame(
             status=status_line(run, event, run_input.replay, done),
             message=channel.message(view, reset=done or event is None),
-            figure=memory_figure(run.record, projection=projection, device_stats=device_stats),
+            figure=memory_figure(run.record, projection=projection, device_stats=device_stats)
+            if figure_pacer.due() or done else None,
             stats=stats_html(run.record),
             record=run.record,
             view=view,

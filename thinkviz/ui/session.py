@@ -14,9 +14,13 @@ COMPARE_TOKENS_IDS = tuple(f"tv-compare-tokens-{i}" for i in range(6))
 
 @dataclass
 class Session:
-    """What one browser tab has run and is running."""
+    """What one browser tab has run and is running.
 
-    cancel: threading.Event = field(default_factory=threading.Event)
+    Gradio deep-copies a new session before first use, so it starts without a cancel event
+    (a lock cannot be copied); :meth:`begin` makes one per run.
+    """
+
+    cancel: threading.Event | None = None
     running: bool = False
     live_channel: TokenChannel = field(default_factory=lambda: TokenChannel(LIVE_TOKENS_ID))
     live_view: TokenData | None = None  # the Live tab's last frame, to re-render in another mode
@@ -28,6 +32,12 @@ class Session:
     compare_views: list[TokenData] = field(default_factory=list)
     compare_records: dict[str, RunRecord] = field(default_factory=dict)
     explore_record: RunRecord | None = None
+    sweep_rows: list[dict] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """Ask the running run, if any, to stop after its current step."""
+        if self.cancel is not None:
+            self.cancel.set()
 
     def begin(self) -> threading.Event:
         """A fresh cancel event for a new run (Stop sets it)."""

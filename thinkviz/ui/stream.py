@@ -14,13 +14,16 @@ message for any reason still ends exact.  A view scrolled to its end follows new
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..viz.tokens import TOKEN_PATCH_JS, TokenViewState, token_delta
+
+TITLE_REFRESH_SECONDS = 2.0
 
 
 @dataclass
@@ -36,13 +39,23 @@ class TokenData:
 
 @dataclass
 class TokenChannel:
-    """One token view in the browser: turns successive :class:`TokenData` into patch messages."""
+    """One token view in the browser: turns successive :class:`TokenData` into patch messages.
+
+    Tooltips carry each token's current score, which changes every step for every scored
+    token; sending them every frame would re-send most of the view.  Class changes (heat,
+    eviction) go out every frame; tooltip changes at most every ``title_refresh`` seconds
+    (resets always carry fresh ones, and a run's final frame is a reset).
+    """
 
     target: str
     mode: str = "combined"
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     seq: int = 0
     state: TokenViewState | None = None
+    title_refresh: float = TITLE_REFRESH_SECONDS
+    clock: Callable[[], float] = time.monotonic
+    _titles: list[str] = field(default_factory=list)  # the tooltips the browser shows, by index
+    _titles_at: float = float("-inf")
 
     def message(self, data: TokenData, *, reset: bool = False) -> dict[str, Any]:
         """The patch from what the browser shows now to ``data`` (a whole view if ``reset``)."""
@@ -51,9 +64,24 @@ class TokenChannel:
         self.state, patch = token_delta(
             self.state, data.texts, data.scores, data.keep_fraction, data.labels, data.spans, self.mode
         )
+        looks, now = self.state.looks, self.clock()
+        update: dict[str, dict[str, str]] = {}
+        if patch["reset"] is not None:
+            self._titles, self._titles_at = [look.title for look in looks], now
+        else:
+            self._titles.extend(look.title for look in looks[len(self._titles):])  # appended with their titles
+            for pos, change in patch["update"].items():
+                kept = {k: v for k, v in change.items() if k != "title"}
+                if kept:
+                    update[str(pos)] = kept  # JSON object keys must be strings
+            if now - self._titles_at >= self.title_refresh:
+                for i, look in enumerate(looks):
+                    if look.title != self._titles[i]:
+                        update.setdefault(str(self.state.start + i), {})["title"] = look.title
+                        self._titles[i] = look.title
+                self._titles_at = now
         self.seq += 1
-        patch = {**patch, "update": {str(pos): change for pos, change in patch.get("update", {}).items()}}
-        return {"target": self.target, "run": self.run, "seq": self.seq, "patch": patch}  # JSON keys: strings
+        return {"target": self.target, "run": self.run, "seq": self.seq, "patch": {**patch, "update": update}}
 
     def set_mode(self, mode: str) -> None:
         """Switch view mode; the next message is a reset."""

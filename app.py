@@ -1,0 +1,48 @@
+"""ThinkViz in the browser: ``python app.py [--host 127.0.0.1] [--port 7860] [--share] [--model embedded] [--quant 4bit]``.
+
+Binds 127.0.0.1 unless told otherwise and makes no share link unless ``--share`` is given.
+The page opens at once; the model loads in the background with its progress shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from thinkviz.model import QUANTIZATIONS
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="ThinkViz: watch KV-cache eviction inside a real model.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    parser.add_argument("--share", action="store_true", help="also create a public Gradio share link (off by default)")
+    parser.add_argument("--model", default="embedded", help="'embedded', a Hugging Face id or a local folder")
+    parser.add_argument("--quant", default="4bit", choices=QUANTIZATIONS, help="weight quantization (default 4bit)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    args = parser.parse_args(argv)
+    if not 0 < args.port < 65536:
+        parser.error(f"--port must be between 1 and 65535, got {args.port}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from thinkviz.ui.app import APP_CSS, build_app
+    from thinkviz.ui.model_slot import ModelSlot
+
+    slot = ModelSlot(device=args.device)
+    slot.start(args.model, args.quant)
+    demo = build_app(slot, model=args.model, quantization=args.quant)
+    demo.queue(default_concurrency_limit=4)
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=APP_CSS,
+                    footer_links=["api", "settings"])
+    except OSError as exc:  # the port is taken, the address cannot be bound
+        print(f"app.py: error: cannot serve on {args.host}:{args.port} ({exc})", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The launched app through its API (gradio_client): streamed generation and a comparison."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+QUESTION = "A baker packs 24 muffins in boxes of 4 and gives away 2 boxes. How many boxes are left?"
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    from gradio_client import Client
+
+    return Client(app_url, verbose=False)
+
+
+def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, numbers=()):
+    """Positional values of /generate: view mode, run mode, system, question, trace, the policy group, decode, projection."""
+    from thinkviz.ui.controls import pool_sizes, slot_specs
+
+    n_numbers, n_flags = pool_sizes()
+    number_specs, flag_specs = slot_specs(policy, n_numbers, n_flags)
+    slots = [s.value if s else 0 for s in number_specs] + [s.value if s else False for s in flag_specs]
+    return ["combined", "generate", None, QUESTION, "", policy, budget, interval, True, True, *slots,
+            max_new_tokens, 0.0, "Qwen3-4B", 8]
+
+
+def test_generation_streams_updates_from_the_embedded_model(client):
+    job = client.submit(*_live_args(), api_name="/generate")
+    frames = list(job)
+    statuses = [f[0] for f in frames]
+    messages = [f[1] for f in frames if isinstance(f[1], dict) and "patch" in f[1]]  # skipped: unchanged
+    assert len(frames) >= 3, statuses  # prompt, at least one streamed frame, the final one
+    assert statuses[-1].startswith("Done: 12 tokens generated")
+    assert messages[0]["patch"]["reset"] and any(m["patch"]["append"] for m in messages[1:-1])
+    assert [m["seq"] for m in messages] == sorted(m["seq"] for m in messages)
+    final_view = messages[-1]["patch"]["reset"]
+    assert final_view.count("data-pos=") > 12 and "tv-h" in final_view  # tokens with heat classes
+    assert "tok/s" in frames[-1][3]
+
+
+def test_three_policy_comparison_returns_three_columns_and_a_fidelity_table(client):
+    job = client.submit("combined", "generate", None, QUESTION, "", ["full", "window", "h2o"], 64, 4, True, False,
+                        True, 8, 0.0, api_name="/compare")
+    frames = list(job)
+    status, messages, figure, table = frames[-1][:4]
+    headers = frames[-1][5:]
+    assert status.startswith("Done"), status
+    assert [m["target"] for m in messages] == ["tv-compare-tokens-0", "tv-compare-tokens-1", "tv-compare-tokens-2"]
+    assert sum(bool(h) for h in headers) == 3 and "window" in headers[1]
+    rows = table["data"]
+    assert [r[0] for r in rows] == ["full", "window", "h2o"]
+    assert table["headers"][1].startswith("NLL")
+    assert all(r[1] != "—" for r in rows)  # NLL measured for every policy
+    assert float(rows[0][3]) == pytest.approx(0.0, abs=1e-6)  # the full cache against itself: KL 0
+
+
+def test_bad_input_is_refused_with_a_clear_message(client):
+    from gradio_client.exceptions import AppError
+
+    args = _live_args()
+    args[3] = "   "
+    with pytest.raises(AppError, match="question is empty"):
+        client.predict(*args, api_name="/generate")

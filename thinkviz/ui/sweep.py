@@ -1,0 +1,102 @@
+"""The Sweep tab's run: a trace through policies × budgets, then the memory-vs-fidelity plot.
+
+:func:`~thinkviz.bench.sweep.sweep_trace` reports progress through a callback, so it runs in
+a worker thread and :func:`sweep_frames` turns its progress into paced status frames; the
+last frame carries :func:`~thinkviz.viz.pareto.pareto_figure` and the result table.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from ..bench.sweep import Budget, sweep_trace, write_rows
+from ..model import LoadedModel
+from ..policies import PolicyConfigError
+from ..replay import Trace, TraceError
+from ..units import format_bytes
+from ..viz.pareto import pareto_figure
+from .runs import RunInputError
+
+TABLE_COLUMNS = ["policy", "budget", "peak KV", "KV kept", "compression", "ΔNLL (nats)", "KL(full‖policy)", "top-1"]
+
+
+@dataclass
+class SweepFrame:
+    """Progress of a sweep; ``rows`` / ``figure`` / ``table`` are set on the last frame."""
+
+    status: str
+    rows: list[dict[str, Any]] | None = None
+    figure: Any = None
+    table: list[list[Any]] | None = None
+
+
+def table_rows(rows: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    """The sweep rows as the tab's table (formatted, one per run, the full cache first)."""
+
+    def number(value: Any, fmt: str) -> str:
+        return "—" if value is None or value != value else format(value, fmt)
+
+    return [[row["policy"], row["budget"], format_bytes(row["peak_kv_bytes"]), number(row["kv_fraction"], ".0%"),
+             number(row["compression"], ".1f") + "×", number(row["nll_delta"], "+.4f"), number(row["kl"], ".4f"),
+             number(row["top1"], ".1%")] for row in rows]
+
+
+def sweep_frames(
+    loaded: LoadedModel,
+    trace: Trace,
+    policies: Sequence[str],
+    budgets: Sequence[Budget],
+    interval: int,
+    params: dict[str, Any],
+    metric: str = "kl",
+    poll: float = 0.25,
+) -> Iterator[SweepFrame]:
+    """Run the sweep in a worker thread; yield a status frame with the newest progress at most
+    every ``poll`` seconds, then the result.  Raises :class:`RunInputError` for a bad trace or knob."""
+    if not policies:
+        raise RunInputError("Choose at least one policy to sweep.")
+    reports: queue.Queue = queue.Queue()
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["rows"], _ = sweep_trace(loaded, trace, policies, budgets, interval, params,
+                                             progress=lambda name, done, total: reports.put((done, total)))
+        except (TraceError, PolicyConfigError) as exc:
+            outcome["error"] = str(exc)
+        except Exception as exc:  # a boundary: the tab must show why the sweep failed
+            outcome["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            reports.put(None)
+
+    worker = threading.Thread(target=work, name="thinkviz-sweep", daemon=True)
+    worker.start()
+    runs = 1 + len(policies) * len(budgets)
+    yield SweepFrame(f"Prefilling {runs} runs (the full cache + {len(policies)} policies × {len(budgets)} budgets)…")
+    finished = False
+    while not finished:
+        batch = [reports.get()]
+        while not reports.empty():
+            batch.append(reports.get_nowait())
+        finished = None in batch
+        progress = [report for report in batch if report is not None]
+        if progress:
+            done, total = progress[-1]
+            yield SweepFrame(f"Replaying {trace.name} through {runs} runs in lockstep… {done}/{total} tokens")
+        if not finished:
+            time.sleep(poll)  # pace the frames; reports arriving meanwhile are merged
+    worker.join()
+    if "error" in outcome:
+        raise RunInputError(outcome["error"])
+    rows = outcome["rows"]
+    yield SweepFrame(f"Done: {len(rows)} runs on {trace.name}.", rows, pareto_figure(rows, metric), table_rows(rows))
+
+
+def export_sweep(rows: list[dict[str, Any]], meta: dict[str, Any], folder: str | Path) -> list[str]:
+    """Write the sweep's CSV, JSON and Pareto HTML into ``folder``; return their paths."""
+    return [str(path) for path in write_rows(rows, Path(folder), meta).values()]
