@@ -181,3 +181,19 @@ def test_lockstep_refuses_mixed_intervals(tiny_llama):
     with pytest.raises(EngineError, match="share one interval"):
         LockstepReplay(tiny_llama, [make_policy("window", budget=32, interval=4),
                                     make_policy("window", budget=32, interval=8)], prompt, ids)
+
+
+def test_cancel_stops_every_lockstep_run_after_the_same_chunk(tiny_llama):
+    import threading
+
+    prompt, ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE * 2)
+    cancel = threading.Event()
+    replay = LockstepReplay(tiny_llama, [make_policy("h2o", budget=32, interval=8, recent=4),
+                                         make_policy("window", budget=32, interval=8)], prompt, ids, cancel=cancel)
+    for step, done in enumerate(replay):
+        if step == 2:
+            cancel.set()
+    records = [run.record for run in (replay.reference, *replay.runs)]
+    assert [len(r.events) for r in records] == [3, 3, 3]
+    assert all(r.summary["stopped"] == "cancelled" for r in records)
+    assert records[1].summary["fidelity"]["all"]["tokens"] == 24

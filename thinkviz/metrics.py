@@ -86,6 +86,10 @@ class TokenFidelity:
         self.kl = np.concatenate([self.kl, _numpy(kl, np.float32)])
         self.top1 = np.concatenate([self.top1, _numpy(top1, bool)])
 
+    def first(self, n: int) -> "TokenFidelity":
+        """The first ``n`` tokens' values."""
+        return TokenFidelity(self.positions[:n], self.nll[:n], self.nll_full[:n], self.kl[:n], self.top1[:n])
+
 
 def _numpy(values, dtype) -> np.ndarray:
     return np.asarray(values.cpu() if isinstance(values, torch.Tensor) else values, dtype=dtype)

@@ -108,8 +108,9 @@ def prepare_trace(
 
     :func:`~thinkviz.chat.build_chat` already opens the assistant turn with ``"<think>\\n"``, so
     a trace that starts with it continues after it instead of repeating it.  The trace is
-    tokenized on its own (no special tokens added) and cut to its first ``max_tokens``.  Raises :class:`TraceError` when the
-    question or trace is empty or the whole does not fit the model's context.
+    tokenized on its own (no special tokens added) and cut to its first ``max_tokens``.  Raises
+    :class:`TraceError` when the question or trace is empty or the whole does not fit the
+    model's context.
     """
     if not question.strip():
         raise TraceError("the question is empty")
@@ -136,7 +137,7 @@ class LockstepReplay:
     :class:`~thinkviz.engine.Run` objects; every event of every record carries
     ``info["fidelity"]`` (``nll``, ``nll_full``, ``kl``, ``top1`` lists aligned with the
     event's positions) and ``record.summary["fidelity"]`` holds the means overall and per
-    segment kind.
+    segment kind.  Setting ``cancel`` stops every run after the same chunk.
     """
 
     def __init__(
@@ -153,9 +154,10 @@ class LockstepReplay:
             raise EngineError(f"policies replayed in lockstep must share one interval, got {sorted(intervals)}")
         interval = intervals.pop() if intervals else 1
         self.cancel = cancel or threading.Event()
+        self._stop = threading.Event()  # set only between chunks, so every run stops at the same one
         self.trace_ids = [int(i) for i in trace_ids]
-        self.reference = Run(loaded, make_policy("full", interval=interval), prompt, settings, self.cancel)
-        self.runs = [Run(loaded, policy, prompt, settings, self.cancel) for policy in policies]
+        self.reference = Run(loaded, make_policy("full", interval=interval), prompt, settings, self._stop)
+        self.runs = [Run(loaded, policy, prompt, settings, self._stop) for policy in policies]
         self.prompt_tokens = len(self.reference.ids)
         self.targets = torch.tensor(self.reference.ids + self.trace_ids)  # (N,) the true sequence
         self.reference_fidelity = TokenFidelity.empty()
@@ -169,6 +171,8 @@ class LockstepReplay:
             for run, box in zip(everyone, pending)
         ]
         while True:
+            if self.cancel.is_set():
+                self._stop.set()
             events = [next(stream, None) for stream in streams]
             if all(event is None for event in events):
                 break
@@ -217,4 +221,6 @@ class LockstepReplay:
                     "kl": fidelity.kl[lo:hi].tolist(),
                     "top1": fidelity.top1[lo:hi].tolist(),
                 }
-            run.record.summary["fidelity"] = summarize_by_kind(fidelity, run.record.segments)
+            # a cancelled run has also predicted the token after its last chunk; count only its own
+            replayed = run.processed - start
+            run.record.summary["fidelity"] = summarize_by_kind(fidelity.first(replayed), run.record.segments)
