@@ -29,8 +29,8 @@ def redundancy(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     for lo in range(0, unit.shape[1], _ROWS_PER_CHUNK):
         rows = slice(lo, lo + _ROWS_PER_CHUNK)
         similarity = unit[:, rows] @ unit.transpose(1, 2)  # (H_kv, r, T)
-        newer = positions[:, None, :] > positions[:, rows, None]  # (H_kv, r, T)
-        out[:, rows] = torch.where(newer, similarity, torch.zeros_like(similarity)).amax(-1).clamp(min=0)
+        similarity.masked_fill_(positions[:, None, :] <= positions[:, rows, None], 0.0)  # only newer keys
+        out[:, rows] = similarity.amax(-1).clamp(min=0)
     return out
 
 
