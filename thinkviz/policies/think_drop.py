@@ -51,6 +51,11 @@ def code_state(code: str | None) -> str:
     return "parsed" if code_parses(code) else "syntax error"
 
 
+def _verified(block: dict[str, Any]) -> bool:
+    """A block this rule may drop: closed, and the code after it parses."""
+    return block["closed"] and block["code"] == "parsed"
+
+
 @register
 class ThinkDrop(Policy):
     """Keep everything except whole completed think blocks whose following code parses, which are
@@ -68,7 +73,7 @@ class ThinkDrop(Policy):
         """``(L, H_kv, T)``: 0 for slots of a block this rule may drop, 1 for slots it must keep."""
         evictable = torch.zeros(len(view.protected), dtype=torch.bool)
         for block in self._blocks(view):
-            if block["closed"] and block["code"] == "parsed":
+            if _verified(block):
                 evictable[block["start"] : block["end"]] = True
         return view.by_position(~(evictable & ~view.protected)).float()
 
@@ -80,7 +85,7 @@ class ThinkDrop(Policy):
         for block in self._blocks(view):
             if excess <= 0:
                 break
-            if not (block["closed"] and block["code"] == "parsed"):
+            if not _verified(block):
                 continue
             span = torch.zeros_like(drop)
             span[block["start"] : block["end"]] = True
@@ -94,14 +99,12 @@ class ThinkDrop(Policy):
         blocks = self._blocks(view)
         present = self._present(view)
         for block in blocks:
-            droppable = ~view.protected[block["start"] : block["end"]]
-            held = present[block["start"] : block["end"]] & droppable
-            block["evicted"] = bool(droppable.any()) and not bool(held.any())
+            unprotected = ~view.protected[block["start"] : block["end"]]
+            held = present[block["start"] : block["end"]] & unprotected
+            block["evicted"] = bool(unprotected.any()) and not bool(held.any())
         excess = view.positions.shape[-1] - self.budget
-        droppable = [
-            b for b in blocks if b["closed"] and b["code"] == "parsed" and not b["evicted"]
-        ]
-        info: dict[str, Any] = {"blocks": blocks, "over_budget": excess > 0 and not droppable}
+        left_to_drop = [b for b in blocks if _verified(b) and not b["evicted"]]
+        info: dict[str, Any] = {"blocks": blocks, "over_budget": excess > 0 and not left_to_drop}
         if info["over_budget"]:
             info["excess_tokens"] = excess
         if view.segments is None:
