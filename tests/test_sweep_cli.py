@@ -74,6 +74,8 @@ def test_sweep_rows_and_files_are_well_formed(tiny_llama, tmp_path):
     assert [float(r["kl"]) for r in table] == pytest.approx([r["kl"] for r in rows])
     doc = json.loads(paths["json"].read_text(encoding="utf-8"))
     assert doc["meta"]["model"] == tiny_llama.name and doc["rows"] == json.loads(json.dumps(rows))
+    table_lines = paths["md"].read_text(encoding="utf-8").splitlines()
+    assert len(table_lines) == 2 + len(rows) and table_lines[3].startswith("| tiny | window | 50% |")
     html = paths["html"].read_text(encoding="utf-8")
     assert "Plotly.newPlot" in html and "Pareto front" in html
 

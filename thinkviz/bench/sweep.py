@@ -158,17 +158,39 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The rows' headline numbers as a Markdown table (one line per row)."""
+    lines = [
+        "| trace | policy | budget | budget tokens | peak KV (of full) | ΔNLL | KL | top-1 | KL think | KL answer | KL code | tok/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def num(value: Any, spec: str) -> str:
+        return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+    for row in rows:
+        lines.append(
+            f"| {row['trace']} | {row['policy']} | {row['budget']} | {row['budget_tokens']} "
+            f"| {num(row['kv_fraction'], '.1%')} | {num(row['nll_delta'], '.4f')} | {num(row['kl'], '.4f')} "
+            f"| {num(row['top1'], '.1%')} | {num(row['kl_think'], '.4f')} | {num(row['kl_answer'], '.4f')} "
+            f"| {num(row['kl_code'], '.4f')} | {num(row['tokens_per_second'], '.1f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_rows(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]) -> dict[str, Path]:
-    """Write ``sweep.csv``, ``sweep.json`` (``{"meta", "rows"}``) and ``pareto.html`` into ``out_dir``."""
+    """Write ``sweep.csv``, ``sweep.json`` (``{"meta", "rows"}``), ``sweep.md`` and ``pareto.html`` into ``out_dir``."""
     from ..viz.pareto import pareto_figure
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": out_dir / "sweep.csv", "json": out_dir / "sweep.json", "html": out_dir / "pareto.html"}
+    paths = {"csv": out_dir / "sweep.csv", "json": out_dir / "sweep.json", "md": out_dir / "sweep.md",
+             "html": out_dir / "pareto.html"}
     with open(paths["csv"], "w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows({k: ("" if _finite(v) is None else v) for k, v in row.items()} for row in rows)
     clean = [{k: _finite(v) for k, v in row.items()} for row in rows]
     paths["json"].write_text(json.dumps({"meta": meta, "rows": clean}, indent=1), encoding="utf-8")
+    paths["md"].write_text(markdown_table(rows), encoding="utf-8")
     pareto_figure(rows).write_html(paths["html"], include_plotlyjs=True)
     return paths

@@ -76,7 +76,7 @@ def _sweep_args(parser: argparse.ArgumentParser) -> None:
 @bench_kind("sweep", _sweep_args)
 def sweep(args: argparse.Namespace) -> int:
     """Replay traces through policies × budgets; write CSV, JSON and a memory-vs-fidelity Pareto plot."""
-    from ..bench.sweep import check_params, parse_budgets, parse_policies, sweep_trace, write_rows
+    from ..bench.sweep import check_params, markdown_table, parse_budgets, parse_policies, sweep_trace, write_rows
     from ..cli import CliError
     from ..policies import PolicyConfigError
     from ..replay import TraceError, load_trace
@@ -120,10 +120,7 @@ def sweep(args: argparse.Namespace) -> int:
             "interval": args.interval, "budgets": args.budgets, "params": params, "traces": args.trace,
             "max_trace_tokens": args.max_trace_tokens}
     paths = write_rows(rows, out, meta)
-    print(f"{'trace':<28} {'policy':<11} {'budget':>6} {'KV kept':>8} {'ΔNLL':>8} {'KL':>8} {'top-1':>6} {'tok/s':>7}")
-    for row in rows:
-        print(f"{row['trace']:<28} {row['policy']:<11} {row['budget']:>6} {row['kv_fraction']:>8.1%} "
-              f"{row['nll_delta']:>8.4f} {row['kl']:>8.4f} {row['top1']:>6.1%} {row['tokens_per_second']:>7.1f}")
+    print(markdown_table(rows), end="")
     print("written: " + ", ".join(str(p) for p in paths.values()))
     return 0
 
@@ -175,6 +172,38 @@ def replay_cost(args: argparse.Namespace) -> int:
     print(f"plain full-cache pass, {args.interval}-token chunks:            {result.chunked_pass_seconds:7.2f} s")
     print(f"replay-cost ratio (replay / one plain pass, best of {args.repeats}): {result.ratio:.3f}  (target <= 2.0)")
     print(f"replay / plain pass over the same chunks:            {result.chunked_ratio:.3f}")
+    return 0
+
+
+def _browser_args(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    parser.add_argument("--tokens", type=int, default=500, help="tokens to generate in the Live tab (1-2048)")
+    parser.add_argument("--url", default=None, help="measure an app already running there instead of starting app.py")
+
+
+@bench_kind("browser", _browser_args)
+def browser(args: argparse.Namespace) -> int:
+    """Headless Chromium: click → first painted token, and frames per second during a long Live run."""
+    from ..bench.browser import BenchError, launched_app, measure
+    from ..cli import CliError
+
+    if not 1 <= args.tokens <= 2048:
+        raise CliError(f"--tokens must be between 1 and 2048, got {args.tokens}")
+    try:
+        if args.url:
+            result = measure(args.url, args.tokens)
+        else:
+            app_args = ["--model", args.model, "--quant", args.quant, *(["--device", args.device] if args.device else [])]
+            with launched_app(app_args) as url:
+                result = measure(url, args.tokens)
+    except BenchError as exc:
+        raise CliError(str(exc)) from None
+    print(f"Live tab, h2o budget 256, {result.new_tokens} new tokens; the app reports {result.app_tokens_per_second} tok/s")
+    print(f"click -> prompt painted:          {result.prompt_painted:6.2f} s")
+    print(f"click -> first generated token:   {result.first_token_painted:6.2f} s")
+    print(f"frames painted while streaming:   {result.frames} in {result.run_seconds:.1f} s "
+          f"= {result.frames_per_second:.1f} fps  (target 5-10)")
+    print(f"main-thread long tasks (>50 ms):  {result.long_tasks}, longest {result.longest_task_ms:.0f} ms")
     return 0
 
 
