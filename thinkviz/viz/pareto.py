@@ -54,7 +54,8 @@ def pareto_figure(rows: list[dict], metric: str = "kl") -> go.Figure:
     title, higher = METRICS[metric]
     traces = list(dict.fromkeys(row["trace"] for row in rows))
     policies = list(dict.fromkeys(row["policy"] for row in rows))
-    colours = {p: qualitative.Plotly[i % len(qualitative.Plotly)] for i, p in enumerate(policies)}
+    palette = qualitative.Plotly if len(policies) <= len(qualitative.Plotly) else qualitative.Alphabet
+    colours = {p: palette[i % len(palette)] for i, p in enumerate(policies)}
     figure = make_subplots(rows=1, cols=max(1, len(traces)), subplot_titles=traces or None, shared_yaxes=True)
     for col, trace in enumerate(traces, start=1):
         mine = [row for row in rows if row["trace"] == trace]
@@ -100,7 +101,7 @@ def pareto_figure(rows: list[dict], metric: str = "kl") -> go.Figure:
         figure.update_xaxes(title_text="peak KV memory, % of the full cache", row=1, col=col)
     figure.update_yaxes(title_text=title, row=1, col=1)
     figure.update_layout(
-        title=f"Memory vs fidelity ({'higher' if higher else 'lower'} {metric} is better)",
+        title=f"Memory vs fidelity: {'up' if higher else 'down'} and to the left is better",
         template="plotly_white",
         hovermode="closest",
         height=460,
