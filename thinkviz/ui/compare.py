@@ -19,6 +19,7 @@ import numpy as np
 
 from ..engine import DecodeSettings, EngineError, Run
 from ..events import RunRecord
+from ..faults import guard_frames
 from ..metrics import TokenFidelity, divergence_step, summarize
 from ..model import LoadedModel
 from ..policies import Policy, make_policy
@@ -111,18 +112,20 @@ def compare_frames(
 
     ``channels[i]`` streams column ``i``.  In generate mode with ``measure_fidelity``, a
     second phase teacher-forces the full cache's text through the policies.  Raises
-    :class:`RunInputError` for input the model cannot run.
+    :class:`RunInputError` for input the model cannot run and
+    :class:`~thinkviz.faults.RunFault` when the model or a policy fails mid-run.
     """
     check_policies(policies)
     if len(channels) < len(policies):
         raise ValueError(f"{len(policies)} policies need as many channels, got {len(channels)}")
     pacer = pacer or FramePacer()
+    if run_input.replay:
+        frames = _replay_frames(loaded, policies, run_input, settings, cancel, channels, pacer)
+    else:
+        frames = _generate_frames(loaded, policies, run_input, settings, cancel, channels, measure_fidelity, pacer)
+    label = f"the comparison of {', '.join(p.name for p in policies)}"
     try:
-        if run_input.replay:
-            yield from _replay_frames(loaded, policies, run_input, settings, cancel, channels, pacer)
-        else:
-            yield from _generate_frames(loaded, policies, run_input, settings, cancel, channels, measure_fidelity,
-                                        pacer)
+        yield from guard_frames(frames, label, loaded.device, passthrough=(EngineError, RunInputError))
     except EngineError as exc:
         raise RunInputError(str(exc)) from None
 
