@@ -173,6 +173,7 @@ class RunRecord:
         try:
             events = []
             for i, d in enumerate(doc["events"]):
+                _check_event_fields(d, i)
                 events.append(
                     StepEvent(scores=arrays[f"scores_{i}"], keep_fraction=arrays[f"keep_{i}"], **d)
                 )
@@ -192,6 +193,28 @@ class RunRecord:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordingError(f"recording is incomplete or corrupted ({exc!r})") from exc
+
+
+_EVENT_SCALARS = {"step": int, "kv_bytes": int, "kv_tokens": int, "full_kv_bytes": int,
+                  "seconds_forward": (int, float), "seconds_policy": (int, float), "compressed": bool}
+_EVENT_LISTS = {"token_ids": int, "positions": int, "evicted": int, "texts": str}
+
+
+def _check_event_fields(d: Any, i: int) -> None:
+    """:class:`RecordingError` unless event ``i``'s JSON fields have their declared types
+    (a recording is user input: its numbers end up in captions and figures)."""
+    if not isinstance(d, dict):
+        raise RecordingError(f"recording event {i} is not an object")
+    for key, kind in _EVENT_SCALARS.items():
+        if key in d and not isinstance(d[key], kind):
+            raise RecordingError(f"recording event {i}: {key} must be {_kind_name(kind)}, got {d[key]!r:.40}")
+    for key, kind in _EVENT_LISTS.items():
+        if key in d and not (isinstance(d[key], list) and all(isinstance(x, kind) for x in d[key])):
+            raise RecordingError(f"recording event {i}: {key} must be a list of {_kind_name(kind)}")
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
 
 
 def _jsonable(obj: Any) -> Any:

@@ -12,6 +12,7 @@ import html
 import re
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -69,6 +70,8 @@ def _from_zip(archive: Path) -> RunRecord:
                 (folder / f"recording{suffix}").write_bytes(zf.read(info))
     except zipfile.BadZipFile as exc:
         raise RecordingError(f"{archive.name} is not a zip archive ({exc})") from None
+    except (zlib.error, EOFError, NotImplementedError) as exc:  # damaged or exotic compression
+        raise RecordingError(f"{archive.name} is damaged or uses an unsupported compression ({exc})") from None
     return RunRecord.load(folder / "recording")
 
 
