@@ -231,7 +231,7 @@ def test_sweep_reports_progress_then_a_pareto_plot_and_a_table(tiny, tmp_path):
     assert len(final.table) == 5 and len(final.table[0]) == len(TABLE_COLUMNS)
     assert final.figure.data  # one trace per policy + the front
     paths = export_sweep(final.rows, {"trace": "tiny"}, tmp_path)
-    assert sorted(p.rsplit(".", 1)[1] for p in paths) == ["csv", "html", "json"]
+    assert {"csv", "html", "json"} <= {p.rsplit(".", 1)[1] for p in paths}
 
 
 def test_sweep_turns_a_bad_budget_into_a_message(tiny):

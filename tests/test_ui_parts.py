@@ -145,11 +145,12 @@ def test_model_slot_reports_progress_then_lends_the_model(tiny_llama):
     slot = ModelSlot(loader=loader)
     slot.start("tiny", "none")
     seen = []
-    watcher = threading.Thread(target=lambda: seen.extend(slot.watch(poll=0.01)))
-    watcher.start()
-    release.set()
-    watcher.join(5)
-    assert seen[-1].ready and any(s.message == "halfway" for s in seen)
+    for status in slot.watch(poll=0.01):
+        seen.append(status)
+        if status.message == "halfway":
+            assert 0 < status.fraction < 1 and not status.done
+            release.set()
+    assert seen[-1].ready and "halfway" in [s.message for s in seen]
     with slot.use() as loaded:
         assert loaded is tiny_llama
 
@@ -183,3 +184,28 @@ def test_every_preset_fills_the_controls():
         choice = inputs.choose_preset(name)
         assert choice.preset.question.strip()
         assert (choice.trace != "") == (choice.preset.mode == "replay")
+
+
+def test_a_failed_switch_keeps_the_previous_model(tiny_llama):
+    def loader(name, quantization, device, progress):
+        if name == "broken":
+            raise ModelLoadError("not a model folder")
+        return tiny_llama
+
+    slot = ModelSlot(loader=loader)
+    slot.start("tiny", "none")
+    assert slot.wait(5).ready
+    slot.start("broken", "4bit")
+    status = slot.wait(5)
+    assert status.ready and "not a model folder" in status.note
+    with slot.use() as loaded:
+        assert loaded is tiny_llama
+
+
+def test_app_binds_localhost_without_a_share_link_by_default():
+    import app
+
+    args = app.parse_args([])
+    assert (args.host, args.share, args.model, args.quant) == ("127.0.0.1", False, "embedded", "4bit")
+    with pytest.raises(SystemExit):
+        app.parse_args(["--port", "70000"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -16,7 +18,7 @@ def client(app_url):
     return Client(app_url, verbose=False)
 
 
-def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, numbers=()):
+def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, stop_at_eos=False):
     """Positional values of /generate: view mode, run mode, system, question, trace, the policy group, decode, projection."""
     from thinkviz.ui.controls import pool_sizes, slot_specs
 
@@ -24,14 +26,14 @@ def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, numbers=(
     number_specs, flag_specs = slot_specs(policy, n_numbers, n_flags)
     slots = [s.value if s else 0 for s in number_specs] + [s.value if s else False for s in flag_specs]
     return ["combined", "generate", None, QUESTION, "", policy, budget, interval, True, True, *slots,
-            max_new_tokens, 0.0, "Qwen3-4B", 8]
+            max_new_tokens, 0.0, stop_at_eos, "Qwen3-4B", 8]
 
 
 def test_generation_streams_updates_from_the_embedded_model(client):
     job = client.submit(*_live_args(), api_name="/generate")
     frames = list(job)
     statuses = [f[0] for f in frames]
-    messages = [f[1] for f in frames if isinstance(f[1], dict) and "patch" in f[1]]  # skipped: unchanged
+    messages = [json.loads(f[1]) for f in frames if isinstance(f[1], str) and f[1]]  # the bus: JSON text
     assert len(frames) >= 3, statuses  # prompt, at least one streamed frame, the final one
     assert statuses[-1].startswith("Done: 12 tokens generated")
     assert messages[0]["patch"]["reset"] and any(m["patch"]["append"] for m in messages[1:-1])
@@ -43,9 +45,10 @@ def test_generation_streams_updates_from_the_embedded_model(client):
 
 def test_three_policy_comparison_returns_three_columns_and_a_fidelity_table(client):
     job = client.submit("combined", "generate", None, QUESTION, "", ["full", "window", "h2o"], 64, 4, True, False,
-                        True, 8, 0.0, api_name="/compare")
+                        True, 8, 0.0, False, api_name="/compare")
     frames = list(job)
-    status, messages, figure, table = frames[-1][:4]
+    status, bus, figure, table = frames[-1][:4]
+    messages = json.loads(bus)
     headers = frames[-1][5:]
     assert status.startswith("Done"), status
     assert [m["target"] for m in messages] == ["tv-compare-tokens-0", "tv-compare-tokens-1", "tv-compare-tokens-2"]
@@ -64,3 +67,41 @@ def test_bad_input_is_refused_with_a_clear_message(client):
     args[3] = "   "
     with pytest.raises(AppError, match="question is empty"):
         client.predict(*args, api_name="/generate")
+
+
+def test_stop_cancels_the_run_and_the_recording_exports_and_opens_again(client):
+    import time
+
+    job = client.submit(*_live_args(max_new_tokens=2000), api_name="/generate")
+    deadline = time.monotonic() + 300
+    while not any(str(o[0]).startswith("Generating") for o in job.outputs()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    client.predict(api_name="/stop")
+    final = job.result(timeout=120)
+    assert "stopped: cancelled" in final[0]
+    archive = client.predict(api_name="/export_recording")
+    assert str(archive).endswith(".zip")
+    from gradio_client import handle_file
+
+    step, layer, head, caption, tokens, heatmap, segments = client.predict([handle_file(archive)], "evicted",
+                                                                           api_name="/open_recording")
+    assert "Step" in caption and tokens.count("data-pos=") > 30
+    assert layer["choices"][:2] == [["all", "all"], ["0", "0"]]  # the recording's 30 layers, or all of them
+
+
+def test_an_abandoned_run_does_not_block_the_next_one(client):
+    import time
+
+    job = client.submit(*_live_args(max_new_tokens=2000), api_name="/generate")
+    while not job.outputs():
+        time.sleep(0.2)
+    job.cancel()
+    final = client.predict(*_live_args(max_new_tokens=4), api_name="/generate")
+    assert final[0].startswith("Done: 4 tokens generated")
+
+
+def test_a_model_that_cannot_load_leaves_the_current_one_in_use(client, tmp_path):
+    lines = client.predict(str(tmp_path / "no-such-model"), "4bit", api_name="/load_model")
+    assert "Could not load" in lines[0] and "Still using SmolLM2" in lines[0]
+    final = client.predict(*_live_args(max_new_tokens=2), api_name="/generate")
+    assert final[0].startswith("Done: 2 tokens generated")

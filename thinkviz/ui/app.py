@@ -16,6 +16,7 @@ import gradio as gr
 
 from ..chat import REASONING_SYSTEM_PROMPT
 from ..events import RecordingError
+from ..faults import RunFault
 from ..memory import CARDS_GB, device_memory
 from ..bench.sweep import parse_budgets, parse_policies
 from ..model import QUANTIZATIONS
@@ -34,13 +35,13 @@ from .live import live_frames
 from .model_slot import LoadStatus, ModelSlot, ModelUnavailable
 from .runs import RunInputError
 from .session import COMPARE_TOKENS_IDS, LIVE_TOKENS_ID, Session
-from .stream import PATCH_BUS_JS, container_html
+from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID, bus_payload, container_html
 from .sweep import TABLE_COLUMNS as SWEEP_COLUMNS
 from .sweep import export_sweep, sweep_frames
 
 DEFAULT_POLICY = "h2o"
 MODEL_GROUP = "model"  # every event that runs the model: one at a time, across all sessions
-USER_ERRORS = (ControlError, RunInputError, ModelUnavailable, RecordingError, ValueError)
+USER_ERRORS = (ControlError, RunInputError, ModelUnavailable, RecordingError, RunFault, ValueError)
 
 APP_CSS = TOKEN_CSS + """
 .tv-container { max-height: 460px; overflow-y: auto; padding: 8px 10px; border: 1px solid #e5e7eb;
@@ -69,7 +70,7 @@ def load_status_markdown(status: LoadStatus) -> str:
     if status.error:
         return f"**Model failed to load:** {status.error}"
     if status.ready:
-        return f"**Model:** {status.message}"
+        return f"**Model:** {status.message}" + (f"  \n{status.note}" if status.note else "")
     if not status.name:
         return "**Model:** not loaded"
     percent = int(round(100 * status.fraction))
@@ -189,11 +190,14 @@ def preset_values(name: str | None) -> tuple[inputs.PresetChoice | None, list]:
     return choice, [choice.notice, choice.preset.mode, choice.system, choice.preset.question, choice.trace]
 
 
-def decode_controls(tab: str) -> tuple[gr.Slider, gr.Slider]:
+def decode_controls(tab: str) -> list:
+    """Max new tokens, temperature and whether end-of-text stops the run (in that order)."""
     with gr.Row():
         max_new = gr.Slider(1, 2048, value=128, step=1, label="Max new tokens", elem_id=f"tv-{tab}-max-new")
         temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-    return max_new, temperature
+    stop_at_eos = gr.Checkbox(value=True, label="Stop at end of text", elem_id=f"tv-{tab}-stop-at-eos",
+                              info="off: keep decoding to the limit, to watch eviction on a long run")
+    return [max_new, temperature, stop_at_eos]
 
 
 # ---- the app ----------------------------------------------------------------------------------
@@ -207,8 +211,10 @@ def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bi
                         elem_classes="tv-title")
             model_status = gr.Markdown(load_status_markdown(slot.status), elem_id="tv-model-status",
                                        elem_classes="tv-status")
-        bus = gr.JSON(visible="hidden", elem_id="tv-bus")
+        bus = gr.Textbox(visible="hidden", elem_id="tv-bus")
         bus.change(None, bus, None, js=PATCH_BUS_JS)
+        resync = gr.Button(visible="hidden", elem_id=RESYNC_BUTTON_ID)
+        resync.click(Session.resync, session, None, queue=False, api_visibility="private")
         with gr.Tabs():
             with gr.Tab("Live", id="live"):
                 wire_live = _live_tab(slot, session, choices, model, quantization, model_status, bus)
@@ -244,7 +250,7 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
                 generate = gr.Button("Generate", variant="primary", elem_id="tv-live-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="tv-live-stop")
             controls = policy_controls(DEFAULT_POLICY)
-            max_new, temperature = decode_controls("live")
+            decode = decode_controls("live")
             with gr.Row():
                 target = gr.Dropdown(list(inputs.PROJECTION_TARGETS), value=inputs.DEFAULT_TARGET,
                                      label="Project memory onto", info="price the kept tokens on a bigger model")
@@ -260,7 +266,7 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
             with gr.Row():
                 export_run = gr.Button("Export recording (JSON + NPZ)", size="sm", elem_id="tv-live-export-run")
                 export_fig = gr.Button("Export figure (HTML)", size="sm", elem_id="tv-live-export-figure")
-            exported = gr.File(label="Download", interactive=False, visible=False, elem_id="tv-live-export")
+            exported = gr.File(label="Download", interactive=False, height=90, elem_id="tv-live-export")
 
     def pick_preset(name: str | None):
         choice, values = preset_values(name)
@@ -274,7 +280,7 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
     panel.preset.change(
         pick_preset, panel.preset,
         panel.preset_outputs() + [controls.policy, controls.budget, controls.interval, controls.protect_system,
-                                  controls.protect_question, *controls.slots, max_new],
+                                  controls.protect_question, *controls.slots, decode[0]],
         show_progress="hidden", api_visibility="private",
     )
 
@@ -282,7 +288,7 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
         s.live_channel.set_mode(mode)
         if s.running or s.live_view is None:
             return gr.skip()  # a running generator resets the view on its next frame
-        return s.live_channel.message(s.live_view, reset=True)
+        return bus_payload(s.live_channel.message(s.live_view, reset=True))
 
     view_mode.change(switch_mode, [session, view_mode], bus, show_progress="hidden", api_visibility="private")
 
@@ -307,23 +313,22 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
     def do_export(s: Session):
         if s.live_record is None:
             raise gr.Error("Run something first: there is no recording to export yet.", print_exception=False)
-        return gr.update(value=str(export_recording(s.live_record)), visible=True)
+        return str(export_recording(s.live_record))
 
     def do_export_figure(s: Session, target_name: str, card_gb):
         if s.live_record is None:
             raise gr.Error("Run something first: there is no figure to export yet.", print_exception=False)
-        page = export_figures({"KV-cache memory": figure_for(s, target_name, card_gb)}, stem="thinkviz-memory")
-        return gr.update(value=str(page), visible=True)
+        return str(export_figures({"KV-cache memory": figure_for(s, target_name, card_gb)}, stem="thinkviz-memory"))
 
     export_run.click(do_export, session, exported, api_name="export_recording")
     export_fig.click(do_export_figure, [session, target, card], exported, api_name="export_figure")
 
     def run_live(s: Session, mode: str, run_mode, system, question, trace, *rest):
-        *policy_values, max_tokens, temp, target_name, card_gb = rest
+        *policy_values, max_tokens, temp, stop_eos, target_name, card_gb = rest
         try:
             policy = controls.make(tuple(policy_values))
             request = inputs.run_input(run_mode, system, question, trace)
-            settings = inputs.decode_settings(max_tokens, temp)
+            settings = inputs.decode_settings(max_tokens, temp, stop_eos)
             projection = inputs.projection(target_name, card_gb)
         except USER_ERRORS as exc:
             raise user_error(exc) from None
@@ -338,7 +343,7 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
                     s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
                     source = gr.update(choices=s.sources(), value="Live run") if frame.done else gr.skip()
                     figure = gr.skip() if frame.figure is None else frame.figure
-                    yield frame.status, frame.message, figure, frame.stats, source
+                    yield frame.status, bus_payload(frame.message), figure, frame.stats, source
         except USER_ERRORS as exc:
             raise user_error(exc) from None
         finally:
@@ -350,7 +355,7 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
                       api_visibility="private")
         generate.click(
             run_live,
-            [session, view_mode, *panel.inputs(), *controls.inputs(), max_new, temperature, target, card],
+            [session, view_mode, *panel.inputs(), *controls.inputs(), *decode, target, card],
             [status, bus, memory, stats, explore_source],
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="generate", show_progress="hidden",
         )
@@ -399,7 +404,7 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
                 protect_question = gr.Checkbox(value=True, label="Protect question")
             measure = gr.Checkbox(value=True, label="Measure NLL / KL / top-1 against the full cache",
                                   info="generate mode: afterwards, teacher-force the full cache's text")
-            max_new, temperature = decode_controls("compare")
+            decode = decode_controls("compare")
             with gr.Row():
                 run = gr.Button("Compare", variant="primary", elem_id="tv-compare-run")
                 stop = gr.Button("Stop", variant="stop")
@@ -433,7 +438,7 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
 
     panel.preset.change(
         pick_preset, panel.preset,
-        panel.preset_outputs() + [policies, budget, interval, protect_system, protect_question, max_new],
+        panel.preset_outputs() + [policies, budget, interval, protect_system, protect_question, decode[0]],
         show_progress="hidden", api_visibility="private",
     )
     stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
@@ -446,12 +451,12 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
             channel.set_mode(mode)
         if s.running or not s.compare_views:
             return gr.skip()
-        return [c.message(v, reset=True) for c, v in zip(s.compare_channels, s.compare_views)]
+        return bus_payload([c.message(v, reset=True) for c, v in zip(s.compare_channels, s.compare_views)])
 
     view_mode.change(switch_mode, [session, view_mode], bus, show_progress="hidden", api_visibility="private")
 
     def run_compare(s: Session, mode, run_mode, system, question, trace, names, budget_value, interval_value,
-                    protect_s, protect_q, measure_fidelity, max_tokens, temp):
+                    protect_s, protect_q, measure_fidelity, max_tokens, temp, stop_eos):
         names = list(names or [])
         try:
             if not MIN_POLICIES <= len(names) <= MAX_POLICIES:
@@ -459,7 +464,7 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
             chosen = [build_policy(n, {}, budget=budget_value, interval=interval_value,
                                    protect_system=protect_s, protect_question=protect_q) for n in names]
             request = inputs.run_input(run_mode, system, question, trace)
-            settings = inputs.decode_settings(max_tokens, temp)
+            settings = inputs.decode_settings(max_tokens, temp, stop_eos)
         except USER_ERRORS as exc:
             raise user_error(exc) from None
         cancel = s.begin()
@@ -478,7 +483,7 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
                     source = gr.update(choices=s.sources()) if frame.done else gr.skip()
                     head = frame.headers + [""] * (len(headers) - len(frame.headers))
                     figure = gr.skip() if frame.figure is None else frame.figure
-                    yield [frame.status, frame.messages, figure, frame.table, source, *head,
+                    yield [frame.status, bus_payload(frame.messages), figure, frame.table, source, *head,
                            *column_updates]
         except USER_ERRORS as exc:
             raise user_error(exc) from None
@@ -489,7 +494,7 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
         run.click(
             run_compare,
             [session, view_mode, *panel.inputs(), policies, budget, interval, protect_system, protect_question,
-             measure, max_new, temperature],
+             measure, *decode],
             [status, bus, overlay, table, explore_source, *headers, *columns],
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="compare", show_progress="hidden",
         )
@@ -591,7 +596,7 @@ def _sweep_tab(slot: ModelSlot, session: gr.State, choices) -> None:
             status = gr.Markdown("", elem_id="tv-sweep-status", elem_classes="tv-status")
             figure = gr.Plot(label="Memory vs fidelity", elem_id="tv-sweep-pareto")
             table = gr.Dataframe(headers=SWEEP_COLUMNS, label="Runs", interactive=False)
-            files = gr.File(label="Sweep results (CSV, JSON, Pareto HTML)", file_count="multiple",
+            files = gr.File(label="Sweep results (CSV, JSON, Pareto plot…)", file_count="multiple",
                             interactive=False)
 
     def run_sweep(s: Session, name: str | None, names: list[str], budget_text: str, interval_value, metric_value):

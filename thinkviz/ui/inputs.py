@@ -69,10 +69,11 @@ def run_input(mode: str, system: str | None, question: str | None, trace: str | 
     )
 
 
-def decode_settings(max_new_tokens: Any, temperature: Any) -> DecodeSettings:
+def decode_settings(max_new_tokens: Any, temperature: Any, stop_at_eos: Any = True) -> DecodeSettings:
     """Validated decode settings (greedy when ``temperature`` is 0)."""
     try:
-        settings = DecodeSettings(max_new_tokens=int(max_new_tokens), temperature=float(temperature))
+        settings = DecodeSettings(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+                                  stop_at_eos=bool(stop_at_eos))
         settings.validate()
     except (TypeError, ValueError) as exc:  # EngineError is a ValueError
         raise RunInputError(str(exc) if isinstance(exc, EngineError) else f"Bad decode setting: {exc}") from None

@@ -25,7 +25,7 @@ from .runs import RunInput, RunInputError, run_token_data, start_run
 from .stream import TokenChannel, TokenData
 from .throttle import FramePacer
 
-FIGURE_INTERVAL = 1.0  # seconds between memory-chart rebuilds while a run streams
+FIGURE_INTERVAL = 2.0  # seconds between memory-chart rebuilds while a run streams (a redraw is costly)
 
 
 @dataclass
@@ -77,7 +77,7 @@ def live_frames(
 ) -> Iterator[LiveFrame]:
     """Run ``policy`` on ``run_input`` and yield frames at the pacer's rate, then a final one.
 
-    The memory figure is rebuilt only when ``figure_pacer`` allows (default: once a second;
+    The memory figure is rebuilt only when ``figure_pacer`` allows (default: every two seconds;
     ``figure`` is ``None`` in the frames between) and in the first and last frames: a plotly
     figure costs far more to build and redraw than a token patch.  ``channel`` may be switched
     to another view mode from outside while the run streams; the next frame then resets the

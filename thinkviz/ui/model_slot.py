@@ -26,7 +26,8 @@ class ModelUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class LoadStatus:
-    """Where loading stands: ``fraction`` in [0, 1], a message, and the error if it failed."""
+    """Where loading stands: ``fraction`` in [0, 1], a message, the error if no model is usable,
+    and a ``note`` when a new model failed to load but the previous one is still in use."""
 
     name: str
     quantization: str
@@ -34,6 +35,7 @@ class LoadStatus:
     message: str
     error: str | None = None
     ready: bool = False
+    note: str | None = None
 
     @property
     def done(self) -> bool:
@@ -84,11 +86,15 @@ class ModelSlot:
 
         try:
             loaded = self._loader(name, quantization, self.device, progress=progress)
-        except ModelLoadError as exc:
-            self._set(LoadStatus(name, quantization, 1.0, "Loading failed", error=str(exc)))
-            return
         except Exception as exc:  # a boundary: the UI must see a message, not a dead thread
-            self._set(LoadStatus(name, quantization, 1.0, "Loading failed", error=f"{type(exc).__name__}: {exc}"))
+            reason = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {exc}"
+            previous = self._loaded
+            if previous is None:
+                self._set(LoadStatus(name, quantization, 1.0, "Loading failed", error=reason))
+            else:  # keep serving the model that works
+                self._set(LoadStatus(previous.name, previous.quantization, 1.0,
+                                     f"Still using {previous.name} ({previous.quantization}, {previous.device})",
+                                     ready=True, note=f"Could not load {name}: {reason}"))
             return
         self._loaded = loaded
         self._set(LoadStatus(name, quantization, 1.0, f"Ready: {loaded.name} ({loaded.quantization}, {loaded.device})",

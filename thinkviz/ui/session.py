@@ -39,6 +39,11 @@ class Session:
         if self.cancel is not None:
             self.cancel.set()
 
+    def resync(self) -> None:
+        """The browser missed a token-view message: every view's next message is a reset."""
+        for channel in (self.live_channel, *self.compare_channels):
+            channel.resync()
+
     def begin(self) -> threading.Event:
         """A fresh cancel event for a new run (Stop sets it)."""
         self.cancel = threading.Event()

@@ -2,18 +2,24 @@
 
 Each token view is a plain ``<div id=…>`` container the UI owns.  A :class:`TokenChannel`
 diffs every frame against the previous one with :func:`~thinkviz.viz.tokens.token_delta` and
-wraps the patch in a message ``{"target", "run", "seq", "patch"}``.  All messages of a tab
-travel through one hidden ``gr.JSON``; its ``.change`` runs :data:`PATCH_BUS_JS` in the
-browser, which applies each message to its container.
+wraps the patch in a message ``{"target", "run", "seq", "patch"}``.  All messages travel as
+a JSON string (:func:`bus_payload`) through one hidden ``gr.Textbox``; its ``.change`` runs
+:data:`PATCH_BUS_JS` in the browser, which applies each message to its container.  (A
+``gr.JSON`` would also draw every message as a tree in the page, hidden or not: a long
+main-thread task per frame.)
 
-Gradio fires ``.change`` again with the final value when a generator ends, so messages are
-numbered: the browser applies a message only if it is the next one of the run it shows (or
-a reset, which starts over).  A run's last frame is always a reset, so a view that missed a
-message for any reason still ends exact.  A view scrolled to its end follows new tokens.
+Messages are numbered, and the browser applies one only if it is the next of the run it
+shows, or a reset.  Gradio fires ``.change`` again with the final value when a generator
+ends (ignored: seen already), and a page busy with other work (a plotly redraw on a slow
+machine) can merge two updates of the bus into one, losing a message: the browser then
+clicks the hidden resync button (:data:`RESYNC_BUTTON_ID`), the session's channels forget
+their state (:meth:`TokenChannel.resync`) and the next frame is a reset.  A run's last
+frame is always a reset.  A view scrolled to its end follows new tokens.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -83,6 +89,10 @@ class TokenChannel:
         self.seq += 1
         return {"target": self.target, "run": self.run, "seq": self.seq, "patch": {**patch, "update": update}}
 
+    def resync(self) -> None:
+        """The browser lost track: make the next message a reset."""
+        self.state = None
+
     def set_mode(self, mode: str) -> None:
         """Switch view mode; the next message is a reset."""
         if mode != self.mode:
@@ -95,17 +105,35 @@ def container_html(target: str) -> str:
     return f'<div id="{target}" class="tv-container"></div>'
 
 
+def bus_payload(messages: dict[str, Any] | list[dict[str, Any]]) -> str:
+    """One message or a list of them, as the bus carries them."""
+    return json.dumps(messages, ensure_ascii=False, separators=(",", ":"))
+
+
+RESYNC_BUTTON_ID = "tv-resync"
+
 PATCH_BUS_JS = (
-    "(messages) => {\n"
+    "(payload) => {\n"
     f"  const apply = ({TOKEN_PATCH_JS});\n"
-    """  for (const m of (Array.isArray(messages) ? messages : [messages])) {
+    f"  const resyncId = {json.dumps(RESYNC_BUTTON_ID)};\n"
+    """  if (!payload) return [];
+  const messages = JSON.parse(payload);
+  for (const m of (Array.isArray(messages) ? messages : [messages])) {
     if (!m || !m.patch) continue;
     const root = document.getElementById(m.target);
     if (!root) continue;
-    const fresh = m.patch.reset != null;
-    const next = root.dataset.tvRun === m.run && Number(root.dataset.tvSeq) + 1 === m.seq;
-    if (!fresh && !next) continue;
-    if (fresh && root.dataset.tvRun === m.run && Number(root.dataset.tvSeq) >= m.seq) continue;
+    const sameRun = root.dataset.tvRun === m.run;
+    const applied = sameRun ? Number(root.dataset.tvSeq) : 0;
+    if (sameRun && m.seq <= applied) continue;  // seen already (Gradio repeats the last value)
+    if (m.patch.reset == null && !(sameRun && m.seq === applied + 1)) {
+      // A message was missed (a busy page merges changes): ask for a reset, at most once a second.
+      const now = Date.now();
+      if (!(now - (window.tvResyncAt || 0) < 1000)) {
+        window.tvResyncAt = now;
+        document.getElementById(resyncId)?.click();
+      }
+      continue;
+    }
     const following = root.scrollHeight - root.scrollTop - root.clientHeight < 48;  // reader is at the end
     apply(root, m.patch);
     if (following) root.scrollTop = root.scrollHeight;
@@ -115,4 +143,4 @@ PATCH_BUS_JS = (
   return [];
 }"""
 )
-"""Gradio ``js=`` for a hidden ``gr.JSON`` carrying one message or a list of messages."""
+"""Gradio ``js=`` for the hidden bus ``gr.Textbox`` (a :func:`bus_payload` string)."""

@@ -1,0 +1,163 @@
+"""Smoothness of the app as a browser sees it: click → first painted token, frames per second.
+
+Starts ``app.py`` on a free 127.0.0.1 port (or uses a running one), opens it in headless
+Chromium (Debian's ``/usr/bin/chromium`` through Playwright) and instruments the Live
+tab's token view in the page: a ``MutationObserver`` timestamps each batch of changes to
+the view (one per frame received; the paint follows in the next animation frame — headless
+Chromium does not run ``requestAnimationFrame`` reliably enough to time paints directly);
+a ``PerformanceObserver`` collects main-thread long tasks (> 50 ms, the browser's own
+threshold for janky input).  Then it generates ``tokens`` tokens without stopping at
+end-of-text and reads the timings back.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+APP = Path(__file__).resolve().parents[2] / "app.py"
+QUESTION = "Tell a long story about a lighthouse keeper who counts ships, with many details."
+
+# Installed before the click: paints of the token view, long tasks, the click time.
+INSTRUMENT_JS = """() => {
+  const root = document.getElementById('tv-live-tokens');
+  const bench = window.tvBench = {clicked: null, paints: [], longTasks: []};
+  new MutationObserver(() => {
+    bench.paints.push([performance.now(), root.querySelectorAll('.tv-tok').length]);
+  }).observe(root, {childList: true, subtree: true, attributes: true});
+  new PerformanceObserver(list => { for (const e of list.getEntries()) bench.longTasks.push(e.duration); })
+    .observe({entryTypes: ['longtask']});
+  document.getElementById('tv-live-run')
+    .addEventListener('click', () => { bench.clicked = performance.now(); }, {capture: true});
+}"""
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run (no Chromium, the app did not start, the run failed)."""
+
+
+@dataclass
+class BrowserBenchResult:
+    """Timings measured in the page (seconds unless named otherwise)."""
+
+    new_tokens: int
+    prompt_painted: float  # click → the prompt's tokens on screen
+    first_token_painted: float  # click → the first generated token on screen
+    run_seconds: float  # first generated token → last frame of the run
+    frames: int  # updates of the token view in that time
+    long_tasks: int
+    longest_task_ms: float
+    app_tokens_per_second: str  # the stats strip's own figure, for context
+
+    @property
+    def frames_per_second(self) -> float:
+        return (self.frames - 1) / self.run_seconds if self.run_seconds > 0 and self.frames > 1 else 0.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def launched_app(app_args: Sequence[str] = (), timeout: float = 240, log: Path | None = None) -> Iterator[str]:
+    """Run ``python app.py`` on a free 127.0.0.1 port; yield its URL once the page answers."""
+    if not APP.is_file():
+        raise BenchError(f"{APP} not found: run from a ThinkViz checkout")
+    port = free_port()
+    log = log or Path(tempfile.mkdtemp(prefix="thinkviz-app-")) / "app.log"
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port), *app_args],
+                                cwd=APP.parent, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise BenchError(f"app.py exited with {proc.returncode}; log: {log}\n{log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"app.py did not answer on {url} within {timeout:.0f} s; log: {log}") from None
+                time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _wait_text(page, selector: str, prefix: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = page.inner_text(selector)
+        if text.startswith(prefix) or prefix in text:
+            return text
+        if page.locator(".toast-body.error").count():
+            raise BenchError(f"the app reported: {page.locator('.toast-body.error').first.inner_text()}")
+        time.sleep(0.25)
+    raise BenchError(f"{selector} did not show {prefix!r} within {timeout:.0f} s")
+
+
+def measure(url: str, tokens: int = 500, model_timeout: float = 600, run_timeout: float = 3600) -> BrowserBenchResult:
+    """Generate ``tokens`` tokens in the Live tab of the app at ``url`` and time the page."""
+    if not Path(CHROMIUM).exists():
+        raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.goto(url)
+            _wait_text(page, "#tv-model-status", "Model: Ready", model_timeout)
+            page.fill("#tv-live-question textarea", QUESTION)
+            box = page.locator("#tv-live-max-new input[type=number]").first
+            box.fill(str(tokens))
+            box.press("Enter")
+            if page.is_checked("#tv-live-stop-at-eos input"):
+                page.click("#tv-live-stop-at-eos input")
+            page.evaluate(INSTRUMENT_JS)
+            page.click("#tv-live-run")
+            _wait_text(page, "#tv-live-status", f"Done: {tokens} tokens", run_timeout)
+            page.wait_for_timeout(500)  # the final frame's paint
+            bench = page.evaluate("window.tvBench")
+            speed = page.evaluate("""() => [...document.querySelectorAll('#tv-live-stats .tv-stat')]
+                .filter(s => s.querySelector('span').innerText.trim() === 'tok/s')
+                .map(s => s.querySelector('b').innerText.trim())[0] || '?'""")
+        finally:
+            browser.close()
+    return _result(bench, tokens, speed)
+
+
+def _result(bench: dict, tokens: int, speed: str) -> BrowserBenchResult:
+    clicked, paints = bench["clicked"], [(t, n) for t, n in bench["paints"] if t >= bench["clicked"]]
+    shown = [(t, n) for t, n in paints if n > 0]
+    if clicked is None or not shown:
+        raise BenchError("the page never painted a token after the click")
+    prompt_time, prompt_count = shown[0]
+    generated = [(t, n) for t, n in shown if n > prompt_count]
+    if not generated:
+        raise BenchError("no generated token was painted")
+    first, last = generated[0][0], generated[-1][0]
+    frames = sum(1 for t, _ in shown if first <= t <= last)
+    long_tasks = [float(d) for d in bench["longTasks"]]
+    return BrowserBenchResult(tokens, (prompt_time - clicked) / 1000, (first - clicked) / 1000, (last - first) / 1000,
+                              frames, len(long_tasks), max(long_tasks, default=0.0), speed)
