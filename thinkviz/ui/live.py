@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 from ..engine import DecodeSettings, EngineError, Run
 from ..events import RunRecord, StepEvent
+from ..faults import guard_frames
 from ..memory import Projection, device_memory
 from ..model import LoadedModel
 from ..policies import Policy
@@ -81,10 +82,18 @@ def live_frames(
     ``figure`` is ``None`` in the frames between) and in the first and last frames: a plotly
     figure costs far more to build and redraw than a token patch.  ``channel`` may be switched
     to another view mode from outside while the run streams; the next frame then resets the
-    view.  Raises :class:`RunInputError` for input the model cannot run.
+    view.  Raises :class:`RunInputError` for input the model cannot run and
+    :class:`~thinkviz.faults.RunFault` when the model or the policy fails mid-run (the run is
+    dropped and device memory released first).
     """
-    pacer = pacer or FramePacer()
-    figure_pacer = figure_pacer or FramePacer(FIGURE_INTERVAL)
+    frames = _frames(loaded, policy, run_input, settings, cancel, channel, projection,
+                     pacer or FramePacer(), figure_pacer or FramePacer(FIGURE_INTERVAL))
+    return guard_frames(frames, f"the {policy.name} run", loaded.device, passthrough=(RunInputError,))
+
+
+def _frames(loaded, policy, run_input, settings, cancel, channel, projection, pacer,
+            figure_pacer) -> Iterator[LiveFrame]:
+    """The frames of :func:`live_frames`, before :func:`~thinkviz.faults.guard_frames` wraps them."""
     run, events = start_run(loaded, policy, run_input, settings, cancel)
     device_stats: dict[int, dict] = {}  # step -> device memory, sampled once per frame
 
