@@ -1,6 +1,7 @@
 """ThinkViz in the browser: ``python app.py [--host 127.0.0.1] [--port 7860] [--share] [--model embedded] [--quant 4bit]``.
 
-Binds 127.0.0.1 unless told otherwise and makes no share link unless ``--share`` is given.
+Binds 127.0.0.1 unless told otherwise and makes no share link unless ``--share`` is given;
+uploads over ``MAX_UPLOAD_BYTES`` are refused by the server.
 The page opens at once; the model loads in the background with its progress shown.
 """
 
@@ -9,7 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from thinkviz.events import MAX_RECORDING_BYTES
 from thinkviz.model import QUANTIZATIONS
+
+MAX_UPLOAD_BYTES = MAX_RECORDING_BYTES  # the server refuses bigger uploads before any handler reads them
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.queue(default_concurrency_limit=4)
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=APP_CSS,
-                    footer_links=["api", "settings"])
+                    footer_links=["api", "settings"], max_file_size=MAX_UPLOAD_BYTES)
     except OSError as exc:  # the port is taken, the address cannot be bound
         print(f"app.py: error: cannot serve on {args.host}:{args.port} ({exc})", file=sys.stderr)
         return 2

@@ -21,6 +21,8 @@ from ..memory import CARDS_GB, device_memory
 from ..bench.sweep import parse_budgets, parse_policies
 from ..model import QUANTIZATIONS
 from ..policies import policy_names
+from ..policies.base import COMMON_PARAMS
+from ..presets import MAX_NEW_TOKENS_RANGE
 from ..replay import TraceError, load_trace
 from ..viz.figures import memory_figure
 from ..viz.pareto import METRICS as PARETO_METRICS
@@ -38,6 +40,7 @@ from .session import COMPARE_TOKENS_IDS, LIVE_TOKENS_ID, Session
 from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID, bus_payload, container_html
 from .sweep import TABLE_COLUMNS as SWEEP_COLUMNS
 from .sweep import export_sweep, sweep_frames
+from .text import no_markup, plain_markdown
 
 DEFAULT_POLICY = "h2o"
 MODEL_GROUP = "model"  # every event that runs the model: one at a time, across all sessions
@@ -53,6 +56,8 @@ APP_CSS = TOKEN_CSS + """
 .tv-title h2 { margin: 0; }
 #tv-model-status { text-align: right; align-self: center; }
 .tv-notice p { font-size: 13px; }
+.tv-download .empty { min-height: 0 !important; height: 44px !important; }
+.tv-download .empty .icon { height: 24px; }
 .tv-stats { display: flex; gap: 10px; flex-wrap: wrap; margin: 2px 0 4px; }
 .tv-stat { background: #f6f7f9; border: 1px solid #e5e7eb; border-radius: 6px; padding: 3px 8px; }
 .tv-stat span { color: #6b7280; font-size: 11px; margin-right: 6px; }
@@ -62,19 +67,20 @@ APP_CSS = TOKEN_CSS + """
 
 def user_error(exc: Exception) -> gr.Error:
     """A toast with the exception's message (no traceback: the message says what to change)."""
-    return gr.Error(str(exc), print_exception=False)
+    return gr.Error(no_markup(str(exc)), print_exception=False)  # toasts render HTML
 
 
 def load_status_markdown(status: LoadStatus) -> str:
     """The model status line: a progress bar while loading, the error if it failed."""
     if status.error:
-        return f"**Model failed to load:** {status.error}"
+        return f"**Model failed to load:** {plain_markdown(status.error)}"
     if status.ready:
-        return f"**Model:** {status.message}" + (f"  \n{status.note}" if status.note else "")
+        note = f"  \n{plain_markdown(status.note)}" if status.note else ""
+        return f"**Model:** {plain_markdown(status.message)}{note}"
     if not status.name:
         return "**Model:** not loaded"
     percent = int(round(100 * status.fraction))
-    return f"**Model:** {status.message} <progress value='{percent}' max='100'></progress> {percent}%"
+    return f"**Model:** {plain_markdown(status.message)} <progress value='{percent}' max='100'></progress> {percent}%"
 
 
 # ---- shared control groups ------------------------------------------------------------------
@@ -118,6 +124,17 @@ class PolicyControls:
         return out
 
 
+def common_sliders(interval: int, tab: str = "live") -> tuple[gr.Slider, gr.Slider]:
+    """Budget and interval sliders over the ranges the policies declare for them."""
+    params = {p.name: p for p in COMMON_PARAMS}
+    b, i = params["budget"], params["interval"]
+    budget = gr.Slider(b.low, b.high, value=b.default, step=b.step, label="Budget (tokens per layer and kv-head)",
+                       info=b.help, elem_id=f"tv-{tab}-budget")
+    interval_slider = gr.Slider(i.low, i.high, value=interval, step=i.step, label="Interval (compress every N tokens)",
+                                info=i.help, elem_id=f"tv-{tab}-interval")
+    return budget, interval_slider
+
+
 def policy_controls(default: str) -> PolicyControls:
     """The policy group, its slots showing ``default``'s parameters.
 
@@ -130,8 +147,7 @@ def policy_controls(default: str) -> PolicyControls:
     low, high = pool_bounds()
     number_specs, flag_specs = slot_specs(default, n_numbers, n_flags)
     policy = gr.Dropdown(policy_names(), value=default, label="Policy", elem_id="tv-live-policy")
-    budget = gr.Slider(8, 4096, value=256, step=8, label="Budget (tokens per layer and kv-head)")
-    interval = gr.Slider(1, 64, value=1, step=1, label="Interval (compress every N tokens)")
+    budget, interval = common_sliders(interval=1)
     with gr.Row():
         protect_system = gr.Checkbox(value=True, label="Protect system prompt")
         protect_question = gr.Checkbox(value=True, label="Protect question")
@@ -193,7 +209,8 @@ def preset_values(name: str | None) -> tuple[inputs.PresetChoice | None, list]:
 def decode_controls(tab: str) -> list:
     """Max new tokens, temperature and whether end-of-text stops the run (in that order)."""
     with gr.Row():
-        max_new = gr.Slider(1, 2048, value=128, step=1, label="Max new tokens", elem_id=f"tv-{tab}-max-new")
+        max_new = gr.Slider(*MAX_NEW_TOKENS_RANGE, value=128, step=1, label="Max new tokens",
+                            elem_id=f"tv-{tab}-max-new")
         temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
     stop_at_eos = gr.Checkbox(value=True, label="Stop at end of text", elem_id=f"tv-{tab}-stop-at-eos",
                               info="off: keep decoding to the limit, to watch eviction on a long run")
@@ -266,7 +283,8 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
             with gr.Row():
                 export_run = gr.Button("Export recording (JSON + NPZ)", size="sm", elem_id="tv-live-export-run")
                 export_fig = gr.Button("Export figure (HTML)", size="sm", elem_id="tv-live-export-figure")
-            exported = gr.File(label="Download", interactive=False, height=90, elem_id="tv-live-export")
+            exported = gr.File(label="Download", interactive=False, elem_id="tv-live-export",
+                               elem_classes="tv-download")
 
     def pick_preset(name: str | None):
         choice, values = preset_values(name)
@@ -395,9 +413,7 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
             policies = gr.CheckboxGroup(policy_names(), value=["full", "window", "h2o"],
                                         label=f"Policies ({MIN_POLICIES}–{MAX_POLICIES})",
                                         elem_id="tv-compare-policies")
-            budget = gr.Slider(8, 4096, value=256, step=8, label="Budget (tokens per layer and kv-head)",
-                               elem_id="tv-compare-budget")
-            interval = gr.Slider(1, 64, value=8, step=1, label="Interval (compress every N tokens)")
+            budget, interval = common_sliders(interval=8, tab="compare")
             with gr.Row():
                 protect_system = gr.Checkbox(value=True, label="Protect system prompt",
                                              elem_id="tv-compare-protect-system")
@@ -432,7 +448,7 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
         known = [n for n in wanted if n in policy_names()][:MAX_POLICIES]
         left_out = [n for n in wanted if n not in known]
         if left_out:
-            values[0] += f"\n\n_Showing {', '.join(known)}; also listed: {', '.join(left_out)}._"
+            values[0] += f"\n\n_Showing {', '.join(known)}; also listed: {plain_markdown(', '.join(left_out))}._"
         return values + [known, p.get("budget", 256), p.get("interval", 1), p.get("protect_system", True),
                          p.get("protect_question", True), preset.max_new_tokens]
 
@@ -510,7 +526,7 @@ def _explore_tab(session: gr.State, tab: gr.Tab) -> gr.Dropdown:
                                  elem_id="tv-explore-source")
             open_source = gr.Button("Open", size="sm", elem_id="tv-explore-open")
         upload = gr.File(label="…or open a recording (.zip, or .json + .npz)", file_count="multiple",
-                         file_types=[".zip", ".json", ".npz"], elem_id="tv-explore-upload", scale=3)
+                         file_types=[".zip", ".json", ".npz"], elem_id="tv-explore-upload", scale=3, height=140)
     caption = gr.Markdown("Nothing to explore yet: run something, or open a recording.",
                           elem_id="tv-explore-caption")
     with gr.Row():
@@ -578,13 +594,14 @@ def _explore_tab(session: gr.State, tab: gr.Tab) -> gr.Dropdown:
 
 # ---- Sweep ------------------------------------------------------------------------------------
 def _sweep_tab(slot: ModelSlot, session: gr.State, choices) -> None:
-    replay = [(title, name) for title, name in choices if inputs.choose_preset(name).preset.mode == "replay"]
+    loaded_presets = {name: inputs.choose_preset(name) for _, name in choices}
+    replay = [(title, name) for title, name in choices if loaded_presets[name].preset.mode == "replay"]
+    shortest = min(replay, key=lambda choice: len(loaded_presets[choice[1]].trace), default=(None, None))[1]
     gr.Markdown("Replay one trace through every chosen policy at every budget, in lockstep with the full cache, "
                 "and plot peak KV memory against fidelity. Long traces take minutes on a CPU.")
     with gr.Row():
         with gr.Column(scale=2, min_width=300):
-            preset = gr.Dropdown(replay, value=replay[0][1] if replay else None, label="Trace (replay preset)",
-                                 elem_id="tv-sweep-preset")
+            preset = gr.Dropdown(replay, value=shortest, label="Trace (replay preset)", elem_id="tv-sweep-preset")
             policies = gr.CheckboxGroup([n for n in policy_names() if n != "full"], value=["window", "h2o"],
                                         label="Policies (the full cache is always the reference)")
             budgets = gr.Textbox("0.25, 0.5", label="Budgets",
@@ -597,7 +614,7 @@ def _sweep_tab(slot: ModelSlot, session: gr.State, choices) -> None:
             figure = gr.Plot(label="Memory vs fidelity", elem_id="tv-sweep-pareto")
             table = gr.Dataframe(headers=SWEEP_COLUMNS, label="Runs", interactive=False)
             files = gr.File(label="Sweep results (CSV, JSON, Pareto plot…)", file_count="multiple",
-                            interactive=False)
+                            interactive=False, elem_classes="tv-download")
 
     def run_sweep(s: Session, name: str | None, names: list[str], budget_text: str, interval_value, metric_value):
         try:

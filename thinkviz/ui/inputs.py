@@ -14,6 +14,7 @@ from ..engine import DecodeSettings, EngineError
 from ..memory import TARGETS, Projection
 from ..presets import Preset, PresetError, list_presets, load_preset
 from .runs import RunInput, RunInputError
+from .text import no_markup
 
 RUN_MODES = ("generate", "replay")
 NO_PROJECTION = "none"
@@ -32,7 +33,7 @@ class PresetChoice:
 
     @property
     def notice(self) -> str:
-        return f"**{self.preset.title}**\n\n{self.preset.notice}"
+        return f"**{no_markup(self.preset.title)}**\n\n{no_markup(self.preset.notice)}"
 
 
 def preset_choices() -> list[tuple[str, str]]:
@@ -47,7 +48,10 @@ def preset_choices() -> list[tuple[str, str]]:
 
 
 def choose_preset(name: str) -> PresetChoice:
-    """Load preset ``name`` for the controls; :class:`RunInputError` with the preset's reason."""
+    """Load preset ``name`` (a name from :func:`list_presets`, never a path) for the controls;
+    :class:`RunInputError` with the preset's reason."""
+    if name not in list_presets():
+        raise RunInputError(f"unknown preset {name!r}; choose one from the list")
     try:
         preset = load_preset(name)
     except PresetError as exc:
