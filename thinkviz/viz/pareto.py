@@ -54,7 +54,7 @@ def pareto_figure(rows: list[dict], metric: str = "kl") -> go.Figure:
     title, higher = METRICS[metric]
     traces = list(dict.fromkeys(row["trace"] for row in rows))
     policies = list(dict.fromkeys(row["policy"] for row in rows))
-    palette = qualitative.Plotly if len(policies) <= len(qualitative.Plotly) else qualitative.Alphabet
+    palette = qualitative.Plotly if len(policies) <= len(qualitative.Plotly) else qualitative.Dark24
     colours = {p: palette[i % len(palette)] for i, p in enumerate(policies)}
     figure = make_subplots(rows=1, cols=max(1, len(traces)), subplot_titles=traces or None, shared_yaxes=True)
     for col, trace in enumerate(traces, start=1):
