@@ -125,6 +125,9 @@ def test_labels_are_the_attention_paid_by_the_answer(tiny_llama):
     maps = torch.stack([a[0] for a in out.attentions])  # (L, H, N, N)
     want = maps[:, :, n:, :n].sum(2).mean((0, 1)) / len(answer)  # (n,)
     assert examples.labels.shape == (n,) and torch.allclose(examples.labels, want, atol=1e-6)
+    # the fallback's view when the answer began: attention from the thinking queries per query
+    so_far = maps[:, :, :n, :n].sum(2).mean((0, 1)) / (n - torch.arange(n))
+    assert torch.allclose(examples.attention_so_far, so_far, atol=1e-6)
     assert torch.allclose(examples.features, out.hidden_states[-1][0, :n], atol=1e-5)
     assert examples.thinking.sum() == n - prompt.roles[-1].start
 
@@ -141,7 +144,7 @@ def test_training_learns_a_ranking():
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(600, 12, generator=generator)
     labels = torch.exp(features[:, 0] - 0.5 * features[:, 3]) * 1e-3
-    split = [P.Examples("a", features[:400], labels[:400], torch.ones(400, dtype=torch.bool))]
+    split = [P.Examples("a", features[:400], labels[:400], torch.ones(400, dtype=torch.bool), torch.zeros(400))]
     model = P.train(split, epochs=300, seed=0)
     with torch.inference_mode():
         rho = P.spearman(model(features[400:]), labels[400:])

@@ -9,11 +9,13 @@ from ..cli import CliError, add_model_args, command, load_from_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from ..predictor import EPOCHS, LEARNING_RATE
+
     add_model_args(parser)
     parser.add_argument("--holdout", default="math_tilings",
                         help="preset trace (file stem in presets/traces) kept out of training to measure on")
-    parser.add_argument("--epochs", type=int, default=400)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
+    parser.add_argument("--lr", type=float, default=LEARNING_RATE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None,
                         help="where to write the predictor (default: assets/dynts_<model>.safetensors)")
@@ -68,8 +70,11 @@ def run(args: argparse.Namespace) -> int:
     held = examples[args.holdout]
     with torch.inference_mode():
         predicted = model(held.features)
-    rho_thinking = P.spearman(predicted[held.thinking], held.labels[held.thinking])
+    thinking = held.thinking
+    rho_thinking = P.spearman(predicted[thinking], held.labels[thinking])
     rho_all = P.spearman(predicted, held.labels)
+    rho_fallback = P.spearman(held.attention_so_far[thinking], held.labels[thinking])
+    rho_recency = P.spearman(torch.arange(len(held.labels))[thinking], held.labels[thinking])
     meta = P.PredictorMeta(
         model=loaded.name,
         hidden_size=held.features.shape[1],
@@ -82,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {loaded.name} ({loaded.quantization}, {loaded.device}); trained on {n_train} tokens "
           f"of {len(training)} traces ({meta.trained_on})")
     print(f"held-out trace {args.holdout}: Spearman rank correlation with attention from the answer = "
-          f"{rho_thinking:.3f} over its {int(held.thinking.sum())} thinking tokens, {rho_all:.3f} over all "
+          f"{rho_thinking:.3f} over its {int(thinking.sum())} thinking tokens, {rho_all:.3f} over all "
           f"{len(held.labels)} tokens before the answer")
+    print(f"  baselines on the same thinking tokens: attention received so far (the fallback) "
+          f"{rho_fallback:.3f}, recency (position) {rho_recency:.3f}")
     print(f"predictor written to {path}")
     return 0
