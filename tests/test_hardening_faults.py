@@ -160,3 +160,14 @@ def test_fault_messages_are_one_line_and_name_the_exception():
     message = fault_message(RuntimeError("multi\nline\n  reason"), "the tam run")
     assert message == "the tam run failed: RuntimeError: multi line reason"
     assert "out of device memory" in fault_message(torch.OutOfMemoryError("x"), "the run")
+
+
+def test_the_cli_ends_a_failed_run_with_one_line_and_exit_code_1(tiny, exploding, monkeypatch, capsys):
+    from thinkviz import cli
+    from thinkviz.commands import generate
+
+    monkeypatch.setattr(generate, "load_from_args", lambda args: tiny)
+    code = cli.main(["generate", "--policy", "exploding", "--budget", "16", "--max-new-tokens", "4", "What?"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 1
+    assert errors == ["thinkviz: error: the exploding run failed: ZeroDivisionError: bad bookkeeping in score"]

@@ -1,6 +1,8 @@
 """Command line: ``python -m thinkviz generate|bench …``.
 
-Every user error ends with one line ``thinkviz: error: <reason>`` on stderr and exit code 2.
+Every user error ends with one line ``thinkviz: error: <reason>`` on stderr and exit code 2;
+a run that fails mid-way (the model or a policy raised, device out of memory) with one line
+and exit code 1.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import argparse
 import sys
 from typing import Callable, Sequence
 
+from .faults import RunFault
 from .policies import PolicyConfigError, make_policy, policy_names
 
 
@@ -99,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"thinkviz: error: {exc}", file=sys.stderr)
         return 2
+    except RunFault as exc:  # the model or a policy failed mid-run: its message is one line
+        print(f"thinkviz: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("thinkviz: interrupted", file=sys.stderr)
         return 130

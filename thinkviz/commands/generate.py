@@ -7,6 +7,7 @@ import sys
 
 from ..cli import CliError, add_model_args, add_policy_args, command, load_from_args, policy_from_args
 from ..engine import DecodeSettings, EngineError, Run
+from ..faults import guard_frames
 from ..units import format_bytes
 
 
@@ -43,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine_run = Run(loaded, policy, prompt, settings)
         sys.stdout.write(prompt.assistant_prefix)
-        for event in engine_run.generate():
+        for event in guard_frames(engine_run.generate(), f"the {policy.name} run", loaded.device,
+                                  passthrough=(EngineError,)):
             sys.stdout.write(event.text)
             sys.stdout.flush()
     except EngineError as exc:
