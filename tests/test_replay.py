@@ -197,3 +197,22 @@ def test_cancel_stops_every_lockstep_run_after_the_same_chunk(tiny_llama):
     assert [len(r.events) for r in records] == [3, 3, 3]
     assert all(r.summary["stopped"] == "cancelled" for r in records)
     assert records[1].summary["fidelity"]["all"]["tokens"] == 24
+
+
+def test_load_trace_from_a_preset_or_a_file(tmp_path):
+    from thinkviz.presets import load_preset
+    from thinkviz.replay import DEFAULT_QUESTION, load_trace
+
+    preset = load_preset("math_h2o_vs_window")
+    trace = load_trace("math_h2o_vs_window")
+    assert (trace.name, trace.question, trace.system, trace.text) == (
+        preset.name, preset.question, preset.system, preset.trace)
+    assert load_trace("math_h2o_vs_window", question="Count again.").question == "Count again."
+    path = tmp_path / "mine.md"
+    path.write_text("<think>\nx\n</think>\n", encoding="utf-8")
+    mine = load_trace(str(path))
+    assert (mine.name, mine.question, mine.text) == ("mine", DEFAULT_QUESTION, "<think>\nx\n</think>\n")
+    with pytest.raises(TraceError, match="has no trace"):
+        load_trace("generate_muffins")
+    with pytest.raises(TraceError, match="unknown preset"):
+        load_trace("no_such_preset")
