@@ -24,8 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -172,8 +171,8 @@ def collect_examples(loaded, name: str, system: str | None, question: str, trace
     from .chat import build_chat
     from .engine import DecodeSettings, Run
     from .policies import make_policy
+    from .replay import ASSISTANT_PREFIX as opening
 
-    opening = "<think>\n"
     trace = trace.removeprefix(opening)  # the prompt opens the think block already
     cut = trace.rfind("</think>")
     if cut < 0:
