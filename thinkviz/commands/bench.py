@@ -56,7 +56,8 @@ def overhead(args: argparse.Namespace) -> int:
 def _sweep_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--trace", action="extend", nargs="+", required=True, metavar="PRESET_OR_FILE",
-                        help="a preset name (its question + trace) or a UTF-8 trace file; repeatable")
+                        help="a preset name (its system prompt, question and trace; not its knobs) "
+                             "or a UTF-8 trace file; repeatable")
     parser.add_argument("--policies", default="all", help="comma-separated policy names, or 'all'")
     parser.add_argument("--budgets", default="0.1,0.25,0.5",
                         help="fractions of the sequence's tokens (0.25) and/or token counts (256)")
