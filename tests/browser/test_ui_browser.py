@@ -1,7 +1,8 @@
 """The app in headless Chromium: a preset run, a three-policy comparison, the timeline, no console errors.
 
 The tests share one page and run in order (Live, then Compare, then Explore on the Live
-run).  Screenshots go to ``docs/`` (``THINKVIZ_SCREENSHOTS`` overrides the folder).
+run).  Screenshots go to a temporary folder; ``THINKVIZ_SCREENSHOTS=docs`` refreshes the
+ones in ``docs/``.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ import pytest
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
-SHOTS = Path(os.environ.get("THINKVIZ_SCREENSHOTS", ROOT / "docs"))
 MODEL_TIMEOUT = 240  # s: the page is up before the model; loading competes for 2 cores
 RUN_TIMEOUT = 300  # s for one short run on a busy CPU
 LIVE_TOKENS = 48
 COMPARE_TOKENS = 24
 PROMPT_TOKENS_MIN = 100  # the muffins preset's system prompt + question
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    folder = os.environ.get("THINKVIZ_SCREENSHOTS")
+    return (ROOT / folder) if folder else tmp_path_factory.mktemp("screenshots")
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +81,17 @@ def cell(page, selector: str, row: int, col: int) -> str:
     return page.inner_text(f"{selector} [data-testid=cell-{row}-{col}]").strip()
 
 
-def screenshot(page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / name), full_page=True)
+def screenshot(page, folder: Path, name: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / name), full_page=True)
 
 
-def test_live_preset_run_paints_heat_coloured_tokens_by_appending_and_a_memory_chart(page):
+def test_live_preset_run_paints_heat_coloured_tokens_by_appending_and_a_memory_chart(page, shots):
     pick(page, "#tv-live-preset", "Live: a short word problem")
     page.wait_for_function("document.querySelector('#tv-live-question textarea').value.includes('muffins')")
     set_number(page, "#tv-live-max-new", LIVE_TOKENS)
+    set_number(page, "#tv-live-budget", 96)  # below the prompt, and the system prompt may go: evictions to see
+    page.click("#tv-live-protect-system input")
     page.evaluate("""() => {
         window.tvRemovedTokens = 0;
         new MutationObserver(ms => { for (const m of ms) for (const n of m.removedNodes)
@@ -115,10 +123,11 @@ def test_live_preset_run_paints_heat_coloured_tokens_by_appending_and_a_memory_c
     assert page.locator("#tv-live-memory .scatterlayer .trace").count() >= 3
     assert "tok/s" in page.inner_text("#tv-live-stats")
     page.locator("#tv-live-tokens").evaluate("el => el.scrollTop = 0")
-    screenshot(page, "live.png")
+    assert page.locator("#tv-live-tokens .tv-gone").count() > 0  # evicted tokens greyed out
+    screenshot(page, shots, "live.png")
 
 
-def test_three_policy_comparison_streams_columns_and_a_fidelity_table(page):
+def test_three_policy_comparison_streams_columns_and_a_fidelity_table(page, shots):
     page.get_by_role("tab", name="Compare").click()
     pick(page, "#tv-compare-preset", "Live: a short word problem")
     page.wait_for_function("document.querySelector('#tv-compare-question textarea').value.includes('muffins')")
@@ -142,10 +151,10 @@ def test_three_policy_comparison_streams_columns_and_a_fidelity_table(page):
     assert cell(page, "#tv-compare-table", 0, 3) == "0.0000"  # the full cache against itself
     assert float(cell(page, "#tv-compare-table", 1, 3)) > 0  # window evicted: its distributions moved
     assert page.locator("#tv-compare-memory .scatterlayer .trace").count() == 4
-    screenshot(page, "compare.png")
+    screenshot(page, shots, "compare.png")
 
 
-def test_timeline_slider_moves_the_explored_step(page):
+def test_timeline_slider_moves_the_explored_step(page, shots):
     page.get_by_role("tab", name="Explore").click()
     wait_for_text(page, "#tv-explore-caption", r"Step \*?\*?\d+", 60)
     last = page.locator("#tv-explore-tokens .tv-tok").count()
@@ -158,7 +167,7 @@ def test_timeline_slider_moves_the_explored_step(page):
     assert table_rows(page, "#tv-explore-segments") >= 2
     set_number(page, "#tv-explore-step", LIVE_TOKENS - 1)
     wait_for_text(page, "#tv-explore-caption", rf"Step {LIVE_TOKENS - 1} ", 60)
-    screenshot(page, "explore.png")
+    screenshot(page, shots, "explore.png")
 
 
 def test_no_errors_in_the_browser_console(page):

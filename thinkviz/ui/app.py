@@ -47,7 +47,7 @@ MODEL_GROUP = "model"  # every event that runs the model: one at a time, across 
 USER_ERRORS = (ControlError, RunInputError, ModelUnavailable, RecordingError, RunFault, ValueError)
 
 APP_CSS = TOKEN_CSS + """
-.tv-container { max-height: 460px; overflow-y: auto; padding: 8px 10px; border: 1px solid #e5e7eb;
+.tv-container { max-height: 540px; overflow-y: auto; padding: 8px 10px; border: 1px solid #e5e7eb;
   border-radius: 8px; background: #fff; }
 .tv-compare .tv-container { max-height: 380px; }
 .tv-compare .tv-view { font-size: 12px; }
@@ -149,7 +149,7 @@ def policy_controls(default: str) -> PolicyControls:
     policy = gr.Dropdown(policy_names(), value=default, label="Policy", elem_id="tv-live-policy")
     budget, interval = common_sliders(interval=1)
     with gr.Row():
-        protect_system = gr.Checkbox(value=True, label="Protect system prompt")
+        protect_system = gr.Checkbox(value=True, label="Protect system prompt", elem_id="tv-live-protect-system")
         protect_question = gr.Checkbox(value=True, label="Protect question")
     numbers = [gr.Slider(low, high, value=spec.value if spec else low, visible=spec is not None,
                          label=spec.label if spec else f"parameter {i + 1}", info=spec.help if spec else None)
