@@ -85,3 +85,4 @@ def test_preset_notices_keep_their_markdown_but_show_tags_as_text(monkeypatch):
     notice = inputs.PresetChoice(hostile, choice.system, choice.trace).notice
     assert notice == "**T &lt;b&gt;**\n\nUses **two** &lt;think&gt; blocks"
     assert no_markup("a < b & c") == "a &lt; b &amp; c"
+
