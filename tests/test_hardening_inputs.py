@@ -9,6 +9,7 @@ recordings whose fields would reach captions as markup.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import zipfile
@@ -23,7 +24,7 @@ from thinkviz.model import tiny_model
 from thinkviz.policies import make_policy
 from thinkviz.ui import explore, export, inputs
 from thinkviz.ui.export import export_recording, import_recording, record_stem
-from thinkviz.ui.fields import Slider
+from thinkviz.ui.fields import numbers_only
 from thinkviz.ui.live import live_frames
 from thinkviz.ui.runs import RunInput, RunInputError
 from thinkviz.ui.stream import TokenChannel
@@ -170,10 +171,11 @@ def test_export_names_never_carry_a_path_from_the_recording(record, tmp_path):
 
 @pytest.mark.parametrize("payload", ["lots", None, True, float("nan"), float("inf"), [1], "<b>8</b>"])
 def test_sliders_refuse_what_is_not_a_number_naming_the_control(payload):
-    budget = Slider(8, 64, value=16, label="Budget")
+    budget = copy.deepcopy(numbers_only(gr.Slider(8, 64, value=16, label="Budget")))  # as Gradio copies per session
     with pytest.raises(gr.Error, match="Budget must be a number") as info:
         budget.preprocess(payload)
     assert "<b>" not in info.value.message
+    assert budget.preprocess.__self__ is budget  # the copy checks its own range
     assert budget.preprocess(24) == 24
     with pytest.raises(gr.Error, match="greater than maximum"):
         budget.preprocess(65)

@@ -1,13 +1,17 @@
-"""Input components that check what API callers send, not only what a browser's widget allows.
+"""Server-side checks for values API callers send, beyond what a browser's widget allows.
 
 Gradio checks a slider's range on the server, but a value that is not a number at all (a
 string, ``NaN``, ``true``) fails deep inside it with an anonymous "the app raised an
-exception".  :class:`Slider` refuses it first, with a message naming the control.
+exception".  :func:`numbers_only` makes a slider refuse it first, with a message naming the
+control.  (A ``gr.Slider`` subclass would do the same, but Gradio writes a ``.pyi`` stub
+next to the module of every component class; binding the check to the instance does not,
+and survives Gradio's per-session deep copies, which rebind bound methods.)
 """
 
 from __future__ import annotations
 
 import math
+import types
 from typing import Any
 
 import gradio as gr
@@ -15,11 +19,14 @@ import gradio as gr
 from .text import no_markup
 
 
-class Slider(gr.Slider):
-    """A ``gr.Slider`` whose server side refuses non-numbers with ``"<label> must be a number"``."""
+def numbers_only(slider: gr.Slider) -> gr.Slider:
+    """``slider``, whose server side now refuses non-numbers with ``"<label> must be a number"``."""
+    slider.preprocess = types.MethodType(_preprocess_number, slider)
+    return slider
 
-    def preprocess(self, payload: Any) -> float:
-        if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
-            shown = no_markup(repr(payload)[:40])
-            raise gr.Error(f"{self.label or 'This value'} must be a number, got {shown}", print_exception=False)
-        return super().preprocess(payload)
+
+def _preprocess_number(slider: gr.Slider, payload: Any) -> float:
+    if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
+        shown = no_markup(repr(payload)[:40])
+        raise gr.Error(f"{slider.label or 'This value'} must be a number, got {shown}", print_exception=False)
+    return gr.Slider.preprocess(slider, payload)
