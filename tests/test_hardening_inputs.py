@@ -179,3 +179,18 @@ def test_sliders_refuse_what_is_not_a_number_naming_the_control(payload):
     assert budget.preprocess(24) == 24
     with pytest.raises(gr.Error, match="greater than maximum"):
         budget.preprocess(65)
+
+
+@pytest.mark.parametrize("content, reason", [
+    (None, "unknown preset 'no_such_preset'"),
+    (b"title: [unclosed\n", "malformed YAML"),
+    ("title: caf\u00e9\n".encode("latin-1"), "not UTF-8"),
+])
+def test_the_cli_refuses_unknown_and_broken_presets_in_one_line(tmp_path, content, reason):
+    from test_sweep_cli import _cli, _one_line_error
+
+    spec = "no_such_preset"
+    if content is not None:
+        spec = str(tmp_path / "broken.yaml")
+        Path(spec).write_bytes(content)
+    _one_line_error(_cli("--trace", spec, "--policies", "h2o", "--budgets", "128"), reason)
