@@ -116,6 +116,7 @@ def test_out_of_memory_mid_run_is_reported_and_the_run_freed(tiny, monkeypatch, 
         for _ in frames:
             pass
     assert alive(runs_made) == 0
+    assert not any(m._forward_hooks for m in tiny.model.modules())  # the attention hooks came off too
     monkeypatch.setattr(tiny.model, "forward", forward)
     assert list(_live(tiny, make_policy("h2o", budget=24, recent=4)))[-1].done
 
