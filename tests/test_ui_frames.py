@@ -141,6 +141,28 @@ def test_switching_mode_mid_run_resets_the_view_once(tiny):
     assert "tv-mode-segments" in seen[2].message["patch"]["reset"]
 
 
+def test_resync_and_mode_switches_from_other_threads_never_break_the_stream(tiny):
+    channel = TokenChannel("t")
+    done = threading.Event()
+
+    def meddle():  # what the resync button and the mode radio do, as fast as possible
+        modes = ["segments", "importance"]
+        while not done.is_set():
+            channel.resync()
+            channel.set_mode(modes[0])
+            modes.reverse()
+
+    meddler = threading.Thread(target=meddle)
+    meddler.start()
+    try:
+        frames, _ = _live(tiny, make_policy("h2o", budget=24, recent=4), tokens=40, channel=channel)
+    finally:
+        done.set()
+        meddler.join()
+    assert frames[-1].done and frames[-1].message["patch"]["reset"] is not None
+    assert [f.message["seq"] for f in frames] == list(range(1, len(frames) + 1))
+
+
 def test_stop_ends_the_run_with_a_final_frame(tiny):
     cancel = threading.Event()
     channel = TokenChannel("t")

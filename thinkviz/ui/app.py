@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import gradio as gr
+import plotly.graph_objects as go
 
 from ..chat import REASONING_SYSTEM_PROMPT
 from ..events import RecordingError
@@ -24,7 +25,7 @@ from ..policies import policy_names
 from ..policies.base import COMMON_PARAMS
 from ..presets import MAX_NEW_TOKENS_RANGE
 from ..replay import TraceError, load_trace
-from ..viz.figures import memory_figure
+from ..viz.figures import compare_memory_figure, memory_figure
 from ..viz.pareto import METRICS as PARETO_METRICS
 from ..viz.pareto import pareto_figure
 from ..viz.tokens import MODES, TOKEN_CSS
@@ -217,6 +218,29 @@ def decode_controls(tab: str) -> list:
     return [max_new, temperature, stop_at_eos]
 
 
+def export_controls(tab: str) -> tuple[gr.Button, gr.Button, gr.File]:
+    """"Export recording", "Export figure" and the file they produce."""
+    with gr.Row():
+        recording = gr.Button("Export recording (JSON + NPZ)", size="sm", elem_id=f"tv-{tab}-export-run")
+        figure = gr.Button("Export figure (HTML)", size="sm", elem_id=f"tv-{tab}-export-figure")
+    file = gr.File(label="Download", interactive=False, elem_id=f"tv-{tab}-export", elem_classes="tv-download")
+    return recording, figure, file
+
+
+def placeholder_figure(text: str) -> go.Figure:
+    """An empty chart with a hint; showing one at page load also loads plotly.js before the first run."""
+    figure = go.Figure()
+    figure.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                          font=dict(size=14, color="#888"))
+    figure.update_layout(height=260, xaxis_visible=False, yaxis_visible=False, plot_bgcolor="white",
+                         margin=dict(l=20, r=20, t=20, b=20))
+    return figure
+
+
+def nothing_yet(what: str) -> gr.Error:
+    return gr.Error(f"Run something first: there is no {what} to export yet.", print_exception=False)
+
+
 # ---- the app ----------------------------------------------------------------------------------
 def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bit") -> gr.Blocks:
     """The whole UI.  ``slot`` holds the shared model; ``model`` starts loading when a page opens."""
@@ -279,12 +303,9 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
             stats = gr.HTML("", elem_id="tv-live-stats")
             view_mode = gr.Radio(list(MODES), value="combined", label="Token view", elem_id="tv-live-mode")
             gr.HTML(container_html(LIVE_TOKENS_ID))
-            memory = gr.Plot(label="KV-cache memory", elem_id="tv-live-memory")
-            with gr.Row():
-                export_run = gr.Button("Export recording (JSON + NPZ)", size="sm", elem_id="tv-live-export-run")
-                export_fig = gr.Button("Export figure (HTML)", size="sm", elem_id="tv-live-export-figure")
-            exported = gr.File(label="Download", interactive=False, elem_id="tv-live-export",
-                               elem_classes="tv-download")
+            memory = gr.Plot(placeholder_figure("The KV cache's size appears here while a run streams"),
+                             label="KV-cache memory", elem_id="tv-live-memory")
+            export_run, export_fig, exported = export_controls("live")
 
     def pick_preset(name: str | None):
         choice, values = preset_values(name)
@@ -330,12 +351,12 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
 
     def do_export(s: Session):
         if s.live_record is None:
-            raise gr.Error("Run something first: there is no recording to export yet.", print_exception=False)
+            raise nothing_yet("recording")
         return str(export_recording(s.live_record))
 
     def do_export_figure(s: Session, target_name: str, card_gb):
         if s.live_record is None:
-            raise gr.Error("Run something first: there is no figure to export yet.", print_exception=False)
+            raise nothing_yet("figure")
         return str(export_figures({"KV-cache memory": figure_for(s, target_name, card_gb)}, stem="thinkviz-memory"))
 
     export_run.click(do_export, session, exported, api_name="export_recording")
@@ -435,9 +456,14 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
                         headers.append(gr.HTML("", elem_id=f"tv-compare-head-{i}"))
                         gr.HTML(container_html(target_id))
                     columns.append(column)
-            overlay = gr.Plot(label="KV-cache memory, all policies", elem_id="tv-compare-memory")
+            overlay = gr.Plot(placeholder_figure("Each policy's KV cache appears here"),
+                              label="KV-cache memory, all policies", elem_id="tv-compare-memory")
             table = gr.Dataframe(headers=FIDELITY_COLUMNS, label="Fidelity against the full cache",
                                  interactive=False, elem_id="tv-compare-table", wrap=True)
+            with gr.Row():
+                export_fig = gr.Button("Export figure (HTML)", size="sm", elem_id="tv-compare-export-figure")
+            exported = gr.File(label="Download (open a column in Explore to export its recording)",
+                               interactive=False, elem_id="tv-compare-export", elem_classes="tv-download")
 
     def pick_preset(name: str | None):
         choice, values = preset_values(name)
@@ -458,6 +484,14 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
         show_progress="hidden", api_visibility="private",
     )
     stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
+
+    def do_export_figure(s: Session):
+        if not s.compare_records:
+            raise nothing_yet("comparison")
+        return str(export_figures({"KV cache by policy": compare_memory_figure(s.compare_records)},
+                                  stem="thinkviz-compare"))
+
+    export_fig.click(do_export_figure, session, exported, api_name="export_compare_figure")
     policies.change(lambda names: [gr.update(visible=i < max(MIN_POLICIES, len(names or [])))
                                    for i in range(len(columns))],
                     policies, columns, show_progress="hidden", api_visibility="private")
@@ -538,6 +572,21 @@ def _explore_tab(session: gr.State, tab: gr.Tab) -> gr.Dropdown:
     heatmap = gr.Plot(label="Kept per step and position", elem_id="tv-explore-heatmap")
     segments = gr.Dataframe(label="Segments at this step", interactive=False, elem_id="tv-explore-segments")
     view_outputs = [caption, tokens, heatmap, segments]
+    export_run, export_fig, exported = export_controls("explore")
+
+    def do_export(s: Session):
+        if s.explore_record is None:
+            raise nothing_yet("recording")
+        return str(export_recording(s.explore_record))
+
+    def do_export_figure(s: Session, step_value, layer_value, head_value, mode_value):
+        if s.explore_record is None:
+            raise nothing_yet("figure")
+        try:
+            view = explore.explore_view(s.explore_record, int(step_value), layer_value, head_value, mode_value)
+        except USER_ERRORS as exc:
+            raise user_error(exc) from None
+        return str(export_figures({"Keep / evict": view.heatmap}, stem="thinkviz-keep"))
 
     def show(s: Session, step_value, layer_value, head_value, mode_value) -> list:
         if s.explore_record is None:
@@ -580,6 +629,8 @@ def _explore_tab(session: gr.State, tab: gr.Tab) -> gr.Dropdown:
         return open_record(s, record, mode_value)
 
     pickers = [step, layer, head]
+    export_run.click(do_export, session, exported, api_name="export_explored_recording")
+    export_fig.click(do_export_figure, [session, step, layer, head, mode], exported, api_name="export_keep_figure")
     open_source.click(from_source, [session, source, mode], pickers + view_outputs, show_progress="hidden",
                       api_visibility="private")
     tab.select(on_select, [session, mode], [source, *pickers, *view_outputs], show_progress="hidden",

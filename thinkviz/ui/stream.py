@@ -51,6 +51,10 @@ class TokenChannel:
     token; sending them every frame would re-send most of the view.  Class changes (heat,
     eviction) go out every frame; tooltip changes at most every ``title_refresh`` seconds
     (resets always carry fresh ones, and a run's final frame is a reset).
+
+    Only the thread streaming the run calls :meth:`message`; other events (a mode switch, a
+    browser asking to resync) only raise a flag that the next message honours, so they never
+    touch the diff state under it.
     """
 
     target: str
@@ -62,15 +66,19 @@ class TokenChannel:
     clock: Callable[[], float] = time.monotonic
     _titles: list[str] = field(default_factory=list)  # the tooltips the browser shows, by index
     _titles_at: float = float("-inf")
+    _reset_pending: bool = False
 
     def message(self, data: TokenData, *, reset: bool = False) -> dict[str, Any]:
         """The patch from what the browser shows now to ``data`` (a whole view if ``reset``)."""
-        if reset:
-            self.state = None
-        self.state, patch = token_delta(
-            self.state, data.texts, data.scores, data.keep_fraction, data.labels, data.spans, self.mode
+        previous = self.state
+        if reset or self._reset_pending:
+            self._reset_pending = False
+            previous = None
+        state, patch = token_delta(
+            previous, data.texts, data.scores, data.keep_fraction, data.labels, data.spans, self.mode
         )
-        looks, now = self.state.looks, self.clock()
+        self.state = state
+        looks, now = state.looks, self.clock()
         update: dict[str, dict[str, str]] = {}
         if patch["reset"] is not None:
             self._titles, self._titles_at = [look.title for look in looks], now
@@ -83,21 +91,21 @@ class TokenChannel:
             if now - self._titles_at >= self.title_refresh:
                 for i, look in enumerate(looks):
                     if look.title != self._titles[i]:
-                        update.setdefault(str(self.state.start + i), {})["title"] = look.title
+                        update.setdefault(str(state.start + i), {})["title"] = look.title
                         self._titles[i] = look.title
                 self._titles_at = now
         self.seq += 1
         return {"target": self.target, "run": self.run, "seq": self.seq, "patch": {**patch, "update": update}}
 
     def resync(self) -> None:
-        """The browser lost track: make the next message a reset."""
-        self.state = None
+        """The browser lost track: the next message is a reset."""
+        self._reset_pending = True
 
     def set_mode(self, mode: str) -> None:
         """Switch view mode; the next message is a reset."""
         if mode != self.mode:
             self.mode = mode
-            self.state = None
+            self._reset_pending = True
 
 
 def container_html(target: str) -> str:
