@@ -33,6 +33,7 @@ from . import explore, inputs
 from .compare import FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, compare_frames
 from .controls import ControlError, build_policy, collect_params, pool_bounds, pool_sizes, slot_specs
 from .export import export_figures, export_recording, import_recording
+from .fields import slider
 from .learn import learn_markdown
 from .live import live_frames
 from .model_slot import LoadStatus, ModelSlot, ModelUnavailable
@@ -129,9 +130,9 @@ def common_sliders(interval: int, tab: str = "live") -> tuple[gr.Slider, gr.Slid
     """Budget and interval sliders over the ranges the policies declare for them."""
     params = {p.name: p for p in COMMON_PARAMS}
     b, i = params["budget"], params["interval"]
-    budget = gr.Slider(b.low, b.high, value=b.default, step=b.step, label="Budget (tokens per layer and kv-head)",
+    budget = slider(b.low, b.high, value=b.default, step=b.step, label="Budget (tokens per layer and kv-head)",
                        info=b.help, elem_id=f"tv-{tab}-budget")
-    interval_slider = gr.Slider(i.low, i.high, value=interval, step=i.step, label="Interval (compress every N tokens)",
+    interval_slider = slider(i.low, i.high, value=interval, step=i.step, label="Interval (compress every N tokens)",
                                 info=i.help, elem_id=f"tv-{tab}-interval")
     return budget, interval_slider
 
@@ -152,7 +153,7 @@ def policy_controls(default: str) -> PolicyControls:
     with gr.Row():
         protect_system = gr.Checkbox(value=True, label="Protect system prompt", elem_id="tv-live-protect-system")
         protect_question = gr.Checkbox(value=True, label="Protect question")
-    numbers = [gr.Slider(low, high, value=spec.value if spec else low, visible=spec is not None,
+    numbers = [slider(low, high, value=spec.value if spec else low, visible=spec is not None,
                          label=spec.label if spec else f"parameter {i + 1}", info=spec.help if spec else None)
                for i, spec in enumerate(number_specs)]
     flags = [gr.Checkbox(value=bool(spec.value) if spec else False, visible=spec is not None,
@@ -210,9 +211,9 @@ def preset_values(name: str | None) -> tuple[inputs.PresetChoice | None, list]:
 def decode_controls(tab: str) -> list:
     """Max new tokens, temperature and whether end-of-text stops the run (in that order)."""
     with gr.Row():
-        max_new = gr.Slider(*MAX_NEW_TOKENS_RANGE, value=128, step=1, label="Max new tokens",
+        max_new = slider(*MAX_NEW_TOKENS_RANGE, value=128, step=1, label="Max new tokens",
                             elem_id=f"tv-{tab}-max-new")
-        temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+        temperature = slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
     stop_at_eos = gr.Checkbox(value=True, label="Stop at end of text", elem_id=f"tv-{tab}-stop-at-eos",
                               info="off: keep decoding to the limit, to watch eviction on a long run")
     return [max_new, temperature, stop_at_eos]
@@ -564,7 +565,7 @@ def _explore_tab(session: gr.State, tab: gr.Tab) -> gr.Dropdown:
     caption = gr.Markdown("Nothing to explore yet: run something, or open a recording.",
                           elem_id="tv-explore-caption")
     with gr.Row():
-        step = gr.Slider(0, 1, value=0, step=1, label="Step (timeline)", elem_id="tv-explore-step", scale=3)
+        step = slider(0, 1, value=0, step=1, label="Step (timeline)", elem_id="tv-explore-step", scale=3)
         layer = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="Layer", scale=1)
         head = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="KV head", scale=1)
     mode = gr.Radio(list(MODES), value="combined", label="Token view")
@@ -657,7 +658,7 @@ def _sweep_tab(slot: ModelSlot, session: gr.State, choices) -> None:
                                         label="Policies (the full cache is always the reference)")
             budgets = gr.Textbox("0.25, 0.5", label="Budgets",
                                  info="fractions of the sequence (0.25) and/or token counts (256), comma-separated")
-            interval = gr.Slider(1, 128, value=32, step=1, label="Interval (tokens per forward pass)")
+            interval = slider(1, 128, value=32, step=1, label="Interval (tokens per forward pass)")
             metric = gr.Radio(list(PARETO_METRICS), value="kl", label="Fidelity axis")
             run = gr.Button("Run sweep", variant="primary", elem_id="tv-sweep-run")
         with gr.Column(scale=5, min_width=600):

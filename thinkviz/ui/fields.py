@@ -30,3 +30,8 @@ def _preprocess_number(slider: gr.Slider, payload: Any) -> float:
         shown = no_markup(repr(payload)[:40])
         raise gr.Error(f"{slider.label or 'This value'} must be a number, got {shown}", print_exception=False)
     return gr.Slider.preprocess(slider, payload)
+
+
+def slider(*args: Any, **kwargs: Any) -> gr.Slider:
+    """A ``gr.Slider(*args, **kwargs)`` with the :func:`numbers_only` check."""
+    return numbers_only(gr.Slider(*args, **kwargs))
