@@ -194,3 +194,12 @@ def test_the_cli_refuses_unknown_and_broken_presets_in_one_line(tmp_path, conten
         spec = str(tmp_path / "broken.yaml")
         Path(spec).write_bytes(content)
     _one_line_error(_cli("--trace", spec, "--policies", "h2o", "--budgets", "128"), reason)
+
+
+def test_a_json_and_npz_pair_over_the_size_limit_is_refused(record, tmp_path, monkeypatch):
+    from thinkviz import events
+
+    json_path, npz_path = record.save(tmp_path / "pair")
+    monkeypatch.setattr(events, "MAX_RECORDING_BYTES", min(json_path.stat().st_size, npz_path.stat().st_size) - 1)
+    with pytest.raises(RecordingError, match="larger than"):
+        import_recording([json_path, npz_path])
