@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import gradio as gr
+import numpy as np
 import pytest
 
 from thinkviz.engine import DecodeSettings, Run
@@ -203,3 +204,50 @@ def test_a_json_and_npz_pair_over_the_size_limit_is_refused(record, tmp_path, mo
     monkeypatch.setattr(events, "MAX_RECORDING_BYTES", min(json_path.stat().st_size, npz_path.stat().st_size) - 1)
     with pytest.raises(RecordingError, match="larger than"):
         import_recording([json_path, npz_path])
+
+
+def _short_scores(doc, arrays):
+    arrays["scores_0"] = arrays["scores_0"][:3]
+
+
+def _keep_of_two_dims(doc, arrays):
+    arrays["keep_1"] = np.zeros((2, 2))
+
+
+def _meta_not_a_mapping(doc, arrays):
+    doc["meta"] = "nope"
+
+
+def _geometry_not_numbers(doc, arrays):
+    doc["meta"]["geometry"] = {"layers": "x", "kv_heads": -1}
+
+
+def _no_events(doc, arrays):
+    doc["events"] = []
+
+
+def _segment_bounds_not_numbers(doc, arrays):
+    doc["segments"] = [{"kind": "think", "start": "a"}]
+
+
+def _prompt_texts_not_text(doc, arrays):
+    doc["prompt_texts"] = [1, 2]
+
+
+@pytest.mark.parametrize("damage", [_short_scores, _keep_of_two_dims, _meta_not_a_mapping, _geometry_not_numbers,
+                                    _no_events, _segment_bounds_not_numbers, _prompt_texts_not_text])
+def test_inconsistent_recordings_end_in_a_message_on_upload_or_in_explore(record, tmp_path, damage):
+    """Whatever a recording claims, opening and exploring it raises ValueError (a RecordingError or a
+    renderer's refusal): the UI shows those as messages."""
+    json_path, npz_path = record.save(tmp_path / "good")
+    doc = json.loads(json_path.read_text(encoding="utf-8"))
+    with np.load(npz_path) as npz:
+        arrays = dict(npz)
+    damage(doc, arrays)
+    (tmp_path / "bad.json").write_text(json.dumps(doc), encoding="utf-8")
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError):
+        loaded = import_recording([tmp_path / "bad.json", tmp_path / "bad.npz"])
+        for step in (0, len(loaded.events) - 1):
+            explore.explore_view(loaded, step, explore.AVERAGE, explore.AVERAGE, "combined")
+            explore.explore_view(loaded, step, "0", "0", "evicted")

@@ -170,6 +170,7 @@ class RunRecord:
                 arrays = {k: npz[k] for k in npz.files}
         except Exception as exc:  # zipfile.BadZipFile, ValueError, EOFError, OSError ...
             raise RecordingError(f"{npz_path.name} is not a readable NPZ archive: {exc}") from exc
+        _check_document_fields(doc)
         try:
             events = []
             for i, d in enumerate(doc["events"]):
@@ -198,6 +199,24 @@ class RunRecord:
 _EVENT_SCALARS = {"step": int, "kv_bytes": int, "kv_tokens": int, "full_kv_bytes": int,
                   "seconds_forward": (int, float), "seconds_policy": (int, float), "compressed": bool}
 _EVENT_LISTS = {"token_ids": int, "positions": int, "evicted": int, "texts": str}
+
+
+_DOCUMENT_FIELDS = {"meta": dict, "prompt_ids": list, "prompt_texts": list, "segments": list, "events": list}
+
+
+def _check_document_fields(doc: dict) -> None:
+    """:class:`RecordingError` unless the top-level fields have their declared types."""
+    for key, kind in _DOCUMENT_FIELDS.items():
+        if not isinstance(doc.get(key), kind):
+            raise RecordingError(f"recording field {key} must be a {kind.__name__}")
+    if not isinstance(doc.get("summary", {}), dict):
+        raise RecordingError("recording field summary must be a dict")
+    if not all(isinstance(t, str) for t in doc["prompt_texts"]):
+        raise RecordingError("recording field prompt_texts must be a list of str")
+    if not all(isinstance(i, int) for i in doc["prompt_ids"]):
+        raise RecordingError("recording field prompt_ids must be a list of int")
+    if not all(isinstance(s, dict) for s in doc["segments"]):
+        raise RecordingError("recording field segments must be a list of objects")
 
 
 def _check_event_fields(d: Any, i: int) -> None:
