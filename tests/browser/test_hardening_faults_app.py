@@ -1,0 +1,55 @@
+"""A policy that raises, through the whole app: the run ends with its message, the server lives on.
+
+The app is built in this process (so a broken policy can be registered for the test only)
+around a tiny model, launched on a free 127.0.0.1 port and driven with gradio_client.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_app_client import _live_args
+from test_hardening_faults import ExplodingPolicy
+
+from thinkviz.bench.browser import free_port
+from thinkviz.model import tiny_model
+from thinkviz.policies.registry import POLICIES
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def client():
+    from gradio_client import Client
+
+    from thinkviz.ui.app import build_app
+    from thinkviz.ui.model_slot import ModelSlot
+
+    tiny = tiny_model("llama")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(POLICIES, ExplodingPolicy.name, ExplodingPolicy)
+        slot = ModelSlot(loader=lambda name, quantization, device, progress=None: tiny)
+        slot.start("tiny", "none")
+        demo = build_app(slot, model="tiny", quantization="none")
+        demo.queue(default_concurrency_limit=4)
+        demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+        try:
+            yield Client(demo.local_url, verbose=False)
+        finally:
+            demo.close()
+
+
+def test_a_policy_that_raises_ends_its_run_with_a_message_and_the_next_run_works(client):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="the exploding run failed: ZeroDivisionError: bad bookkeeping in score"):
+        client.predict(*_live_args(policy="exploding", budget=16, max_new_tokens=4), api_name="/generate")
+    final = client.predict(*_live_args(policy="h2o", budget=64, max_new_tokens=4), api_name="/generate")
+    assert final[0].startswith("Done: 4 tokens generated")
+
+
+def test_a_comparison_with_a_policy_that_raises_ends_with_a_message(client):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="the comparison of full, exploding failed: ZeroDivisionError"):
+        client.predict("combined", "generate", None, "What is 2 + 3?", "", ["full", "exploding"], 16, 1, True, True,
+                       False, 4, 0.0, False, api_name="/compare")
