@@ -172,3 +172,19 @@ def test_the_cli_ends_a_failed_run_with_one_line_and_exit_code_1(tiny, exploding
     errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 1
     assert errors == ["thinkviz: error: the exploding run failed: ZeroDivisionError: bad bookkeeping in score"]
+
+
+def test_stop_mid_comparison_drops_every_run(tiny, runs_made):
+    cancel = threading.Event()
+    policies = [make_policy("full"), make_policy("window", budget=16)]
+    channels = [TokenChannel("c0"), TokenChannel("c1")]
+    frames = compare_frames(tiny, policies, QUESTION, SETTINGS, cancel, channels, True, FramePacer(0.0))
+    seen = 0
+    for frame in frames:
+        seen += 1
+        if seen == 3:
+            cancel.set()
+    assert frame.done and frame.status == "Stopped."
+    records = frame.records  # what the session keeps
+    del frames, frame
+    assert len(runs_made) >= 2 and alive(runs_made) == 0 and set(records) == {"full", "window"}
