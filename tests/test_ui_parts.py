@@ -209,3 +209,25 @@ def test_app_binds_localhost_without_a_share_link_by_default():
     assert (args.host, args.share, args.model, args.quant) == ("127.0.0.1", False, "embedded", "4bit")
     with pytest.raises(SystemExit):
         app.parse_args(["--port", "70000"])
+
+
+def test_a_new_page_does_not_replace_the_model_chosen_in_settings(tiny_llama):
+    asked = []
+
+    def loader(name, quantization, device, progress):
+        asked.append(name)
+        if name == "broken":
+            raise ModelLoadError("nope")
+        return tiny_llama
+
+    slot = ModelSlot(loader=loader)
+    slot.start_once("embedded", "4bit")
+    slot.wait(5)
+    slot.start("other", "none")
+    slot.wait(5)
+    slot.start_once("embedded", "4bit")  # what every new page does
+    slot.start("broken", "4bit")
+    slot.wait(5)
+    slot.start("other", "none")  # still the model in use: nothing to load
+    assert asked == ["embedded", "other", "broken"]
+    assert (slot.status.name, slot.status.ready) == ("other", True)

@@ -72,3 +72,23 @@ def test_repeated_messages_are_ignored_and_a_gap_asks_for_a_reset(bus_page, fram
     assert len(after_gap["tokens"]) == count and after_gap["resyncs"] == 1
     send(bus_page, frames[-1].message)  # a reset always applies
     assert len(view(bus_page)["tokens"]) == len(frames[-1].record.texts)
+
+
+def test_each_payload_carries_enough_history_to_survive_merged_updates(bus_page, frames):
+    from thinkviz.ui.stream import BACKLOG
+
+    send(bus_page, frames[0].bus)
+    for frame in frames[BACKLOG - 1 : -1 : BACKLOG - 1]:  # the page saw only every 7th payload
+        send(bus_page, frame.bus)
+    send(bus_page, frames[-2].bus)
+    caught_up = view(bus_page)
+    assert caught_up["resyncs"] == 0
+    assert len(caught_up["tokens"]) == len(frames[-2].view.texts)
+
+
+def test_a_longer_gap_than_the_history_asks_for_a_reset(bus_page, frames):
+    from thinkviz.ui.stream import BACKLOG
+
+    send(bus_page, frames[0].bus)
+    send(bus_page, frames[BACKLOG + 2].bus)
+    assert view(bus_page)["resyncs"] == 1

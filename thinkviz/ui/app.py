@@ -272,10 +272,7 @@ def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bi
         wire_compare(explore_source)
 
         def watch_default() -> Iterator[str]:
-            try:
-                slot.start(model, quantization)
-            except ModelUnavailable:
-                pass  # another model is loading: show its progress instead
+            slot.start_once(model, quantization)
             for status in slot.watch():
                 yield load_status_markdown(status)
 
@@ -383,7 +380,7 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
                     s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
                     source = gr.update(choices=s.sources(), value="Live run") if frame.done else gr.skip()
                     figure = gr.skip() if frame.figure is None else frame.figure
-                    yield frame.status, bus_payload(frame.message), figure, frame.stats, source
+                    yield frame.status, bus_payload(frame.bus), figure, frame.stats, source
         except USER_ERRORS as exc:
             raise user_error(exc) from None
         finally:
@@ -534,7 +531,7 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
                     source = gr.update(choices=s.sources()) if frame.done else gr.skip()
                     head = frame.headers + [""] * (len(headers) - len(frame.headers))
                     figure = gr.skip() if frame.figure is None else frame.figure
-                    yield [frame.status, bus_payload(frame.messages), figure, frame.table, source, *head,
+                    yield [frame.status, bus_payload(frame.bus), figure, frame.table, source, *head,
                            *column_updates]
         except USER_ERRORS as exc:
             raise user_error(exc) from None

@@ -42,7 +42,8 @@ class CompareFrame:
     unchanged), the fidelity table."""
 
     status: str
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]]  # one token-view patch per column
+    bus: list[dict[str, Any]]  # what to send: each column's recent patches (see stream)
     headers: list[str]
     figure: Any | None
     table: list[list[Any]]
@@ -95,7 +96,8 @@ class _Columns:
                    for name, run in zip(self.names, self.runs)]
         records = {name: run.record for name, run in zip(self.names, self.runs)}
         figure = compare_memory_figure(records) if self.figure_pacer.due() or done else None
-        return CompareFrame(status, messages, headers, figure, table, records, views, done)
+        bus = [m for channel in self.channels for m in channel.recent()]
+        return CompareFrame(status, messages, bus, headers, figure, table, records, views, done)
 
 
 def compare_frames(

@@ -34,7 +34,8 @@ class LiveFrame:
     """One screen update of the Live tab (``figure`` ``None``: the chart is unchanged)."""
 
     status: str
-    message: dict[str, Any]
+    message: dict[str, Any]  # this frame's token-view patch
+    bus: list[dict[str, Any]]  # what to send: the patch after the channel's recent ones (see stream)
     figure: Any | None
     stats: str
     record: RunRecord
@@ -104,6 +105,7 @@ def _frames(loaded, policy, run_input, settings, cancel, channel, projection, pa
         return LiveFrame(
             status=status_line(run, event, run_input.replay, done),
             message=channel.message(view, reset=done or event is None),
+            bus=channel.recent(),
             figure=memory_figure(run.record, projection=projection, device_stats=device_stats)
             if figure_pacer.due() or done else None,
             stats=stats_html(run.record),

@@ -52,6 +52,7 @@ class ModelSlot:
         self.device = device
         self._loader = loader
         self._loaded: LoadedModel | None = None
+        self._loaded_as: tuple[str, str] = ("", "")  # the (name, quantization) it was asked for
         self._status = LoadStatus("", "", 0.0, "No model loaded yet")
         self._changed = threading.Condition()
         self._run_lock = threading.Lock()
@@ -65,6 +66,14 @@ class ModelSlot:
     @property
     def loaded(self) -> LoadedModel | None:
         return self._loaded
+
+    def start_once(self, name: str, quantization: str) -> None:
+        """Start loading ``name`` if no model was ever asked for (a new page must not replace the
+        model someone chose in Settings)."""
+        with self._changed:
+            if self._status.name:
+                return
+        self.start(name, quantization)
 
     def start(self, name: str, quantization: str) -> None:
         """Begin loading ``name`` in the background unless it is loaded or loading already."""
@@ -92,11 +101,11 @@ class ModelSlot:
             if previous is None:
                 self._set(LoadStatus(name, quantization, 1.0, "Loading failed", error=reason))
             else:  # keep serving the model that works
-                self._set(LoadStatus(previous.name, previous.quantization, 1.0,
-                                     f"Still using {previous.name} ({previous.quantization}, {previous.device})",
+                self._set(LoadStatus(*self._loaded_as, 1.0,
+                                     f"Ready: {previous.name} ({previous.quantization}, {previous.device}), still in use",
                                      ready=True, note=f"Could not load {name}: {reason}"))
             return
-        self._loaded = loaded
+        self._loaded, self._loaded_as = loaded, (name, quantization)
         self._set(LoadStatus(name, quantization, 1.0, f"Ready: {loaded.name} ({loaded.quantization}, {loaded.device})",
                              ready=True))
 

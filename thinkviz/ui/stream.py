@@ -11,10 +11,12 @@ main-thread task per frame.)
 Messages are numbered, and the browser applies one only if it is the next of the run it
 shows, or a reset.  Gradio fires ``.change`` again with the final value when a generator
 ends (ignored: seen already), and a page busy with other work (a plotly redraw on a slow
-machine) can merge two updates of the bus into one, losing a message: the browser then
-clicks the hidden resync button (:data:`RESYNC_BUTTON_ID`), the session's channels forget
-their state (:meth:`TokenChannel.resync`) and the next frame is a reset.  A run's last
-frame is always a reset.  A view scrolled to its end follows new tokens.
+machine) merges updates of the bus that arrive meanwhile, so only the last is seen.  Each
+payload therefore repeats the channel's few previous patches (:meth:`TokenChannel.recent`);
+the browser skips those it has.  If it still finds a gap, it clicks the hidden resync
+button (:data:`RESYNC_BUTTON_ID`), the session's channels make their next message a reset
+(:meth:`TokenChannel.resync`).  A run's last frame is always a reset.  A view scrolled to
+its end follows new tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -30,6 +33,7 @@ import numpy as np
 from ..viz.tokens import TOKEN_PATCH_JS, TokenViewState, token_delta
 
 TITLE_REFRESH_SECONDS = 2.0
+BACKLOG = 8  # messages each payload repeats: a browser may miss up to 7 in a row (≈1 s of frames)
 
 
 @dataclass
@@ -67,6 +71,8 @@ class TokenChannel:
     _titles: list[str] = field(default_factory=list)  # the tooltips the browser shows, by index
     _titles_at: float = float("-inf")
     _reset_pending: bool = False
+    _backlog: deque = field(default_factory=lambda: deque(maxlen=BACKLOG))  # patches since the last reset
+    _last: dict[str, Any] | None = None
 
     def message(self, data: TokenData, *, reset: bool = False) -> dict[str, Any]:
         """The patch from what the browser shows now to ``data`` (a whole view if ``reset``)."""
@@ -95,7 +101,23 @@ class TokenChannel:
                         self._titles[i] = look.title
                 self._titles_at = now
         self.seq += 1
-        return {"target": self.target, "run": self.run, "seq": self.seq, "patch": {**patch, "update": update}}
+        message = {"target": self.target, "run": self.run, "seq": self.seq, "patch": {**patch, "update": update}}
+        if patch["reset"] is not None:
+            self._backlog.clear()  # nothing before a reset matters any more
+        else:
+            plain = {pos: {k: v for k, v in change.items() if k != "title"} for pos, change in update.items()}
+            self._backlog.append({**message, "patch": {**patch, "update": {k: v for k, v in plain.items() if v}}})
+        self._last = message
+        return message
+
+    def recent(self) -> list[dict[str, Any]]:
+        """What to send after :meth:`message`: the newest message, preceded (unless it is a reset)
+        by up to ``BACKLOG - 1`` earlier patches without their tooltip changes, so a browser
+        that missed a few catches up without a reset."""
+        if self._last is None:
+            return []
+        older = list(self._backlog)[:-1] if self._last["patch"]["reset"] is None else []
+        return [*older, self._last]
 
     def resync(self) -> None:
         """The browser lost track: the next message is a reset."""
@@ -114,7 +136,7 @@ def container_html(target: str) -> str:
 
 
 def bus_payload(messages: dict[str, Any] | list[dict[str, Any]]) -> str:
-    """One message or a list of them, as the bus carries them."""
+    """One message or a list of them (applied in order), as the bus carries them."""
     return json.dumps(messages, ensure_ascii=False, separators=(",", ":"))
 
 
