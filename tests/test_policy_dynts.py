@@ -157,3 +157,15 @@ def test_train_predictor_refuses_an_unknown_holdout(capsys):
     assert err.startswith("thinkviz: error: --holdout 'nope' is not a reasoning trace; choose one of:")
     assert "math_tilings" in err and len(err.splitlines()) == 1
 
+
+@pytest.mark.integration
+def test_shipped_predictor_is_used_for_the_embedded_model(embedded_model):
+    path = P.predictor_path(embedded_model.name)
+    _, meta = P.load(path)
+    assert meta.model == embedded_model.name and meta.hidden_size == embedded_model.model.config.hidden_size
+    prompt, trace = chat_and_trace(embedded_model.tokenizer)
+    run = Run(embedded_model, make_policy("dynts", budget=len(prompt.ids) + 32, interval=16, recent=8),
+              prompt, DecodeSettings())
+    events = list(run.replay(trace[:64]))
+    assert events[-1].info["importance"] == f"predicted by {path.name}"
+    assert any(e.evicted for e in events)
