@@ -188,3 +188,14 @@ def test_stop_mid_comparison_drops_every_run(tiny, runs_made):
     records = frame.records  # what the session keeps
     del frames, frame
     assert len(runs_made) >= 2 and alive(runs_made) == 0 and set(records) == {"full", "window"}
+
+
+def test_a_policy_that_raises_ends_the_sweep_with_a_message(tiny, exploding, runs_made):
+    from thinkviz.bench.sweep import parse_budgets
+    from thinkviz.replay import Trace
+    from thinkviz.ui.sweep import sweep_frames
+
+    trace = Trace("tiny", None, "Sum the list.", "<think>\nFirst add 1 and 2.\n\nThen add 3.\n</think>\n\n" * 4)
+    with pytest.raises(RunFault, match="the sweep failed: ZeroDivisionError: bad bookkeeping"):
+        list(sweep_frames(tiny, trace, ["exploding"], parse_budgets("0.5"), 4, {}, poll=0.0))
+    assert runs_made and alive(runs_made) == 0

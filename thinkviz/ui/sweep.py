@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..bench.sweep import Budget, sweep_trace, write_rows
+from ..faults import RunFault, fault_message, release_device_memory
 from ..model import LoadedModel
 from ..policies import PolicyConfigError
 from ..replay import Trace, TraceError
@@ -57,7 +58,8 @@ def sweep_frames(
     poll: float = 0.25,
 ) -> Iterator[SweepFrame]:
     """Run the sweep in a worker thread; yield a status frame with the newest progress at most
-    every ``poll`` seconds, then the result.  Raises :class:`RunInputError` for a bad trace or knob."""
+    every ``poll`` seconds, then the result.  Raises :class:`RunInputError` for a bad trace or knob
+    and :class:`~thinkviz.faults.RunFault` when the model or a policy fails mid-sweep."""
     if not policies:
         raise RunInputError("Choose at least one policy to sweep.")
     reports: queue.Queue = queue.Queue()
@@ -68,9 +70,9 @@ def sweep_frames(
             outcome["rows"], _ = sweep_trace(loaded, trace, policies, budgets, interval, params,
                                              progress=lambda name, done, total: reports.put((done, total)))
         except (TraceError, PolicyConfigError) as exc:
-            outcome["error"] = str(exc)
+            outcome["error"] = RunInputError(str(exc))
         except Exception as exc:  # a boundary: the tab must show why the sweep failed
-            outcome["error"] = f"{type(exc).__name__}: {exc}"
+            outcome["error"] = RunFault(fault_message(exc, "the sweep"))
         finally:
             reports.put(None)
 
@@ -92,7 +94,8 @@ def sweep_frames(
             time.sleep(poll)  # pace the frames; reports arriving meanwhile are merged
     worker.join()
     if "error" in outcome:
-        raise RunInputError(outcome["error"])
+        release_device_memory(loaded.device)  # the worker's runs are gone with its frames
+        raise outcome["error"]
     rows = outcome["rows"]
     yield SweepFrame(f"Done: {len(rows)} runs on {trace.name}.", rows, pareto_figure(rows, metric), table_rows(rows))
 
