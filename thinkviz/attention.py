@@ -17,12 +17,13 @@ Optionally the final hidden states ``(q, d)`` are captured from the model's last
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-_EPS = 1e-12
+_LN2 = math.log(2.0)
 
 
 @dataclass
@@ -86,7 +87,7 @@ class AttentionCapture:
         grouped = weights.view(self.kv_heads, heads // self.kv_heads, q, total).mean(1)  # (H_kv, q, T)
         self._received.append(grouped.sum(1))
         self._tail.append(grouped[:, -self.tail_rows :, :].clone())
-        entropy = -(weights * torch.log2(weights + _EPS)).sum(-1).mean(0)  # (q,)
+        entropy = torch.special.entr(weights).sum(-1).mean(0) / _LN2  # (q,) bits
         self._entropy_sum = entropy if self._entropy_sum is None else self._entropy_sum + entropy
 
     def _on_hidden(self, module, args, output) -> None:

@@ -1,8 +1,8 @@
 """EvictingCache: a transformers ``DynamicCache`` whose entries can be physically dropped.
 
 Every layer stores keys and values as ``(B, H_kv, T, D)`` tensors (``B == 1`` here).  Next to
-them the cache remembers the *absolute* position of every slot, ``positions[l]`` of shape
-``(H_kv, T)``: after eviction the physical index of a slot no longer equals its position,
+them the cache remembers the *absolute* position of every slot, a table of shape
+``(L, H_kv, T)``: after eviction the physical index of a slot no longer equals its position,
 so the engine must feed explicit absolute ``position_ids`` to new tokens (their rotary
 phase) while the keys already in the cache keep the phase they were written with.
 
@@ -27,42 +27,46 @@ class EvictingCache(DynamicCache):
         super().__init__(config=config)
         if any(type(layer) is not DynamicLayer for layer in self.layers):
             raise ValueError("EvictingCache supports full-attention layers only (no sliding or linear layers)")
-        self.positions: list[torch.Tensor] = []  # per layer (H_kv, T) int64
+        self._positions: torch.Tensor | None = None  # (L, H_kv, T) int64, on the CPU
 
     # ---- growth ----------------------------------------------------------------------
     def record_positions(self, new_positions: torch.Tensor) -> None:
         """Append the absolute positions ``(q,)`` of the tokens just written by a forward pass."""
-        new_positions = new_positions.to(torch.long).cpu()
-        for layer_idx, layer in enumerate(self.layers):
-            heads = layer.keys.shape[1]
-            block = new_positions.unsqueeze(0).expand(heads, -1)
-            if layer_idx < len(self.positions):
-                self.positions[layer_idx] = torch.cat([self.positions[layer_idx], block], dim=-1)
-            else:
-                self.positions.append(block.clone())
-        assert all(p.shape[-1] == l.keys.shape[-2] for p, l in zip(self.positions, self.layers))
+        layers, heads = len(self.layers), self.layers[0].keys.shape[1]
+        block = new_positions.to(torch.long).cpu().expand(layers, heads, -1)  # (L, H_kv, q)
+        self._positions = block.clone() if self._positions is None else torch.cat([self._positions, block], -1)
 
     # ---- eviction --------------------------------------------------------------------
     def keep(self, indices: torch.Tensor) -> None:
         """Keep only the slots ``indices`` ``(L, H_kv, k)`` (physical, sorted per head).
 
-        Keys, values and positions are gathered into new tensors of length ``k``.
+        Keys, values and positions are gathered into new tensors of length ``k``.  When every
+        layer and head keeps the same slots (uniform policies) one ``index_select`` per tensor
+        does it; otherwise advanced indexing picks ``(H_kv, k)`` slots per layer.
         """
         n_layers, heads, _ = indices.shape
         if n_layers != len(self.layers):
             raise ValueError(f"keep indices cover {n_layers} layers, cache has {len(self.layers)}")
+        indices = indices.cpu()
+        uniform = bool((indices == indices[:1, :1]).all())
+        head_rows = torch.arange(heads)[:, None]  # (H_kv, 1)
         for layer_idx, layer in enumerate(self.layers):
-            idx = indices[layer_idx].to(layer.keys.device)  # (H_kv, k)
-            gather = idx[None, :, :, None].expand(layer.keys.shape[0], -1, -1, layer.keys.shape[-1])
-            layer.keys = torch.gather(layer.keys, 2, gather)  # (B, H_kv, k, D)
-            layer.values = torch.gather(layer.values, 2, gather)
-            self.positions[layer_idx] = torch.gather(self.positions[layer_idx], 1, idx.cpu())
+            device = layer.keys.device
+            if uniform:
+                idx = indices[0, 0].to(device)
+                layer.keys = layer.keys.index_select(2, idx)  # (B, H_kv, k, D)
+                layer.values = layer.values.index_select(2, idx)
+            else:
+                rows, idx = head_rows.to(device), indices[layer_idx].to(device)
+                layer.keys = layer.keys[:, rows, idx]  # (B, H_kv, k, D)
+                layer.values = layer.values[:, rows, idx]
+        self._positions = torch.gather(self._positions, 2, indices)
 
     # ---- accounting ------------------------------------------------------------------
     @property
     def n_slots(self) -> int:
         """Physical length ``T`` (slots per layer and kv-head)."""
-        return self.positions[0].shape[-1] if self.positions else 0
+        return 0 if self._positions is None else self._positions.shape[-1]
 
     def nbytes(self) -> int:
         """Bytes of the key and value tensors that exist right now."""
@@ -71,5 +75,5 @@ class EvictingCache(DynamicCache):
         )
 
     def position_table(self) -> torch.Tensor:
-        """``(L, H_kv, T)`` absolute positions of every slot."""
-        return torch.stack(self.positions)
+        """``(L, H_kv, T)`` absolute positions of every slot (do not modify)."""
+        return self._positions

@@ -324,15 +324,19 @@ class Run:
             model=self.loaded.name,
         )
 
-    def _maybe_compress(self) -> tuple[bool, float]:
-        """Compress if due and over budget; return (compressed, seconds spent in the policy)."""
+    def _maybe_compress(self) -> tuple[bool, list[int], float]:
+        """Compress if due and over budget.
+
+        Returns whether it compressed, the positions that lost their last slot (including
+        tokens written by this step), and the seconds spent in the policy.
+        """
         if not self.policy.evicts or self.steps_since_compress < self.policy.interval:
-            return False, 0.0
+            return False, [], 0.0
         if self.cache.n_slots <= self.policy.budget:
-            return False, 0.0
+            return False, [], 0.0
         start = time.perf_counter()
-        view = self._view()
-        keep = self.policy.compress(view, self.cache)
+        held_before = self._holders()
+        keep = self.policy.compress(self._view(), self.cache)
         expected = (len(self.cache.layers), self.loaded.geometry.kv_heads)
         if keep.dim() != 3 or tuple(keep.shape[:2]) != expected:
             raise RuntimeError(f"policy {self.policy.name} returned keep indices of shape {tuple(keep.shape)}")
@@ -341,11 +345,11 @@ class Run:
         self.received = self.received.gather(-1, keep)
         self.window = self.window.gather(-1, keep[:, :, None, :].expand(-1, -1, self.window_rows, -1))
         self.steps_since_compress = 0
-        return True, time.perf_counter() - start
+        evicted = np.flatnonzero((held_before > 0) & (self._holders() == 0)).tolist()
+        return True, evicted, time.perf_counter() - start
 
     def _advance(self, step: int, ids: list[int], logits_to_keep: int) -> tuple[StepEvent, torch.Tensor]:
         """Append ``ids``, compress if due; return the StepEvent and the logits ``(q', V)``."""
-        before = self._holders()
         start = time.perf_counter()
         new_texts = token_texts(self.loaded.tokenizer, ids, prefix_ids=self.ids[-8:])
         positions = list(range(self.processed, self.processed + len(ids)))
@@ -356,11 +360,9 @@ class Run:
         logits = self._forward(ids, logits_to_keep)
         seconds_forward = time.perf_counter() - start
         self.steps_since_compress += len(ids)  # a replayed chunk of `interval` tokens makes a compression due
-        compressed, seconds_policy = self._maybe_compress()
+        compressed, evicted, seconds_policy = self._maybe_compress()
         after = self._holders()
         view = self._view()
-        # held before this step, or written by it (a replayed chunk can evict its own tokens)
-        evicted = [p for p in range(len(after)) if (p >= len(before) or before[p] > 0) and after[p] == 0]
         per_slot_bytes = self.cache.nbytes() / max(1, self.cache.n_slots)
         event = StepEvent(
             step=step,
@@ -368,7 +370,7 @@ class Run:
             texts=new_texts,
             positions=positions,
             scores=self._position_scores(view, after),
-            keep_fraction=after / float(self.cache.positions[0].shape[0] * len(self.cache.layers)),
+            keep_fraction=after / float(self.cache.position_table()[..., 0].numel()),
             evicted=evicted,
             kv_bytes=self.cache.nbytes(),
             kv_tokens=self.cache.n_slots,
@@ -384,8 +386,6 @@ class Run:
 
     def _holders(self) -> np.ndarray:
         """``(N,)`` number of (layer, kv-head) slots holding each absolute position."""
-        if not self.cache.positions:
-            return np.zeros(0)
         table = self.cache.position_table().flatten()
         return torch.bincount(table, minlength=self.processed).numpy().astype(np.float32)
 
