@@ -27,3 +27,23 @@ def tiny_qwen3() -> LoadedModel:
 def embedded_model_fp32() -> LoadedModel:
     """The embedded model unquantized in float32: the reference precision of the eviction oracle."""
     return load_model(quantization="none", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium, headless, through Playwright (never ``playwright install``).
+
+    One Playwright driver per session: a second ``sync_playwright()`` while one is open fails.
+    """
+    from pathlib import Path
+
+    from playwright.sync_api import sync_playwright
+
+    from thinkviz.bench.browser import CHROMIUM, CHROMIUM_ARGS
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

@@ -362,20 +362,11 @@ def test_reset_on_mode_change_restart_and_new_window():
 
 # ---- the patch script in a real browser -------------------------------------------------------
 @pytest.fixture(scope="module")
-def page():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    import shutil
-
-    executable = shutil.which("chromium") or shutil.which("chromium-browser")
-    with sync_api.sync_playwright() as pw:
-        try:
-            browser = pw.chromium.launch(executable_path=executable)
-        except Exception as exc:  # no browser installed on this machine
-            pytest.skip(f"no Chromium to run the patch script in: {exc}")
-        page = browser.new_page()
-        page.set_content(f"<style>{TOKEN_CSS}</style><div id='live'></div><div id='full'></div>")
-        yield page
-        browser.close()
+def page(browser):
+    page = browser.new_page()
+    page.set_content(f"<style>{TOKEN_CSS}</style><div id='live'></div><div id='full'></div>")
+    yield page
+    page.close()
 
 
 READ_VIEW = """(id) => {
