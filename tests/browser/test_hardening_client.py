@@ -150,3 +150,12 @@ def test_a_hostile_recording_upload_gets_a_message_and_the_app_stays_up(client, 
         client.predict([handle_file(str(junk))], "combined", api_name="/open_recording")
     final = client.predict(*_live_args(max_new_tokens=2), api_name="/generate")
     assert final[0].startswith("Done: 2 tokens generated")
+
+
+def test_a_prompt_longer_than_the_context_is_refused_by_the_served_app(client):
+    from gradio_client.exceptions import AppError
+
+    args = _live_args(max_new_tokens=2)
+    args[QUESTION_AT] = "go " * 10000  # SmolLM2's context is 8192 tokens
+    with pytest.raises(AppError, match=r"the prompt has \d+ tokens; the model's context is 8192"):
+        client.predict(*args, api_name="/generate")
