@@ -6,6 +6,7 @@ test_policy_thinkdrop; the token renderer's escaping is fuzzed in test_viz_token
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from html.parser import HTMLParser
 
@@ -78,10 +79,9 @@ def test_error_toasts_show_tags_as_text():
     assert "'" in toast.message  # quotes stay readable for API clients
 
 
-def test_preset_notices_keep_their_markdown_but_show_tags_as_text(monkeypatch):
-    name = inputs.list_presets()[0]
-    choice = inputs.choose_preset(name)
-    hostile = type(choice.preset)(**{**choice.preset.__dict__, "title": "T <b>", "notice": "Uses **two** <think> blocks"})
+def test_preset_notices_keep_their_markdown_but_show_tags_as_text():
+    choice = inputs.choose_preset(inputs.list_presets()[0])
+    hostile = dataclasses.replace(choice.preset, title="T <b>", notice="Uses **two** <think> blocks")
     notice = inputs.PresetChoice(hostile, choice.system, choice.trace).notice
     assert notice == "**T &lt;b&gt;**\n\nUses **two** &lt;think&gt; blocks"
     assert no_markup("a < b & c") == "a &lt; b &amp; c"
