@@ -14,7 +14,10 @@ Importance is ``1 / (H + ε)``; the seed names two knobs, ``max_capacity_tokens`
 3. Relative entropy ``ρ_p = H_p / max(log2(p + 1), 1)``: the entropy as a fraction of a uniform
    row over the ``p + 1`` slots token ``p`` could see (0 = all attention on one slot, 1 =
    uniform).  Raw entropy favours early tokens, which simply had fewer slots to spread over;
-   ``ρ`` does not.  Tokens with ``ρ_p ≤ retention_threshold`` are *anchors*.
+   ``ρ`` does not.  Tokens with ``ρ_p ≤ retention_threshold`` are *anchors*.  (Measured on the
+   embedded SmolLM2 over a coding trace: ``ρ`` spans about 0.3–0.6, median 0.39; the default
+   0.3 makes the most focused few percent — code identifiers, numbers — anchors.  The seed's
+   0.15 would leave only the first token.)
 4. When the cache exceeds ``budget`` it is cut to
    ``k = min(budget, max(max_capacity_tokens, forced + anchors))`` slots (never fewer than the
    forced = protected ones, never more than exist): forced first, then anchors by importance,
@@ -66,7 +69,7 @@ class EntropyAnchors(Policy):
     params = (
         Param("max_capacity_tokens", 16384, 8, 16384, 8,
               "when over budget, cut the cache down to this many tokens (anchors may stay, up to the budget)"),
-        Param("retention_threshold", 0.15, 0.0, 1.0, 0.01,
+        Param("retention_threshold", 0.3, 0.0, 1.0, 0.01,
               "anchor: a token whose attention entropy is at most this fraction of a uniform row's"),
     )
 
