@@ -246,7 +246,7 @@ def nothing_yet(what: str) -> gr.Error:
 def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bit") -> gr.Blocks:
     """The whole UI.  ``slot`` holds the shared model; ``model`` starts loading when a page opens."""
     choices = inputs.preset_choices()
-    with gr.Blocks(title="ThinkViz — KV-cache eviction, live") as demo:
+    with gr.Blocks(title="ThinkViz — KV-cache eviction, live", analytics_enabled=False) as demo:
         session = gr.State(lambda: Session())  # a factory: one Session per browser tab
         with gr.Row(equal_height=True, elem_classes="tv-header"):
             gr.Markdown("## ThinkViz\nWhat a KV-cache eviction policy keeps and drops, inside a real quantized model.",
@@ -293,7 +293,8 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
             with gr.Row():
                 target = gr.Dropdown(list(inputs.PROJECTION_TARGETS), value=inputs.DEFAULT_TARGET,
                                      label="Project memory onto", info="price the kept tokens on a bigger model")
-                card = gr.Radio(list(CARDS_GB), value=inputs.DEFAULT_CARD, label="Card (GiB VRAM)")
+                card = gr.Radio(list(CARDS_GB), value=inputs.DEFAULT_CARD, label="Card (GiB VRAM)",
+                                elem_id="tv-live-card")
             _model_settings(slot, model, quantization, model_status)
         with gr.Column(scale=3, min_width=420):
             status = gr.Markdown("Pick a preset or type a question, then Generate.", elem_id="tv-live-status",
@@ -563,8 +564,10 @@ def _explore_tab(session: gr.State, tab: gr.Tab) -> gr.Dropdown:
                           elem_id="tv-explore-caption")
     with gr.Row():
         step = slider(0, 1, value=0, step=1, label="Step (timeline)", elem_id="tv-explore-step", scale=3)
-        layer = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="Layer", scale=1)
-        head = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="KV head", scale=1)
+        layer = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="Layer", scale=1,
+                            elem_id="tv-explore-layer")
+        head = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="KV head", scale=1,
+                           elem_id="tv-explore-head")
     mode = gr.Radio(list(MODES), value="combined", label="Token view")
     tokens = gr.HTML("", elem_id="tv-explore-tokens")
     heatmap = gr.Plot(label="Kept per step and position", elem_id="tv-explore-heatmap")
