@@ -1,4 +1,6 @@
-"""ThinkViz in the browser: ``python app.py [--host 127.0.0.1] [--port 7860] [--share] [--model embedded] [--quant 4bit]``.
+"""ThinkViz in the browser.
+
+    python app.py [--host 127.0.0.1] [--port 7860] [--share] [--model embedded] [--quant 4bit]
 
 Binds 127.0.0.1 unless told otherwise and makes no share link unless ``--share`` is given;
 uploads over ``MAX_UPLOAD_BYTES`` are refused by the server.

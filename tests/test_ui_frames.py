@@ -256,3 +256,14 @@ def test_sweep_turns_a_bad_budget_into_a_message(tiny):
     trace = Trace("tiny", None, TRACE.question, TRACE.trace)
     with pytest.raises(RunInputError, match="budget"):
         list(sweep_frames(tiny, trace, ["h2o"], [Budget(4, False)], 4, {}, poll=0.0))
+
+
+def test_sweep_can_replay_only_the_first_trace_tokens(tiny):
+    from thinkviz.bench.sweep import parse_budgets
+    from thinkviz.replay import Trace
+    from thinkviz.ui.sweep import sweep_frames
+
+    trace = Trace("tiny", None, TRACE.question, TRACE.trace * 3)
+    rows = list(sweep_frames(tiny, trace, ["window"], parse_budgets("0.5"), 4, {}, max_trace_tokens=12,
+                             poll=0.0))[-1].rows
+    assert {r["trace_tokens"] for r in rows} == {12}

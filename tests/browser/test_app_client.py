@@ -19,7 +19,8 @@ def client(app_url):
 
 
 def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, stop_at_eos=False):
-    """Positional values of /generate: view mode, run mode, system, question, trace, the policy group, decode, projection."""
+    """Positional values of /generate: view mode, run mode, system, question, trace, the policy group,
+    decode settings, projection."""
     from thinkviz.ui.controls import pool_sizes, slot_specs
 
     n_numbers, n_flags = pool_sizes()

@@ -15,11 +15,11 @@ from typing import Callable, Iterator
 import gradio as gr
 import plotly.graph_objects as go
 
+from ..bench.sweep import parse_budgets, parse_policies
 from ..chat import REASONING_SYSTEM_PROMPT
 from ..events import RecordingError
 from ..faults import RunFault
-from ..memory import CARDS_GB, device_memory
-from ..bench.sweep import parse_budgets, parse_policies
+from ..memory import CARDS_GB
 from ..model import QUANTIZATIONS
 from ..policies import policy_names
 from ..policies.base import COMMON_PARAMS
@@ -131,9 +131,9 @@ def common_sliders(interval: int, tab: str = "live") -> tuple[gr.Slider, gr.Slid
     params = {p.name: p for p in COMMON_PARAMS}
     b, i = params["budget"], params["interval"]
     budget = slider(b.low, b.high, value=b.default, step=b.step, label="Budget (tokens per layer and kv-head)",
-                       info=b.help, elem_id=f"tv-{tab}-budget")
+                    info=b.help, elem_id=f"tv-{tab}-budget")
     interval_slider = slider(i.low, i.high, value=interval, step=i.step, label="Interval (compress every N tokens)",
-                                info=i.help, elem_id=f"tv-{tab}-interval")
+                             info=i.help, elem_id=f"tv-{tab}-interval")
     return budget, interval_slider
 
 
@@ -154,7 +154,7 @@ def policy_controls(default: str) -> PolicyControls:
         protect_system = gr.Checkbox(value=True, label="Protect system prompt", elem_id="tv-live-protect-system")
         protect_question = gr.Checkbox(value=True, label="Protect question")
     numbers = [slider(low, high, value=spec.value if spec else low, visible=spec is not None,
-                         label=spec.label if spec else f"parameter {i + 1}", info=spec.help if spec else None)
+                      label=spec.label if spec else f"parameter {i + 1}", info=spec.help if spec else None)
                for i, spec in enumerate(number_specs)]
     flags = [gr.Checkbox(value=bool(spec.value) if spec else False, visible=spec is not None,
                          label=spec.label if spec else f"option {i + 1}", info=spec.help if spec else None)
@@ -212,7 +212,7 @@ def decode_controls(tab: str) -> list:
     """Max new tokens, temperature and whether end-of-text stops the run (in that order)."""
     with gr.Row():
         max_new = slider(*MAX_NEW_TOKENS_RANGE, value=128, step=1, label="Max new tokens",
-                            elem_id=f"tv-{tab}-max-new")
+                         elem_id=f"tv-{tab}-max-new")
         temperature = slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
     stop_at_eos = gr.Checkbox(value=True, label="Stop at end of text", elem_id=f"tv-{tab}-stop-at-eos",
                               info="off: keep decoding to the limit, to watch eviction on a long run")
@@ -659,6 +659,8 @@ def _sweep_tab(slot: ModelSlot, session: gr.State, choices) -> None:
             budgets = gr.Textbox("0.25, 0.5", label="Budgets",
                                  info="fractions of the sequence (0.25) and/or token counts (256), comma-separated")
             interval = slider(1, 128, value=32, step=1, label="Interval (tokens per forward pass)")
+            limit = slider(0, 8192, value=512, step=64, label="Trace tokens to replay (0 = the whole trace)",
+                           info="the first tokens of the trace: a quick sweep on a CPU", elem_id="tv-sweep-limit")
             metric = gr.Radio(list(PARETO_METRICS), value="kl", label="Fidelity axis")
             run = gr.Button("Run sweep", variant="primary", elem_id="tv-sweep-run")
         with gr.Column(scale=5, min_width=600):
@@ -668,7 +670,8 @@ def _sweep_tab(slot: ModelSlot, session: gr.State, choices) -> None:
             files = gr.File(label="Sweep results (CSV, JSON, Pareto plot…)", file_count="multiple",
                             interactive=False, elem_classes="tv-download")
 
-    def run_sweep(s: Session, name: str | None, names: list[str], budget_text: str, interval_value, metric_value):
+    def run_sweep(s: Session, name: str | None, names: list[str], budget_text: str, interval_value, limit_value,
+                  metric_value):
         try:
             if not name:
                 raise RunInputError("Choose a trace to sweep.")
@@ -681,20 +684,24 @@ def _sweep_tab(slot: ModelSlot, session: gr.State, choices) -> None:
             if not slot.status.ready:
                 yield "Waiting for the model to load…", gr.skip(), gr.skip(), gr.skip()
             with slot.use() as loaded:
-                for frame in sweep_frames(loaded, trace, chosen, budget_list, int(interval_value), {}, metric_value):
+                frames = sweep_frames(loaded, trace, chosen, budget_list, int(interval_value), {}, metric_value,
+                                      max_trace_tokens=int(limit_value) or None)
+                for frame in frames:
                     if frame.rows is None:
                         yield frame.status, gr.skip(), gr.skip(), gr.skip()
                         continue
                     s.sweep_rows = frame.rows
                     meta = {"model": loaded.name, "quantization": loaded.quantization, "trace": trace.name,
-                            "interval": int(interval_value), "budgets": budget_text, "policies": chosen}
+                            "interval": int(interval_value), "budgets": budget_text, "policies": chosen,
+                            "max_trace_tokens": int(limit_value) or None}
                     paths = export_sweep(frame.rows, meta, tempfile.mkdtemp(prefix="thinkviz-sweep-"))
                     yield frame.status, frame.figure, frame.table, paths
         except USER_ERRORS as exc:
             raise user_error(exc) from None
 
-    run.click(run_sweep, [session, preset, policies, budgets, interval, metric], [status, figure, table, files],
-              concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="sweep", show_progress="hidden")
+    run.click(run_sweep, [session, preset, policies, budgets, interval, limit, metric],
+              [status, figure, table, files], concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="sweep",
+              show_progress="hidden")
 
     def replot(s: Session, metric_value: str):
         return gr.skip() if not s.sweep_rows else pareto_figure(s.sweep_rows, metric_value)

@@ -75,7 +75,9 @@ def _from_zip(archive: Path) -> RunRecord:
     return RunRecord.load(folder / "recording")
 
 
-def export_figures(figures: Mapping[str, object], folder: str | Path | None = None, stem: str = "thinkviz-figures") -> Path:
+def export_figures(
+    figures: Mapping[str, object], folder: str | Path | None = None, stem: str = "thinkviz-figures"
+) -> Path:
     """Write plotly figures (``title -> Figure``) into one offline HTML page; return its path."""
     out = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="thinkviz-export-"))
     out.mkdir(parents=True, exist_ok=True)

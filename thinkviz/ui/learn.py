@@ -31,7 +31,8 @@ def policy_card(name: str) -> str:
     """Markdown for one policy: summary, the rule (its docstring), source, its own parameters."""
     cls = policy_class(name)
     rule = inspect.getdoc(cls) or ""
-    parts = [f"### `{cls.name}`", _escape(cls.summary), f"**Rule.** {_escape(rule)}", f"**Source.** {_escape(cls.source)}"]
+    parts = [f"### `{cls.name}`", _escape(cls.summary), f"**Rule.** {_escape(rule)}",
+             f"**Source.** {_escape(cls.source)}"]
     if cls.params:
         parts.append(params_table(cls.params))
     else:

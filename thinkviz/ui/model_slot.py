@@ -101,8 +101,8 @@ class ModelSlot:
             if previous is None:
                 self._set(LoadStatus(name, quantization, 1.0, "Loading failed", error=reason))
             else:  # keep serving the model that works
-                self._set(LoadStatus(*self._loaded_as, 1.0,
-                                     f"Ready: {previous.name} ({previous.quantization}, {previous.device}), still in use",
+                in_use = f"{previous.name} ({previous.quantization}, {previous.device})"
+                self._set(LoadStatus(*self._loaded_as, 1.0, f"Ready: {in_use}, still in use",
                                      ready=True, note=f"Could not load {name}: {reason}"))
             return
         self._loaded, self._loaded_as = loaded, (name, quantization)

@@ -55,6 +55,7 @@ def sweep_frames(
     interval: int,
     params: dict[str, Any],
     metric: str = "kl",
+    max_trace_tokens: int | None = None,
     poll: float = 0.25,
 ) -> Iterator[SweepFrame]:
     """Run the sweep in a worker thread; yield a status frame with the newest progress at most
@@ -68,7 +69,8 @@ def sweep_frames(
     def work() -> None:
         try:
             outcome["rows"], _ = sweep_trace(loaded, trace, policies, budgets, interval, params,
-                                             progress=lambda name, done, total: reports.put((done, total)))
+                                             progress=lambda name, done, total: reports.put((done, total)),
+                                             max_trace_tokens=max_trace_tokens)
         except (TraceError, PolicyConfigError) as exc:
             outcome["error"] = RunInputError(str(exc))
         except Exception as exc:  # a boundary: the tab must show why the sweep failed
