@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_TIMEOUT = 240  # s: the page is up before the model; loading competes for 2 cores
 RUN_TIMEOUT = 300  # s for one short run on a busy CPU
-LIVE_TOKENS = 48
-COMPARE_TOKENS = 24
+LIVE_TOKENS = 32
+COMPARE_TOKENS = 16
 PROMPT_TOKENS_MIN = 100  # the muffins preset's system prompt + question
 
 
@@ -119,7 +119,8 @@ def test_live_preset_run_paints_heat_coloured_tokens_by_appending_and_a_memory_c
     # the view grew by appends, frame after frame; only the final frame replaced it (exact end state)
     assert page.evaluate("window.tvAppends") >= 3
     assert page.evaluate("window.tvRemovals") == 1
-    assert page.locator("#tv-live-tokens .tv-gone").count() > 0  # evicted tokens greyed out
+    # evicted tokens shaded: gone from every layer and head, or from some (hatched)
+    assert page.locator("#tv-live-tokens .tv-gone, #tv-live-tokens .tv-part").count() > 0
     page.locator("#tv-live-tokens").evaluate("el => el.scrollTop = 0")
     screenshot(page, shots, "live.png")
 
