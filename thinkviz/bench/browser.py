@@ -120,13 +120,17 @@ def measure(url: str, tokens: int = 500, model_timeout: float = 600, run_timeout
     """Generate ``tokens`` tokens in the Live tab of the app at ``url`` and time the page."""
     if not Path(CHROMIUM).exists():
         raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.goto(url)
+            try:
+                page.goto(url)
+            except PlaywrightError as exc:
+                raise BenchError(f"cannot open {url}: {str(exc).splitlines()[0]}") from None
             _wait_text(page, "#tv-model-status", "Model: Ready", model_timeout)
             page.fill("#tv-live-question textarea", QUESTION)
             box = page.locator("#tv-live-max-new input[type=number]").first

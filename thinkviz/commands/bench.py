@@ -178,7 +178,7 @@ def replay_cost(args: argparse.Namespace) -> int:
 
 def _browser_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
-    parser.add_argument("--tokens", type=int, default=500, help="tokens to generate in the Live tab (1-2048)")
+    parser.add_argument("--tokens", type=int, default=500, help="tokens to generate in the Live tab")
     parser.add_argument("--url", default=None, help="measure an app already running there instead of starting app.py")
 
 
@@ -187,9 +187,11 @@ def browser(args: argparse.Namespace) -> int:
     """Headless Chromium: click → first painted token, and frames per second during a long Live run."""
     from ..bench.browser import BenchError, launched_app, measure
     from ..cli import CliError
+    from ..presets import MAX_NEW_TOKENS_RANGE
 
-    if not 1 <= args.tokens <= 2048:
-        raise CliError(f"--tokens must be between 1 and 2048, got {args.tokens}")
+    low, high = MAX_NEW_TOKENS_RANGE  # what the Live tab's slider allows
+    if not low <= args.tokens <= high:
+        raise CliError(f"--tokens must be between {low} and {high}, got {args.tokens}")
     try:
         if args.url:
             result = measure(args.url, args.tokens)
