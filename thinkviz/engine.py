@@ -177,7 +177,6 @@ class Run:
             loaded.model, heads, tail_rows=self.window_rows, capture_hidden=policy.needs_hidden
         )
         self.capture.enabled = settings.scoring or policy.evicts
-        self._scores: torch.Tensor | None = None
         self._snapshot_stride = 1
         self.record = RunRecord(
             meta={
