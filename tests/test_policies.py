@@ -7,7 +7,7 @@ import pytest
 
 from thinkviz.chat import build_chat
 from thinkviz.engine import DecodeSettings, Run
-from thinkviz.policies import PolicyConfigError, make_policy, policy_names, policy_params
+from thinkviz.policies import PolicyConfigError, make_policy, policy_class, policy_names, policy_params
 
 SYSTEM = "You are a careful assistant. Think inside <think> tags, then answer."
 QUESTION = "Fix def area(r: float) -> float: it returns 2*pi*r instead of pi*r**2. Why?"
@@ -64,13 +64,12 @@ def test_policy_invariants(tiny_llama, name, interval):
         assert last.kv_tokens == last.positions[-1] + 1
 
 
-@pytest.mark.parametrize("name", policy_names())
+# full keeps everything; think_drop evicts only think blocks, never the prompt
+PROMPT_EVICTORS = [n for n in policy_names() if policy_class(n).evicts and policy_class(n).hard_budget]
+
+
+@pytest.mark.parametrize("name", PROMPT_EVICTORS)
 def test_protection_toggles_off_allow_eviction_of_the_prompt(tiny_llama, name):
-    policy = make_policy(name, **_own_params(name), budget=24)
-    if not policy.evicts:
-        pytest.skip("keeps everything")
-    if not policy.hard_budget:
-        pytest.skip("evicts only spans of its own kind (think blocks), never the prompt")
     run, events = _run(tiny_llama, name, 24, 1, protect_system=False, protect_question=False)
     prompt_len = len(run.record.prompt_ids)
     assert np.any(events[-1].keep_fraction[:prompt_len] < 1.0)

