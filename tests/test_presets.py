@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from thinkviz.model import tiny_model
+from thinkviz.policies import make_policy, policy_names
 from thinkviz.presets import PRESETS_DIR, Preset, PresetError, list_presets, load_preset
 
 TRACES_DIR = PRESETS_DIR / "traces"
@@ -66,6 +67,20 @@ def test_shipped_preset_loads(name):
         assert preset.trace and preset.trace.strip()
     else:
         assert preset.trace is None
+
+
+COMMON_KNOBS = ("budget", "interval", "protect_system", "protect_question")
+
+
+@pytest.mark.parametrize("name", list_presets())
+def test_shipped_preset_knobs_are_accepted_by_its_policies(name):
+    """The preset's policy takes all its knobs; every compared policy takes the common ones."""
+    preset = load_preset(name)
+    make_policy(preset.policy, **preset.params)
+    common = {k: v for k, v in preset.params.items() if k in COMMON_KNOBS}
+    for compared in preset.compare:
+        assert compared in policy_names(), f"{name} compares unknown policy {compared!r}"
+        make_policy(compared, **common)
 
 
 def test_every_trace_is_used_by_a_preset():

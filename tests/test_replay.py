@@ -201,12 +201,14 @@ def test_cancel_stops_every_lockstep_run_after_the_same_chunk(tiny_llama):
 
 def test_load_trace_from_a_preset_or_a_file(tmp_path):
     from thinkviz.presets import load_preset
+    from thinkviz.chat import REASONING_SYSTEM_PROMPT
     from thinkviz.replay import DEFAULT_QUESTION, load_trace
 
     preset = load_preset("math_h2o_vs_window")
     trace = load_trace("math_h2o_vs_window")
     assert (trace.name, trace.question, trace.system, trace.text) == (
-        preset.name, preset.question, preset.system, preset.trace)
+        preset.name, preset.question, REASONING_SYSTEM_PROMPT, preset.trace)
+    assert preset.system is None, "the check above needs a preset whose file says system: null"
     assert load_trace("math_h2o_vs_window", question="Count again.").question == "Count again."
     path = tmp_path / "mine.md"
     path.write_text("<think>\nx\n</think>\n", encoding="utf-8")

@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import yaml
 
+from .chat import REASONING_SYSTEM_PROMPT
+
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 MODES = ("replay", "generate")
@@ -51,6 +53,12 @@ class Preset:
     max_new_tokens: int
     compare: tuple[str, ...]
     path: Path
+
+    @property
+    def system_prompt(self) -> str:
+        """The system prompt a run of this preset sends: the file's, or the reasoning prompt
+        when the file says ``null``."""
+        return REASONING_SYSTEM_PROMPT if self.system is None else self.system
 
 
 def list_presets(directory: Path | str = PRESETS_DIR) -> list[str]:

@@ -82,7 +82,7 @@ def load_trace(spec: str, question: str | None = None, system: str | None = None
 
     A file holds only the assistant's text; its chat is ``system`` (default: the reasoning
     prompt) and ``question`` (default: a generic instruction).  A preset brings its own
-    system prompt and question; ``question`` / ``system`` override them when given.
+    system prompt (``null`` there means the reasoning prompt, as in the app) and question; ``question`` / ``system`` override them when given.
     """
     path = Path(spec)
     is_preset = path.suffix in (".yaml", ".yml") or not (path.suffix or path.exists() or "/" in spec)
@@ -98,7 +98,8 @@ def load_trace(spec: str, question: str | None = None, system: str | None = None
         raise TraceError(str(exc)) from None
     if not preset.trace or not preset.trace.strip():
         raise TraceError(f"preset {spec!r} has no trace to replay")
-    return Trace(preset.name, preset.system if system is None else system, question or preset.question, preset.trace)
+    return Trace(preset.name, preset.system_prompt if system is None else system,
+                 question or preset.question, preset.trace)
 
 
 def prepare_trace(

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..chat import REASONING_SYSTEM_PROMPT
 from ..engine import DecodeSettings, EngineError
 from ..memory import TARGETS, Projection
 from ..presets import Preset, PresetError, list_presets, load_preset
@@ -56,8 +55,7 @@ def choose_preset(name: str) -> PresetChoice:
         preset = load_preset(name)
     except PresetError as exc:
         raise RunInputError(str(exc)) from None
-    system = REASONING_SYSTEM_PROMPT if preset.system is None else preset.system
-    return PresetChoice(preset, system, preset.trace or "")
+    return PresetChoice(preset, preset.system_prompt, preset.trace or "")
 
 
 def run_input(mode: str, system: str | None, question: str | None, trace: str | None) -> RunInput:
