@@ -126,6 +126,37 @@ def sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _summary_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sweeps", nargs="+", metavar="SWEEP",
+                        help="a sweep.json, or a folder written by bench sweep --out")
+    parser.add_argument("--metric", default="nll_delta", help="nll_delta (default), kl or top1")
+    parser.add_argument("--out", default=None,
+                        help="also write summary.md and one Pareto figure with a panel per trace here")
+
+
+@bench_kind("summary", _summary_args)
+def summary(args: argparse.Namespace) -> int:
+    """Line up several sweeps: one row per (policy, budget), one column per trace."""
+    from ..bench.summary import SummaryError, load_sweep_rows, summary_table
+    from ..cli import CliError
+
+    try:
+        rows = load_sweep_rows(args.sweeps)
+        table = summary_table(rows, args.metric)
+    except SummaryError as exc:
+        raise CliError(str(exc)) from None
+    print(table, end="")
+    if args.out:
+        from ..viz.pareto import pareto_figure
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.md").write_text(table, encoding="utf-8")
+        pareto_figure(rows, args.metric).write_html(out / "pareto.html", include_plotlyjs=True)
+        print(f"written: {out / 'summary.md'}, {out / 'pareto.html'}")
+    return 0
+
+
 def _replay_cost_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--trace", default="math_h2o_vs_window", metavar="PRESET_OR_FILE",
