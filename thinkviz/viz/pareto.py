@@ -104,6 +104,9 @@ def pareto_figure(rows: list[dict], metric: str = "kl") -> go.Figure:
         title=f"Memory vs fidelity: {'up' if higher else 'down'} and to the left is better",
         template="plotly_white",
         hovermode="closest",
-        height=460,
+        height=520,
+        # below the panels: a side legend of 12 policies + the front scrolls out of sight
+        legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0},
+        margin={"b": 140},
     )
     return figure
