@@ -1,15 +1,19 @@
 """ThinkViz in the browser.
 
     python app.py [--host 127.0.0.1] [--port 7860] [--share] [--model embedded] [--quant 4bit]
+                  [--allow-model-loading]
 
 Binds 127.0.0.1 unless told otherwise and makes no share link unless ``--share`` is given;
-uploads over ``MAX_UPLOAD_BYTES`` are refused by the server.
+uploads over ``MAX_UPLOAD_BYTES`` are refused by the server.  When the app is reachable from
+other machines, visitors cannot load other models (a Hugging Face download or any local
+folder) unless ``--allow-model-loading`` says so.
 The page opens at once; the model loads in the background with its progress shown.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 
 from thinkviz.events import MAX_RECORDING_BYTES
@@ -18,11 +22,24 @@ from thinkviz.model import QUANTIZATIONS
 MAX_UPLOAD_BYTES = MAX_RECORDING_BYTES  # the server refuses bigger uploads before any handler reads them
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost: assume it is reachable from elsewhere
+        return False
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="ThinkViz: watch KV-cache eviction inside a real model.")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     parser.add_argument("--share", action="store_true", help="also create a public Gradio share link (off by default)")
+    parser.add_argument("--allow-model-loading", action="store_true",
+                        help="let visitors load other models (any Hugging Face id or local folder) from the "
+                             "settings panel even when --host or --share makes the app reachable from elsewhere")
     parser.add_argument("--model", default="embedded", help="'embedded', a Hugging Face id or a local folder")
     parser.add_argument("--quant", default="4bit", choices=QUANTIZATIONS, help="weight quantization (default 4bit)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -39,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 
     slot = ModelSlot(device=args.device)
     slot.start(args.model, args.quant)
-    demo = build_app(slot, model=args.model, quantization=args.quant)
+    model_loading = args.allow_model_loading or (is_loopback(args.host) and not args.share)
+    demo = build_app(slot, model=args.model, quantization=args.quant, model_loading=model_loading)
     demo.queue(default_concurrency_limit=4)
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=APP_CSS,

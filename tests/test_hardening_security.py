@@ -37,11 +37,15 @@ class Tags(HTMLParser):
 
 @pytest.fixture
 def launch_kwargs(monkeypatch) -> dict:
-    """What app.main passes to Blocks.launch (no server started, no model loaded)."""
+    """What app.main passes to Blocks.launch, plus the app as ``"demo"`` (no server, no model)."""
     seen: dict = {}
     monkeypatch.setattr(ModelSlot, "start", lambda self, name, quantization: None)
-    monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kwargs: seen.update(kwargs, demo=self))
     return seen
+
+
+def _api_names(demo: gr.Blocks) -> set[str]:
+    return {fn.api_name for fn in demo.fns.values()}
 
 
 def test_the_app_listens_on_localhost_without_a_share_link_and_caps_uploads(launch_kwargs):
@@ -53,6 +57,28 @@ def test_the_app_listens_on_localhost_without_a_share_link_and_caps_uploads(laun
 def test_other_addresses_and_share_links_only_when_asked(launch_kwargs):
     assert app.main(["--host", "0.0.0.0", "--share"]) == 0
     assert launch_kwargs["server_name"] == "0.0.0.0" and launch_kwargs["share"] is True
+
+
+@pytest.mark.parametrize(
+    "argv, loading",
+    [
+        ([], True),
+        (["--host", "localhost"], True),
+        (["--host", "::1"], True),
+        (["--host", "0.0.0.0"], False),
+        (["--host", "192.168.1.20"], False),
+        (["--host", "my-laptop.local"], False),
+        (["--share"], False),
+        (["--host", "0.0.0.0", "--allow-model-loading"], True),
+    ],
+)
+def test_strangers_cannot_load_models_unless_allowed(launch_kwargs, argv, loading):
+    """Reachable from elsewhere, the model loader (and its API endpoint) is left out."""
+    assert app.main(argv) == 0
+    demo = launch_kwargs["demo"]
+    assert ("load_model" in _api_names(demo)) is loading
+    assert ("Loading another model is off" in str(demo.config)) is not loading
+    assert "generate" in _api_names(demo)  # the rest of the app is there either way
 
 
 @settings(max_examples=200, deadline=None)

@@ -243,8 +243,13 @@ def nothing_yet(what: str) -> gr.Error:
 
 
 # ---- the app ----------------------------------------------------------------------------------
-def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bit") -> gr.Blocks:
-    """The whole UI.  ``slot`` holds the shared model; ``model`` starts loading when a page opens."""
+def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bit",
+              model_loading: bool = True) -> gr.Blocks:
+    """The whole UI.  ``slot`` holds the shared model; ``model`` starts loading when a page opens.
+
+    ``model_loading=False`` leaves out the settings panel's model loader and its API endpoint,
+    for an app that strangers can reach (any id or local folder could otherwise be loaded).
+    """
     choices = inputs.preset_choices()
     with gr.Blocks(title="ThinkViz — KV-cache eviction, live", analytics_enabled=False) as demo:
         session = gr.State(lambda: Session())  # a factory: one Session per browser tab
@@ -259,7 +264,7 @@ def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bi
         resync.click(Session.resync, session, None, queue=False, api_visibility="private")
         with gr.Tabs():
             with gr.Tab("Live", id="live"):
-                wire_live = _live_tab(slot, session, choices, model, quantization, model_status, bus)
+                wire_live = _live_tab(slot, session, choices, model, quantization, model_status, bus, model_loading)
             with gr.Tab("Compare", id="compare"):
                 wire_compare = _compare_tab(slot, session, choices, bus)
             with gr.Tab("Explore", id="explore") as explore_tab:
@@ -281,7 +286,7 @@ def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bi
 
 
 # ---- Live -------------------------------------------------------------------------------------
-def _live_tab(slot, session, choices, model, quantization, model_status, bus) -> Callable:
+def _live_tab(slot, session, choices, model, quantization, model_status, bus, model_loading) -> Callable:
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
             panel = input_controls(choices, "live")
@@ -295,7 +300,7 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
                                      label="Project memory onto", info="price the kept tokens on a bigger model")
                 card = gr.Radio(list(CARDS_GB), value=inputs.DEFAULT_CARD, label="Card (GiB VRAM)",
                                 elem_id="tv-live-card")
-            _model_settings(slot, model, quantization, model_status)
+            _model_settings(slot, model, quantization, model_status, model_loading)
         with gr.Column(scale=3, min_width=420):
             status = gr.Markdown("Pick a preset or type a question, then Generate.", elem_id="tv-live-status",
                                  elem_classes="tv-status")
@@ -401,7 +406,14 @@ def _live_tab(slot, session, choices, model, quantization, model_status, bus) ->
     return wire
 
 
-def _model_settings(slot: ModelSlot, model: str, quantization: str, model_status: gr.Markdown) -> None:
+def _model_settings(slot: ModelSlot, model: str, quantization: str, model_status: gr.Markdown,
+                    model_loading: bool) -> None:
+    if not model_loading:
+        with gr.Accordion("Model settings", open=False):
+            gr.Markdown("Loading another model is off: this app can be reached from other machines. "
+                        "Whoever started it can allow it with `python app.py --allow-model-loading`.",
+                        elem_id="tv-model-loading-off")
+        return
     with gr.Accordion("Model settings", open=False):
         name = gr.Textbox(value=model, label="Model", info="'embedded' (SmolLM2-135M, offline), a Hugging Face "
                                                           "id or a local folder")
