@@ -87,9 +87,10 @@ def test_a_truncated_zip_upload_is_refused(record, tmp_path):
         import_recording([cut])
 
 
-def test_a_corrupted_compressed_member_is_refused(record, tmp_path):
+@pytest.mark.parametrize("compression", [zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA])
+def test_a_corrupted_compressed_member_is_refused(record, tmp_path, compression):
     parts = _members(record, tmp_path)
-    archive = _zip(tmp_path / "deflated.zip", {"r.json": parts[".json"], "r.npz": parts[".npz"]}, zipfile.ZIP_DEFLATED)
+    archive = _zip(tmp_path / "packed.zip", {"r.json": parts[".json"], "r.npz": parts[".npz"]}, compression)
     data = bytearray(archive.read_bytes())
     with zipfile.ZipFile(archive) as zf:
         info = zf.getinfo("r.json")

@@ -9,6 +9,7 @@ opens offline in a classroom).
 from __future__ import annotations
 
 import html
+import lzma
 import re
 import tempfile
 import zipfile
@@ -67,12 +68,18 @@ def _from_zip(archive: Path) -> RunRecord:
             for suffix, info in members.items():
                 if info.file_size > MAX_RECORDING_BYTES:
                     raise RecordingError(f"{info.filename} is larger than {MAX_RECORDING_BYTES // 2**20} MiB")
-                (folder / f"recording{suffix}").write_bytes(zf.read(info))
+                (folder / f"recording{suffix}").write_bytes(_read_member(zf, info, archive.name))
     except zipfile.BadZipFile as exc:
         raise RecordingError(f"{archive.name} is not a zip archive ({exc})") from None
-    except (zlib.error, EOFError, NotImplementedError) as exc:  # damaged or exotic compression
-        raise RecordingError(f"{archive.name} is damaged or uses an unsupported compression ({exc})") from None
     return RunRecord.load(folder / "recording")
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, archive_name: str) -> bytes:
+    """The member's bytes; a damaged stream (deflate, bzip2 or LZMA) or an unknown method is a RecordingError."""
+    try:
+        return zf.read(info)
+    except (zlib.error, lzma.LZMAError, OSError, EOFError, NotImplementedError) as exc:
+        raise RecordingError(f"{archive_name} is damaged or uses an unsupported compression ({exc})") from None
 
 
 def export_figures(
