@@ -18,6 +18,7 @@ from thinkviz.viz.figures import (
     keep_matrix,
     memory_figure,
     oom_step,
+    placeholder_figure,
     tokens_seen,
 )
 from viz_records import generated, replayed
@@ -228,3 +229,10 @@ def test_figures_before_the_first_step():
     assert all(len(t.x) == 0 for t in fig.data)
     assert keep_heatmap(record).data[0].z.shape == (0, 2)
     assert len(compare_memory_figure({"h2o": record}).data[0].x) == 0
+
+
+def test_placeholder_figure_shows_only_its_hint():
+    fig = placeholder_figure("Each policy's KV cache appears here")
+    assert len(fig.data) == 0
+    assert [a.text for a in fig.layout.annotations] == ["Each policy's KV cache appears here"]
+    assert fig.layout.xaxis.visible is False and fig.layout.yaxis.visible is False

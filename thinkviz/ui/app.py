@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import gradio as gr
-import plotly.graph_objects as go
 
 from ..bench.sweep import parse_budgets, parse_policies
 from ..chat import REASONING_SYSTEM_PROMPT
@@ -25,7 +24,7 @@ from ..policies import policy_names
 from ..policies.base import COMMON_PARAMS
 from ..presets import MAX_NEW_TOKENS_RANGE
 from ..replay import TraceError, load_trace
-from ..viz.figures import compare_memory_figure, memory_figure
+from ..viz.figures import compare_memory_figure, memory_figure, placeholder_figure
 from ..viz.pareto import METRICS as PARETO_METRICS
 from ..viz.pareto import pareto_figure
 from ..viz.tokens import MODES, TOKEN_CSS
@@ -226,16 +225,6 @@ def export_controls(tab: str) -> tuple[gr.Button, gr.Button, gr.File]:
         figure = gr.Button("Export figure (HTML)", size="sm", elem_id=f"tv-{tab}-export-figure")
     file = gr.File(label="Download", interactive=False, elem_id=f"tv-{tab}-export", elem_classes="tv-download")
     return recording, figure, file
-
-
-def placeholder_figure(text: str) -> go.Figure:
-    """An empty chart with a hint; showing one at page load also loads plotly.js before the first run."""
-    figure = go.Figure()
-    figure.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                          font=dict(size=14, color="#888"))
-    figure.update_layout(height=260, xaxis_visible=False, yaxis_visible=False, plot_bgcolor="white",
-                         margin=dict(l=20, r=20, t=20, b=20))
-    return figure
 
 
 def nothing_yet(what: str) -> gr.Error:

@@ -1,5 +1,5 @@
 """Plotly figures of a run: memory over time (with a projection onto a bigger model),
-policy comparisons, and the step × position keep/evict heatmap.
+policy comparisons, the step × position keep/evict heatmap, and the empty chart shown before a run.
 
 Pure functions of a :class:`~thinkviz.events.RunRecord` (and plain values); they read no
 model and keep figures light: line traces are thinned to :data:`MAX_POINTS` points and
@@ -167,6 +167,16 @@ def _add_projection(fig: go.Figure, record: RunRecord, projection: Projection, x
     fig.add_annotation(text=note, xref="x domain", yref="y domain", x=0.01, y=0.98, showarrow=False,
                        xanchor="left", yanchor="top", font=dict(color=OOM_COLOUR), row=2, col=1)
     fig.update_yaxes(title_text="KV cache (GiB)", rangemode="tozero", row=2, col=1)
+
+
+def placeholder_figure(text: str) -> go.Figure:
+    """An empty chart with a hint; showing one at page load also loads plotly.js before the first run."""
+    figure = go.Figure()
+    figure.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                          font=dict(size=14, color="#888"))
+    figure.update_layout(height=260, xaxis_visible=False, yaxis_visible=False, plot_bgcolor="white",
+                         margin=dict(l=20, r=20, t=20, b=20))
+    return figure
 
 
 def compare_memory_figure(records: Mapping[str, RunRecord]) -> go.Figure:
