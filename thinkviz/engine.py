@@ -323,16 +323,16 @@ class Run:
             model=self.loaded.name,
         )
 
-    def _maybe_compress(self) -> tuple[bool, list[int], float]:
+    def _maybe_compress(self) -> tuple[np.ndarray | None, float]:
         """Compress if due and over budget.
 
-        Returns whether it compressed, the positions that lost their last slot (including
-        tokens written by this step), and the seconds spent in the policy.
+        Returns the ``(N,)`` holder counts from just before compressing (``None`` when it did
+        not compress) and the seconds spent in the policy.
         """
         if not self.policy.evicts or self.steps_since_compress < self.policy.interval:
-            return False, [], 0.0
+            return None, 0.0
         if self.cache.n_slots <= self.policy.budget:
-            return False, [], 0.0
+            return None, 0.0
         start = time.perf_counter()
         held_before = self._holders()
         keep = self.policy.compress(self._view(), self.cache)
@@ -344,8 +344,7 @@ class Run:
         self.received = self.received.gather(-1, keep)
         self.window = self.window.gather(-1, keep[:, :, None, :].expand(-1, -1, self.window_rows, -1))
         self.steps_since_compress = 0
-        evicted = np.flatnonzero((held_before > 0) & (self._holders() == 0)).tolist()
-        return True, evicted, time.perf_counter() - start
+        return held_before, time.perf_counter() - start
 
     def _advance(self, step: int, ids: list[int], logits_to_keep: int) -> tuple[StepEvent, torch.Tensor]:
         """Append ``ids``, compress if due; return the StepEvent and the logits ``(q', V)``."""
@@ -359,8 +358,10 @@ class Run:
         logits = self._forward(ids, logits_to_keep)
         seconds_forward = time.perf_counter() - start
         self.steps_since_compress += len(ids)  # a replayed chunk of `interval` tokens makes a compression due
-        compressed, evicted, seconds_policy = self._maybe_compress()
+        held_before, seconds_policy = self._maybe_compress()
         after = self._holders()
+        # positions that lost their last slot, including tokens written by this step
+        evicted = [] if held_before is None else np.flatnonzero((held_before > 0) & (after == 0)).tolist()
         view = self._view()
         per_slot_bytes = self.cache.nbytes() / max(1, self.cache.n_slots)
         event = StepEvent(
@@ -376,7 +377,7 @@ class Run:
             full_kv_bytes=int(round(per_slot_bytes * self.processed)),
             seconds_forward=seconds_forward,
             seconds_policy=seconds_policy,
-            compressed=compressed,
+            compressed=held_before is not None,
             info=self.policy.step_info(view),
         )
         self.record.events.append(event)

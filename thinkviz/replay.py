@@ -82,7 +82,8 @@ def load_trace(spec: str, question: str | None = None, system: str | None = None
 
     A file holds only the assistant's text; its chat is ``system`` (default: the reasoning
     prompt) and ``question`` (default: a generic instruction).  A preset brings its own
-    system prompt (``null`` there means the reasoning prompt, as in the app) and question; ``question`` / ``system`` override them when given.
+    system prompt (``null`` there means the reasoning prompt, as in the app) and question;
+    ``question`` / ``system`` override them when given.
     """
     path = Path(spec)
     is_preset = path.suffix in (".yaml", ".yml") or not (path.suffix or path.exists() or "/" in spec)
