@@ -119,12 +119,15 @@ def _best_per_column(rows: Sequence[dict[str, Any]], metric: str, higher_is_bett
     return best
 
 
+def cell(value: Any, spec: str) -> str:
+    """``value`` formatted with ``spec`` for a Markdown table; a missing value (None, NaN) is "–"."""
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
 def _number(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
 def _format(value: float, metric: str, bold: bool = False) -> str:
-    if math.isnan(value):
-        return "–"
-    text = format(value, ".1%" if metric == "top1" else ".3f")
-    return f"**{text}**" if bold else text
+    text = cell(value, ".1%" if metric == "top1" else ".3f")
+    return f"**{text}**" if bold and text != "–" else text

@@ -22,6 +22,7 @@ from ..metrics import SEGMENT_KINDS
 from ..model import LoadedModel
 from ..policies import PolicyConfigError, make_policy, policy_names, policy_params
 from ..replay import LockstepReplay, Trace, prepare_trace
+from .summary import cell
 
 Progress = Callable[[str, int, int], None]  # (trace name, tokens done, tokens in the trace)
 
@@ -164,16 +165,12 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         "| trace | policy | budget | budget tokens | peak KV (of full) | ΔNLL | KL | top-1 | KL think | KL answer | KL code | tok/s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-
-    def num(value: Any, spec: str) -> str:
-        return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
-
     for row in rows:
         lines.append(
             f"| {row['trace']} | {row['policy']} | {row['budget']} | {row['budget_tokens']} "
-            f"| {num(row['kv_fraction'], '.1%')} | {num(row['nll_delta'], '.4f')} | {num(row['kl'], '.4f')} "
-            f"| {num(row['top1'], '.1%')} | {num(row['kl_think'], '.4f')} | {num(row['kl_answer'], '.4f')} "
-            f"| {num(row['kl_code'], '.4f')} | {num(row['tokens_per_second'], '.1f')} |"
+            f"| {cell(row['kv_fraction'], '.1%')} | {cell(row['nll_delta'], '.4f')} | {cell(row['kl'], '.4f')} "
+            f"| {cell(row['top1'], '.1%')} | {cell(row['kl_think'], '.4f')} | {cell(row['kl_answer'], '.4f')} "
+            f"| {cell(row['kl_code'], '.4f')} | {cell(row['tokens_per_second'], '.1f')} |"
         )
     return "\n".join(lines) + "\n"
 
