@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from thinkviz.cli import main
+from thinkviz.policies import policy_names
 
 
 def _cli(*args):
@@ -50,3 +52,18 @@ def test_generate_streams_and_writes_a_recording(tmp_path, capsys):
     assert "<think>" in captured.out
     assert "tok/s" in captured.err and "peak KV" in captured.err
     assert (tmp_path / "run.json").is_file() and (tmp_path / "run.npz").is_file()
+
+
+def test_the_readme_policy_table_is_the_registry_listing(capsys):
+    """The README's table is ``python -m thinkviz policies --markdown``: a new policy appears in it by itself
+    (after rerunning that command), and a stale table fails here."""
+    assert main(["policies", "--markdown"]) == 0
+    table = capsys.readouterr().out
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert table in readme, "README's policy table is stale: paste `python -m thinkviz policies --markdown`"
+
+
+def test_policies_refuses_an_unknown_name_in_one_line():
+    result = _cli("policies", "lru")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"thinkviz: error: unknown policy 'lru'; choose from: {', '.join(policy_names())}"

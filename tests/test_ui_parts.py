@@ -49,15 +49,15 @@ def test_pacer_lets_through_one_frame_per_interval_whatever_the_step_rate():
 
 @pytest.mark.parametrize("name", policy_names())
 def test_every_policy_round_trips_through_the_control_pool(name):
-    n_numbers, n_flags = controls.pool_sizes()
-    numbers, flags = controls.slot_specs(name, n_numbers, n_flags)
+    specs = controls.slot_specs(name, controls.pool_sizes())
+    numbers, flags, choices = specs
     own = controls.own_params(name)
-    shown = [s.name for s in numbers + flags if s is not None]
+    shown = [s.name for s in numbers + flags + choices if s is not None]
     assert sorted(shown) == sorted(p.name for p in own)
     for spec in numbers:
         if spec is not None:
             assert spec.low <= spec.value <= spec.high and spec.step > 0
-    values = controls.collect_params(name, [s.value for s in numbers if s], [s.value for s in flags if s])
+    values = controls.collect_params(name, controls.Pools(*([s.value for s in pool if s] for pool in specs)))
     defaults = {p.name: p.default for p in policy_params(name) if p.name in values}
     assert values == defaults
     policy = controls.build_policy(name, values, budget=512, interval=4, protect_system=True, protect_question=False)
@@ -75,8 +75,7 @@ def test_controls_report_bad_values_in_words():
 
 
 def test_preset_values_overrides_defaults_in_the_slots():
-    n_numbers, n_flags = controls.pool_sizes()
-    numbers, _ = controls.slot_specs("h2o", n_numbers, n_flags, {"recent": 7, "budget": 99})
+    numbers, _, _ = controls.slot_specs("h2o", controls.pool_sizes(), {"recent": 7, "budget": 99})
     assert [s.value for s in numbers if s is not None] == [7]
 
 

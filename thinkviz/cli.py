@@ -1,4 +1,4 @@
-"""Command line: ``python -m thinkviz generate|bench …``.
+"""Command line: ``python -m thinkviz generate|bench|policies|train-predictor …``.
 
 Every user error ends with one line ``thinkviz: error: <reason>`` on stderr and exit code 2;
 a run that fails mid-way (the model or a policy raised, device out of memory) with one line
@@ -38,7 +38,8 @@ def add_policy_args(parser: argparse.ArgumentParser, default_policy: str = "h2o"
     parser.add_argument("--budget", type=int, default=256, help="tokens kept per layer and kv-head")
     parser.add_argument("--interval", type=int, default=1, help="compress every N steps")
     parser.add_argument("--param", type=parse_param, action="append", default=[], metavar="KEY=VALUE",
-                        help="a policy parameter, e.g. --param recent=32 (repeatable)")
+                        help="a policy parameter, e.g. --param recent=32, or a choice by name (repeatable; "
+                             "'python -m thinkviz policies' lists each policy's parameters, ranges and choices)")
     parser.add_argument("--no-protect-system", action="store_true", help="allow evicting the system prompt")
     parser.add_argument("--no-protect-question", action="store_true", help="allow evicting the question")
 

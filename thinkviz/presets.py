@@ -176,7 +176,8 @@ def _text(data: dict[Any, Any], key: str, fail: Fail) -> str:
 
 
 def _params(value: Any, fail: Fail) -> dict[str, Any]:
-    """A copy of ``params``: string keys, scalar values, sane common knobs."""
+    """A copy of ``params``: string keys, scalar values (numbers, true/false, a choice's name), sane common
+    knobs; the policy checks the rest when it is made."""
     if not isinstance(value, dict):
         raise fail(f"'params' must be a mapping, got {type(value).__name__}")
     params: dict[str, Any] = {}
@@ -189,8 +190,8 @@ def _params(value: Any, fail: Fail) -> dict[str, Any]:
         elif key in _POSITIVE_INT_PARAMS:
             if isinstance(item, bool) or not isinstance(item, int) or item < 1:
                 raise fail(f"params.{key} must be a positive integer, got {item!r}")
-        elif not isinstance(item, (bool, int, float)):
-            raise fail(f"params.{key} must be a number or true/false, got {type(item).__name__}")
+        elif not isinstance(item, (bool, int, float, str)):
+            raise fail(f"params.{key} must be a number, true/false or a choice's name, got {type(item).__name__}")
         params[key] = item
     return params
 

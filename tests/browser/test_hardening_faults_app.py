@@ -7,35 +7,18 @@ around a tiny model, launched on a free 127.0.0.1 port and driven with gradio_cl
 from __future__ import annotations
 
 import pytest
+from gradio_client import Client
 from test_app_client import _live_args
 from test_hardening_faults import ExplodingPolicy
-
-from thinkviz.bench.browser import free_port
-from thinkviz.model import tiny_model
-from thinkviz.policies.registry import POLICIES
+from tiny_app import served_app
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def client():
-    from gradio_client import Client
-
-    from thinkviz.ui.app import build_app
-    from thinkviz.ui.model_slot import ModelSlot
-
-    tiny = tiny_model("llama")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(POLICIES, ExplodingPolicy.name, ExplodingPolicy)
-        slot = ModelSlot(loader=lambda name, quantization, device, progress=None: tiny)
-        slot.start("tiny", "none")
-        demo = build_app(slot, model="tiny", quantization="none")
-        demo.queue(default_concurrency_limit=4)
-        demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
-        try:
-            yield Client(demo.local_url, verbose=False)
-        finally:
-            demo.close()
+    with served_app(ExplodingPolicy) as url:
+        yield Client(url, verbose=False)
 
 
 def test_a_policy_that_raises_ends_its_run_with_a_message_and_the_next_run_works(client):

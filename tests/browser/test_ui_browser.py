@@ -86,6 +86,18 @@ def cell(page, selector: str, row: int, col: int) -> str:
     return page.inner_text(f"{selector} [data-testid=cell-{row}-{col}]").strip()
 
 
+def download(page, button: str, file_box: str, folder: Path) -> Path:
+    """Click ``button``, then the link that appears in the ``file_box`` download; the saved file."""
+    page.click(button)
+    link = page.locator(f"{file_box} a").first
+    link.wait_for(timeout=60_000)
+    with page.expect_download() as started:
+        link.click()
+    path = folder / started.value.suggested_filename
+    started.value.save_as(path)
+    return path
+
+
 def screenshot(page, folder: Path, name: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(folder / name), full_page=True)
@@ -182,13 +194,7 @@ def test_timeline_slider_moves_the_explored_step(page, shots):
 
 
 def test_a_recording_downloads_and_opens_again_in_explore(page, tmp_path):
-    page.click("#tv-explore-export-run")
-    link = page.locator("#tv-explore-export a").first
-    link.wait_for(timeout=60_000)
-    with page.expect_download() as download:
-        link.click()
-    archive = tmp_path / download.value.suggested_filename
-    download.value.save_as(archive)
+    archive = download(page, "#tv-explore-export-run", "#tv-explore-export", tmp_path)
     assert archive.suffix == ".zip"
     set_number(page, "#tv-explore-step", 0)
     wait_for_text(page, "#tv-explore-caption", r"Step 0 ", 60)

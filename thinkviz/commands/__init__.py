@@ -1,3 +1,3 @@
 """Subcommands of ``python -m thinkviz``; importing a module registers it."""
 
-from . import bench, generate, train_predictor  # noqa: F401
+from . import bench, generate, policies, train_predictor  # noqa: F401

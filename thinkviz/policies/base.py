@@ -22,23 +22,50 @@ class PolicyConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Param:
-    """A tunable knob with the range a UI slider should offer."""
+    """A tunable knob: a number with the range a UI slider offers, an on/off flag, or one of a
+    few named ``choices`` (a string default; the UI shows a dropdown, the CLI takes the name)."""
 
     name: str
-    default: float | int | bool
+    default: float | int | bool | str
     low: float | int | None = None
     high: float | int | None = None
     step: float | int | None = None
     help: str = ""
+    choices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.default, str) != bool(self.choices):
+            raise ValueError(f"parameter {self.name}: choices go with a string default, and only with one")
+        if self.choices and self.default not in self.choices:
+            raise ValueError(f"parameter {self.name}: default {self.default!r} is not one of its choices")
 
     @property
     def kind(self) -> str:
+        """``"bool"``, ``"int"``, ``"float"`` or ``"choice"``."""
         if isinstance(self.default, bool):
             return "bool"
+        if isinstance(self.default, str):
+            return "choice"
         return "int" if isinstance(self.default, int) else "float"
 
-    def coerce(self, value: Any) -> float | int | bool:
+    @property
+    def range_text(self) -> str:
+        """What values it takes, for help texts: ``on / off``, ``select / match``, ``0 – 1024``, ``any``."""
+        if self.kind == "bool":
+            return "on / off"
+        if self.kind == "choice":
+            return " / ".join(self.choices)
+        if self.low is None and self.high is None:
+            return "any"
+        return f"{self.low} – {self.high}"
+
+    def coerce(self, value: Any) -> float | int | bool | str:
         """Convert and range-check ``value``; raise :class:`PolicyConfigError` otherwise."""
+        if self.kind == "choice":
+            choice = value.strip() if isinstance(value, str) else value
+            if choice not in self.choices:
+                raise PolicyConfigError(f"{self.name} must be one of: {', '.join(self.choices)}; got {value!r}")
+            return choice
         try:
             if self.kind == "bool":
                 if isinstance(value, str):

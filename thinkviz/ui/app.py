@@ -30,7 +30,8 @@ from ..viz.pareto import pareto_figure
 from ..viz.tokens import MODES, TOKEN_CSS
 from . import explore, inputs
 from .compare import FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, compare_frames
-from .controls import ControlError, build_policy, collect_params, pool_bounds, pool_sizes, slot_specs
+from .controls import (ControlError, Pools, build_policy, collect_params, pool_bounds, pool_choices, pool_sizes,
+                       slot_specs)
 from .export import export_figures, export_recording, import_recording
 from .fields import slider
 from .learn import learn_markdown
@@ -94,12 +95,11 @@ class PolicyControls:
     interval: gr.Slider
     protect_system: gr.Checkbox
     protect_question: gr.Checkbox
-    numbers: list[gr.Slider]
-    flags: list[gr.Checkbox]
+    pools: Pools  # lists of gr.Slider, gr.Checkbox and gr.Dropdown slots
 
     @property
     def slots(self) -> list:
-        return [*self.numbers, *self.flags]
+        return [slot for pool in self.pools for slot in pool]
 
     def inputs(self) -> list:
         return [self.policy, self.budget, self.interval, self.protect_system, self.protect_question, *self.slots]
@@ -107,21 +107,29 @@ class PolicyControls:
     def make(self, values: tuple):
         """The policy described by this group's values (in :meth:`inputs` order)."""
         name, budget, interval, protect_system, protect_question, *slots = values
-        params = collect_params(name, slots[: len(self.numbers)], slots[len(self.numbers):])
+        given, start = [], 0
+        for pool in self.pools:
+            given.append(slots[start : start + len(pool)])
+            start += len(pool)
+        params = collect_params(name, Pools(*given))
         return build_policy(name, params, budget=budget, interval=interval,
                             protect_system=protect_system, protect_question=protect_question)
 
     def updates(self, name: str, values: dict | None = None) -> list:
         """Component updates that show ``name``'s parameters in the slots."""
-        numbers, flags = slot_specs(name, len(self.numbers), len(self.flags), values)
+        specs = slot_specs(name, Pools(*map(len, self.pools)), values)
+        hidden = gr.update(visible=False)
         out = []
-        for spec in numbers:
-            out.append(gr.update(visible=False) if spec is None else gr.update(
+        for spec in specs.numbers:
+            out.append(hidden if spec is None else gr.update(
                 visible=True, label=spec.label, info=spec.help, minimum=spec.low, maximum=spec.high,
                 step=spec.step, value=spec.value))
-        for spec in flags:
-            out.append(gr.update(visible=False) if spec is None else gr.update(
+        for spec in specs.flags:
+            out.append(hidden if spec is None else gr.update(
                 visible=True, label=spec.label, info=spec.help, value=spec.value))
+        for spec in specs.choices:
+            out.append(hidden if spec is None else gr.update(
+                visible=True, label=spec.label, info=spec.help, choices=list(spec.choices), value=spec.value))
         return out
 
 
@@ -139,14 +147,15 @@ def common_sliders(interval: int, tab: str = "live") -> tuple[gr.Slider, gr.Slid
 def policy_controls(default: str) -> PolicyControls:
     """The policy group, its slots showing ``default``'s parameters.
 
-    Number slots are built with a range covering every policy's parameters, because Gradio
-    checks a slider's value against the range the component has on the server: API callers
-    never see the per-policy narrowing that :meth:`PolicyControls.updates` sends a browser
-    (on page load and when the policy changes).
+    Number slots are built with a range covering every policy's parameters, and choice slots
+    with every policy's choices, because Gradio checks a value against what the component has
+    on the server: API callers never see the per-policy narrowing that
+    :meth:`PolicyControls.updates` sends a browser (on page load and when the policy changes).
     """
-    n_numbers, n_flags = pool_sizes()
+    sizes = pool_sizes()
     low, high = pool_bounds()
-    number_specs, flag_specs = slot_specs(default, n_numbers, n_flags)
+    every_choice = pool_choices()
+    specs = slot_specs(default, sizes)
     policy = gr.Dropdown(policy_names(), value=default, label="Policy", elem_id="tv-live-policy")
     budget, interval = common_sliders(interval=1)
     with gr.Row():
@@ -154,11 +163,15 @@ def policy_controls(default: str) -> PolicyControls:
         protect_question = gr.Checkbox(value=True, label="Protect question")
     numbers = [slider(low, high, value=spec.value if spec else low, visible=spec is not None,
                       label=spec.label if spec else f"parameter {i + 1}", info=spec.help if spec else None)
-               for i, spec in enumerate(number_specs)]
+               for i, spec in enumerate(specs.numbers)]
     flags = [gr.Checkbox(value=bool(spec.value) if spec else False, visible=spec is not None,
                          label=spec.label if spec else f"option {i + 1}", info=spec.help if spec else None)
-             for i, spec in enumerate(flag_specs)]
-    group = PolicyControls(policy, budget, interval, protect_system, protect_question, numbers, flags)
+             for i, spec in enumerate(specs.flags)]
+    choices = [gr.Dropdown(every_choice, value=spec.value if spec else every_choice[0], visible=spec is not None,
+                           label=spec.label if spec else f"choice {i + 1}", info=spec.help if spec else None,
+                           elem_id=f"tv-live-choice-{i}")
+               for i, spec in enumerate(specs.choices)]
+    group = PolicyControls(policy, budget, interval, protect_system, protect_question, Pools(numbers, flags, choices))
     if group.slots:
         policy.change(group.updates, policy, group.slots, show_progress="hidden", api_visibility="private")
     return group

@@ -1,39 +1,50 @@
-"""Policy parameter controls: a fixed pool of sliders and checkboxes, assigned per policy.
+"""Policy parameter controls: a fixed pool of sliders, checkboxes and dropdowns, assigned per policy.
 
-Gradio needs its components up front, so the Live tab owns ``n`` number slots and ``m``
-checkbox slots (the most any registered policy needs).  When the user picks a policy,
-:func:`slot_specs` says which of its declared :class:`~thinkviz.policies.Param` goes in which
-slot (the rest are hidden); on Generate, :func:`collect_params` maps slot values back to
-parameter names.  The common knobs (budget, interval, protection) have their own controls.
+Gradio needs its components up front, so the Live tab owns a pool of number slots, checkbox
+slots and choice slots (as many of each as any registered policy needs).  When the user
+picks a policy, :func:`slot_specs` says which of its declared :class:`~thinkviz.policies.Param`
+goes in which slot (the rest are hidden); on Generate, :func:`collect_params` maps slot
+values back to parameter names.  The common knobs (budget, interval, protection) have their
+own controls.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
-from ..policies import Param, make_policy, policy_class, policy_names
+from ..policies import Param, PolicyConfigError, make_policy, policy_class, policy_names
 from ..policies.base import COMMON_PARAMS, Policy
 
 COMMON_NAMES = tuple(p.name for p in COMMON_PARAMS)
+POOL_OF_KIND = {"int": "numbers", "float": "numbers", "bool": "flags", "choice": "choices"}
 
 
 class ControlError(ValueError):
     """Control values that cannot make a policy; the message is shown to the user."""
 
 
+class Pools(NamedTuple):
+    """One entry per kind of slot: sliders, checkboxes, dropdowns (sizes, specs or values)."""
+
+    numbers: Any
+    flags: Any
+    choices: Any
+
+
 @dataclass(frozen=True)
 class SlotSpec:
-    """What one slot shows: a parameter with its range, or nothing (hidden)."""
+    """What one slot shows: a parameter with its range or choices, or nothing (hidden)."""
 
     name: str
     label: str
-    kind: str  # "int" | "float" | "bool"
-    value: float | int | bool
+    kind: str  # "int" | "float" | "bool" | "choice"
+    value: float | int | bool | str
     low: float | int | None = None
     high: float | int | None = None
     step: float | int | None = None
     help: str = ""
+    choices: tuple[str, ...] = ()
 
 
 def own_params(name: str) -> tuple[Param, ...]:
@@ -41,71 +52,77 @@ def own_params(name: str) -> tuple[Param, ...]:
     return tuple(p for p in policy_class(name).all_params() if p.name not in COMMON_NAMES)
 
 
-def pool_sizes(names: Sequence[str] | None = None) -> tuple[int, int]:
-    """``(numbers, checkboxes)``: slots needed so every policy in ``names`` fits."""
-    names = list(names or policy_names())
-    numbers = max((sum(p.kind != "bool" for p in own_params(n)) for n in names), default=0)
-    flags = max((sum(p.kind == "bool" for p in own_params(n)) for n in names), default=0)
-    return numbers, flags
+def _by_pool(params: Sequence[Param]) -> Pools:
+    """``params`` split into the pools their slots come from, in declaration order."""
+    return Pools(*([p for p in params if POOL_OF_KIND[p.kind] == pool] for pool in Pools._fields))
+
+
+def pool_sizes(names: Sequence[str] | None = None) -> Pools:
+    """How many slots of each pool every policy in ``names`` needs at most."""
+    split = [_by_pool(own_params(n)) for n in (names or policy_names())]
+    return Pools(*(max((len(getattr(s, pool)) for s in split), default=0) for pool in Pools._fields))
 
 
 def pool_bounds(names: Sequence[str] | None = None) -> tuple[float, float]:
     """``(lowest, highest)`` over every numeric parameter of ``names``: a range no slot value leaves."""
-    specs = [_spec(p, p.default) for n in (names or policy_names()) for p in own_params(n) if p.kind != "bool"]
+    specs = [_spec(p, p.default) for n in (names or policy_names()) for p in _by_pool(own_params(n)).numbers]
     if not specs:
         return 0, 1
     return min(s.low for s in specs), max(s.high for s in specs)
+
+
+def pool_choices(names: Sequence[str] | None = None) -> list[str]:
+    """Every choice any parameter of ``names`` offers, in first-seen order: what a choice slot
+    accepts on the server (one policy's own choices are narrowed in the browser)."""
+    seen = (c for n in (names or policy_names()) for p in _by_pool(own_params(n)).choices for c in p.choices)
+    return list(dict.fromkeys(seen))
 
 
 def _spec(param: Param, value: Any) -> SlotSpec:
     label = param.name.replace("_", " ")
     if param.kind == "bool":
         return SlotSpec(param.name, label, "bool", bool(value), help=param.help)
+    if param.kind == "choice":
+        return SlotSpec(param.name, label, "choice", value, help=param.help, choices=param.choices)
     low = param.low if param.low is not None else 0
     high = param.high if param.high is not None else max(1, 4 * abs(param.default))
     step = param.step if param.step is not None else (1 if param.kind == "int" else (high - low) / 100)
     return SlotSpec(param.name, label, param.kind, value, low, high, step, param.help)
 
 
-def slot_specs(
-    name: str, numbers: int, flags: int, values: dict[str, Any] | None = None
-) -> tuple[list[SlotSpec | None], list[SlotSpec | None]]:
-    """Assign ``name``'s own parameters to ``numbers`` number slots and ``flags`` checkbox slots.
+def slot_specs(name: str, sizes: Pools, values: dict[str, Any] | None = None) -> Pools:
+    """Assign ``name``'s own parameters to the slots of each pool (``sizes`` from :func:`pool_sizes`).
 
-    ``values`` overrides defaults (a preset's parameters).  Unused slots are ``None``.
+    ``values`` overrides defaults (a preset's parameters).  Each pool is a list as long as its
+    size; unused slots are ``None``.
     """
     values = values or {}
-    own = own_params(name)
-    number_specs = [_spec(p, values.get(p.name, p.default)) for p in own if p.kind != "bool"]
-    flag_specs = [_spec(p, values.get(p.name, p.default)) for p in own if p.kind == "bool"]
-    if len(number_specs) > numbers or len(flag_specs) > flags:
-        raise ControlError(f"policy {name!r} has more parameters than the controls can show")
-    return (
-        number_specs + [None] * (numbers - len(number_specs)),
-        flag_specs + [None] * (flags - len(flag_specs)),
-    )
+    split = _by_pool(own_params(name))
+    out = []
+    for params, size in zip(split, sizes):
+        if len(params) > size:
+            raise ControlError(f"policy {name!r} has more parameters than the controls can show")
+        out.append([_spec(p, values.get(p.name, p.default)) for p in params] + [None] * (size - len(params)))
+    return Pools(*out)
 
 
-def collect_params(name: str, number_values: Sequence[Any], flag_values: Sequence[Any]) -> dict[str, Any]:
-    """Slot values back to ``{param: value}`` for ``name`` (the inverse of :func:`slot_specs`)."""
-    own = own_params(name)
-    numbers = iter(number_values)
-    flags = iter(flag_values)
+def collect_params(name: str, slot_values: Pools) -> dict[str, Any]:
+    """Slot values (one sequence per pool) back to ``{param: value}`` for ``name``: the inverse
+    of :func:`slot_specs`."""
     out: dict[str, Any] = {}
-    for param in own:
-        source = flags if param.kind == "bool" else numbers
-        value = next(source, None)
-        if value is None:
-            raise ControlError(f"no value for {param.name}")
-        out[param.name] = int(round(value)) if param.kind == "int" else value
+    for params, given in zip(_by_pool(own_params(name)), slot_values):
+        given = list(given)
+        for i, param in enumerate(params):
+            value = given[i] if i < len(given) else None
+            if value is None:
+                raise ControlError(f"no value for {param.name}")
+            out[param.name] = int(round(value)) if param.kind == "int" else value
     return out
 
 
 def build_policy(name: str, params: dict[str, Any], *, budget: Any, interval: Any,
                  protect_system: bool, protect_question: bool) -> Policy:
     """The policy the controls describe; :class:`ControlError` with the policy's own reason."""
-    from ..policies import PolicyConfigError
-
     if not name:
         raise ControlError("choose a policy")
     try:

@@ -8,14 +8,6 @@ from ..policies import policy_class, policy_names
 from ..policies.base import COMMON_PARAMS, Param
 
 
-def _range(param: Param) -> str:
-    if param.kind == "bool":
-        return "on / off"
-    if param.low is None and param.high is None:
-        return "any"
-    return f"{param.low} – {param.high}"
-
-
 def _escape(text: str) -> str:
     """Markdown table cells: no pipes or newlines; tags shown as text."""
     return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
@@ -23,7 +15,7 @@ def _escape(text: str) -> str:
 
 def params_table(params: tuple[Param, ...]) -> str:
     rows = ["| parameter | default | range | what it does |", "|---|---|---|---|"]
-    rows += [f"| `{p.name}` | {p.default} | {_range(p)} | {_escape(p.help)} |" for p in params]
+    rows += [f"| `{p.name}` | {p.default} | {_escape(p.range_text)} | {_escape(p.help)} |" for p in params]
     return "\n".join(rows)
 
 

@@ -1,0 +1,33 @@
+"""The app built in this process around a tiny random model, for tests that register a policy of their own."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import pytest
+
+from thinkviz.bench.browser import free_port
+from thinkviz.model import tiny_model
+from thinkviz.policies.base import Policy
+from thinkviz.policies.registry import POLICIES
+from thinkviz.ui.app import build_app
+from thinkviz.ui.model_slot import ModelSlot
+
+
+@contextmanager
+def served_app(*extra: type[Policy]) -> Iterator[str]:
+    """The URL of the app on a free 127.0.0.1 port, with the ``extra`` policies registered while it runs."""
+    tiny = tiny_model("llama")
+    with pytest.MonkeyPatch.context() as patch:
+        for policy in extra:
+            patch.setitem(POLICIES, policy.name, policy)
+        slot = ModelSlot(loader=lambda name, quantization, device, progress=None: tiny)
+        slot.start("tiny", "none")
+        demo = build_app(slot, model="tiny", quantization="none")
+        demo.queue(default_concurrency_limit=4)
+        demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+        try:
+            yield demo.local_url
+        finally:
+            demo.close()
