@@ -61,6 +61,19 @@ def test_per_head_eviction_matches_masked_full_cache(arch_fixture, request):
     assert heads_differ, "h2o should keep different tokens in different kv-heads"
 
 
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("name", ["knorm", "keydiff", "random"])
+def test_attention_free_eviction_matches_masked_full_cache(arch_fixture, name, request):
+    loaded = request.getfixturevalue(arch_fixture)
+    with torch.no_grad():  # a fresh Qwen3's per-head key norm weights are all 1 (every key norm alike);
+        for layer in loaded.model.model.layers:  # a trained one's are not
+            if hasattr(layer.self_attn, "k_norm"):
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(0))
+    visible = _check(loaded, make_policy(name, budget=24, interval=4, recent=4), (7, 8))
+    heads_differ = any(not torch.equal(v[:, :1].expand_as(v), v) for v in visible)
+    assert heads_differ, f"{name} should keep different tokens in different kv-heads"
+
+
 # The thought-aware policies on a chat whose assistant reasons in three <think> blocks, so their
 # segments, blocks and protected spans are real.  merge is not here: it rewrites kept values,
 # so a step after merging is *meant* to differ from the masked full cache (its fold rule is

@@ -11,9 +11,10 @@ slots per (layer, kv-head).  Block-level or value-modifying policies override
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
+import torch.nn.functional as F
 
 
 class PolicyConfigError(ValueError):
@@ -138,6 +139,16 @@ class CacheView:
     def by_position(self, values: torch.Tensor) -> torch.Tensor:
         """Broadcast a per-position tensor ``(N,)`` onto the slots: ``(L, H_kv, T)``."""
         return values.to(self.positions.device)[self.positions]
+
+    def key_scores(self, rule: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``(L, H_kv, T)`` from ``rule(keys)``: ``(H_kv, T_l, D)`` float keys of one layer to
+        ``(H_kv, T_l)`` scores.  A layer shorter than ``T`` is padded with NaN (ranked last)."""
+        total = self.positions.shape[-1]
+        rows = []
+        for keys in self.keys:
+            scores = rule(keys[0].float()).cpu()
+            rows.append(F.pad(scores, (0, total - scores.shape[-1]), value=float("nan")))
+        return torch.stack(rows)
 
 
 def keep_top(priority: torch.Tensor, forced: torch.Tensor, k: int) -> torch.Tensor:
