@@ -25,7 +25,7 @@ class RandomEviction(Policy):
     summary = "Evict at random (with a seed): the floor any real rule must beat."
     source = "uniform random baseline (e.g. kvpress RandomPress; reported in most eviction papers)"
     params = (
-        Param("seed", 0, 0, 2**31 - 1, 1, "random seed: the same seed gives the same keep sets"),
+        Param("seed", 0, 0, 65535, 1, "random seed: the same seed gives the same keep sets"),
         Param("recent", 0, 0, 1024, 1, "newest tokens always kept (0 = purely random)"),
     )
 
