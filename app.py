@@ -18,6 +18,8 @@ import sys
 
 from thinkviz.events import MAX_RECORDING_BYTES
 from thinkviz.model import QUANTIZATIONS
+from thinkviz.ui.app import APP_CSS, build_app
+from thinkviz.ui.model_slot import ModelSlot
 
 MAX_UPLOAD_BYTES = MAX_RECORDING_BYTES  # the server refuses bigger uploads before any handler reads them
 
@@ -51,9 +53,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from thinkviz.ui.app import APP_CSS, build_app
-    from thinkviz.ui.model_slot import ModelSlot
-
     slot = ModelSlot(device=args.device)
     slot.start(args.model, args.quant)
     model_loading = args.allow_model_loading or (is_loopback(args.host) and not args.share)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from thinkviz.model import LoadedModel, load_model, tiny_model
+from thinkviz.model import LoadedModel, load_model
+from tiny_models import tiny_model
 
 
 @pytest.fixture(scope="session")

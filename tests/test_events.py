@@ -9,8 +9,8 @@ import pytest
 
 from thinkviz.engine import DecodeSettings, Run
 from thinkviz.events import RecordingError, RunRecord
-from thinkviz.model import tiny_model
 from thinkviz.policies import make_policy
+from tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")

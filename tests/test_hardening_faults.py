@@ -17,7 +17,6 @@ import torch
 from thinkviz import engine
 from thinkviz.engine import DecodeSettings
 from thinkviz.faults import RunFault, fault_message, guard_frames, release_device_memory
-from thinkviz.model import tiny_model
 from thinkviz.policies import make_policy
 from thinkviz.policies.base import Policy
 from thinkviz.policies.registry import POLICIES
@@ -26,6 +25,7 @@ from thinkviz.ui.live import live_frames
 from thinkviz.ui.runs import RunInput
 from thinkviz.ui.stream import TokenChannel
 from thinkviz.ui.throttle import FramePacer
+from tiny_models import tiny_model
 
 QUESTION = RunInput(system="Think step by step.", question="What is 2 + 3?")
 SETTINGS = DecodeSettings(max_new_tokens=12, stop_at_eos=False)
@@ -191,7 +191,7 @@ def test_stop_mid_comparison_drops_every_run(tiny, runs_made):
 
 
 def test_a_policy_that_raises_ends_the_sweep_with_a_message(tiny, exploding, runs_made):
-    from thinkviz.bench.sweep import parse_budgets
+    from thinkviz.sweep import parse_budgets
     from thinkviz.replay import Trace
     from thinkviz.ui.sweep import sweep_frames
 

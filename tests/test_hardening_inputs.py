@@ -19,16 +19,17 @@ import gradio as gr
 import numpy as np
 import pytest
 
+from thinkviz import export
 from thinkviz.engine import DecodeSettings, Run
 from thinkviz.events import RecordingError
-from thinkviz.model import tiny_model
 from thinkviz.policies import make_policy
-from thinkviz.ui import explore, export, inputs
-from thinkviz.ui.export import export_recording, import_recording, record_stem
+from thinkviz.export import export_recording, import_recording, record_stem
+from thinkviz.ui import explore, inputs
 from thinkviz.ui.fields import numbers_only
 from thinkviz.ui.live import live_frames
 from thinkviz.ui.runs import RunInput, RunInputError
 from thinkviz.ui.stream import TokenChannel
+from tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")

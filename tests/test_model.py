@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from thinkviz import model as tvmodel
-from thinkviz.model import EMBEDDED, QUANTIZATIONS, ModelLoadError, cache_dir, load_model, tiny_model
+from thinkviz.model import EMBEDDED, QUANTIZATIONS, ModelLoadError, cache_dir, load_model
+from tiny_models import tiny_model
 
 PROMPT = [{"role": "user", "content": "What is 2+2?"}]
 

@@ -11,7 +11,8 @@ import argparse
 import pytest
 import torch
 
-from thinkviz.cli import main, policy_from_args
+from thinkviz.cli import main
+from thinkviz.commands.common import policy_from_args
 from thinkviz.engine import DecodeSettings, Run
 from thinkviz.policies import Param, PolicyConfigError, make_policy
 from thinkviz.policies.base import Policy

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from thinkviz.engine import DecodeSettings, Run
-from thinkviz.model import tiny_model
 from thinkviz.policies import make_policy
 from thinkviz.policies.think_drop import code_parses, code_state
 
 from thought_trace import chat_and_trace
+from tiny_models import tiny_model
 
 
 def _replay(loaded, budget, **params):

@@ -9,7 +9,8 @@ import torch
 from thinkviz.engine import DecodeSettings, Run
 from thinkviz.events import RunRecord
 from thinkviz.metrics import log_probs, token_nll
-from thinkviz.policies import make_policy, policy_names, policy_params
+from thinkviz.policies import make_policy, policy_class, policy_names
+from thinkviz.policies.base import COMMON_PARAMS
 from thinkviz.replay import LockstepReplay, TraceError, prepare_trace, read_trace_file
 
 TOLERANCE = 1e-4
@@ -99,10 +100,17 @@ def _recording_compress(policy):
     return kept
 
 
-def _small_knobs(name):
-    """Sinks / windows small enough for a budget of 16."""
-    sizes = {"n_sink": 4, "recent": 4, "window": 6, "kernel": 3}
-    return {p.name: sizes[p.name] for p in policy_params(name) if p.name in sizes}
+def _small_knobs(name, budget=16):
+    """Every own integer knob that takes a part of the default budget (sinks, windows, kernels…; not a
+    ceiling above it) at most a quarter of ``budget``: the largest value on its declared grid
+    (``low``, ``low + step``, …) not above that or its default."""
+    default_budget = next(p.default for p in COMMON_PARAMS if p.name == "budget")
+    knobs = {}
+    for p in policy_class(name).params:
+        if p.kind == "int" and p.default < default_budget:
+            cap = min(p.default, budget // 4)
+            knobs[p.name] = max(p.low, p.low + (cap - p.low) // p.step * p.step)
+    return knobs
 
 
 @pytest.mark.parametrize("name", [n for n in policy_names() if make_policy(n, **_small_knobs(n), budget=16).evicts])

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from thinkviz.bench.sweep import COLUMNS, Budget, parse_budgets, parse_policies, sweep_trace, write_rows
+from thinkviz.sweep import COLUMNS, Budget, parse_budgets, parse_policies, sweep_trace, write_rows
 from thinkviz.policies import policy_names
 from thinkviz.replay import Trace
 from thinkviz.viz.pareto import pareto_figure, pareto_front

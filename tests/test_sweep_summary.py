@@ -8,7 +8,7 @@ import json
 import pytest
 
 from thinkviz.bench.summary import SummaryError, load_sweep_rows, summary_table
-from thinkviz.bench.sweep import Budget, sweep_trace, write_rows
+from thinkviz.sweep import Budget, sweep_trace, write_rows
 from thinkviz.cli import main
 from thinkviz.replay import Trace
 

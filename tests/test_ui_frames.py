@@ -11,7 +11,6 @@ import pytest
 
 from thinkviz.engine import DecodeSettings
 from thinkviz.memory import Projection
-from thinkviz.model import tiny_model
 from thinkviz.policies import make_policy
 from thinkviz.ui import explore
 from thinkviz.ui.compare import FIDELITY_COLUMNS, compare_frames
@@ -19,6 +18,7 @@ from thinkviz.ui.live import live_frames
 from thinkviz.ui.runs import RunInput, RunInputError
 from thinkviz.ui.stream import TokenChannel, TokenData
 from thinkviz.ui.throttle import FramePacer
+from tiny_models import tiny_model
 
 QUESTION = RunInput(system="Think step by step.", question="What is 2 + 3?")
 TRACE = RunInput(system=None, question="Sum the list.",
@@ -232,7 +232,7 @@ def test_explore_shows_any_step_of_a_finished_run(tiny):
 
 
 def test_sweep_reports_progress_then_a_pareto_plot_and_a_table(tiny, tmp_path):
-    from thinkviz.bench.sweep import parse_budgets
+    from thinkviz.sweep import parse_budgets
     from thinkviz.replay import Trace
     from thinkviz.ui.sweep import TABLE_COLUMNS, export_sweep, sweep_frames
 
@@ -249,7 +249,7 @@ def test_sweep_reports_progress_then_a_pareto_plot_and_a_table(tiny, tmp_path):
 
 
 def test_sweep_turns_a_bad_budget_into_a_message(tiny):
-    from thinkviz.bench.sweep import Budget
+    from thinkviz.sweep import Budget
     from thinkviz.replay import Trace
     from thinkviz.ui.sweep import sweep_frames
 
@@ -259,7 +259,7 @@ def test_sweep_turns_a_bad_budget_into_a_message(tiny):
 
 
 def test_sweep_can_replay_only_the_first_trace_tokens(tiny):
-    from thinkviz.bench.sweep import parse_budgets
+    from thinkviz.sweep import parse_budgets
     from thinkviz.replay import Trace
     from thinkviz.ui.sweep import sweep_frames
 

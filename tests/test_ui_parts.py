@@ -10,14 +10,15 @@ import pytest
 
 from thinkviz.engine import DecodeSettings, Run
 from thinkviz.events import RecordingError, RunRecord
-from thinkviz.model import ModelLoadError, tiny_model
+from thinkviz.model import ModelLoadError
 from thinkviz.policies import make_policy, policy_names, policy_params
 from thinkviz.ui import controls, inputs
-from thinkviz.ui.export import export_figures, export_recording, import_recording
+from thinkviz.export import export_figures, export_recording, import_recording
 from thinkviz.ui.learn import learn_markdown, policy_card
 from thinkviz.ui.model_slot import ModelSlot, ModelUnavailable
 from thinkviz.ui.runs import RunInputError
 from thinkviz.ui.throttle import FramePacer
+from tiny_models import tiny_model
 
 
 class FakeClock:

@@ -7,7 +7,6 @@ import pytest
 
 from thinkviz.events import RunRecord, StepEvent
 from thinkviz.memory import GIB, Projection, TargetModel
-from thinkviz.model import tiny_model
 from thinkviz.viz.figures import (
     MAX_COLS,
     MAX_ROWS,
@@ -22,6 +21,7 @@ from thinkviz.viz.figures import (
     tokens_seen,
 )
 from viz_records import generated, replayed
+from tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import pytest
 
 from thinkviz.events import RunRecord
 from thinkviz.metrics import TokenFidelity, summarize_by_kind
-from thinkviz.model import tiny_model
 from thinkviz.viz.tables import fidelity_table, segment_table, stats_strip
 from viz_records import replayed
+from tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -1,91 +1,24 @@
-"""Command line: ``python -m thinkviz generate|bench|policies|train-predictor …``.
+"""Command line: ``python -m thinkviz generate|bench|policies|train-predictor …`` (or ``thinkviz …``).
 
 Every user error ends with one line ``thinkviz: error: <reason>`` on stderr and exit code 2;
 a run that fails mid-way (the model or a policy raised, device out of memory) with one line
-and exit code 1.
+and exit code 1.  The subcommands live in :mod:`thinkviz.commands`, one module each.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
+# train_predictor still imports add_model_args, command and load_from_args from here; the
+# names are imported before the subcommands so that it finds them.
+from .commands.common import COMMANDS, CliError, add_model_args, command, load_from_args  # noqa: F401
+from .commands import bench, generate, policies, train_predictor  # noqa: F401  (each registers itself)
 from .faults import RunFault
-from .policies import PolicyConfigError, make_policy, policy_names
-
-
-class CliError(Exception):
-    """A user error: printed as one line, exit code 2."""
-
-
-def parse_param(text: str) -> tuple[str, str]:
-    """``key=value`` → ``(key, value)`` for ``--param``."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), value.strip()
-
-
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="embedded", help="'embedded', a Hugging Face id or a local folder")
-    parser.add_argument("--quant", default="4bit", choices=["4bit", "8bit", "none"], help="weight quantization")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-
-
-def add_policy_args(parser: argparse.ArgumentParser, default_policy: str = "h2o") -> None:
-    parser.add_argument("--policy", default=default_policy, help=f"one of: {', '.join(policy_names())}")
-    parser.add_argument("--budget", type=int, default=256, help="tokens kept per layer and kv-head")
-    parser.add_argument("--interval", type=int, default=1, help="compress every N steps")
-    parser.add_argument("--param", type=parse_param, action="append", default=[], metavar="KEY=VALUE",
-                        help="a policy parameter, e.g. --param recent=32, or a choice by name (repeatable; "
-                             "'python -m thinkviz policies' lists each policy's parameters, ranges and choices)")
-    parser.add_argument("--no-protect-system", action="store_true", help="allow evicting the system prompt")
-    parser.add_argument("--no-protect-question", action="store_true", help="allow evicting the question")
-
-
-def policy_from_args(args: argparse.Namespace, name: str | None = None, budget: int | None = None):
-    """Build the policy named on the command line; :class:`CliError` on bad values."""
-    values = dict(args.param)
-    values.update(
-        budget=args.budget if budget is None else budget,
-        interval=args.interval,
-        protect_system=not args.no_protect_system,
-        protect_question=not args.no_protect_question,
-    )
-    try:
-        return make_policy(name or args.policy, **values)
-    except PolicyConfigError as exc:
-        raise CliError(str(exc)) from None
-
-
-def load_from_args(args: argparse.Namespace):
-    """Load the model named on the command line, reporting progress on stderr."""
-    from .model import ModelLoadError, load_model
-
-    try:
-        return load_model(args.model, args.quant, args.device,
-                          progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr))
-    except ModelLoadError as exc:
-        raise CliError(str(exc)) from None
-
-
-COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
-
-
-def command(name: str, configure: Callable[[argparse.ArgumentParser], None]):
-    """Register ``run(args) -> exit code`` as subcommand ``name`` with its argument setup."""
-
-    def decorate(run: Callable[[argparse.Namespace], int]):
-        COMMANDS[name] = (configure, run)
-        return run
-
-    return decorate
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import commands  # noqa: F401  (registers the subcommands)
-
     parser = argparse.ArgumentParser(prog="python -m thinkviz", description="ThinkViz: KV-cache eviction, measured.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (configure, run) in COMMANDS.items():

@@ -19,6 +19,8 @@ import resource
 import sys
 from dataclasses import dataclass
 
+import torch
+
 GIB = 1024**3
 
 # Consumer card sizes offered for the projection, in GiB of VRAM.
@@ -164,8 +166,6 @@ def device_memory(device=None) -> dict[str, int | str]:
 
     Returns ``{"kind": "cuda", "allocated": …, "reserved": …}`` or ``{"kind": "cpu", "rss": …}``.
     """
-    import torch
-
     dev = torch.device(device) if device is not None else None
     if torch.cuda.is_available() and (dev is None or dev.type == "cuda"):
         return {

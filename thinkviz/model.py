@@ -32,10 +32,6 @@ QUANTIZATIONS = ("4bit", "8bit", "none")
 _EMBEDDED_DISPLAY = "SmolLM2-135M-Instruct (embedded)"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_FOLDER = "smollm2-135m-instruct"
-_TINY_ARCHS = {
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-}
 
 Progress = Callable[[float, str], None]
 
@@ -72,6 +68,22 @@ class LoadedModel:
     device: torch.device
     geometry: Geometry
     weights_bytes: int
+
+    @classmethod
+    def wrap(cls, model, tokenizer, name: str, quantization: str, device: torch.device) -> LoadedModel:
+        """Bundle a ready model with its tokenizer, its KV geometry and its weight bytes."""
+        config = model.config.get_text_config()
+        q_heads = config.num_attention_heads
+        geometry = Geometry(
+            layers=config.num_hidden_layers,
+            q_heads=q_heads,
+            kv_heads=getattr(config, "num_key_value_heads", None) or q_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // q_heads,
+            dtype_bytes=model.get_input_embeddings().weight.element_size(),
+            max_context=config.max_position_embeddings,
+        )
+        weights = sum(_tensor_bytes(t) for t in itertools.chain(model.parameters(), model.buffers()))
+        return cls(model, tokenizer, name, quantization, device, geometry, weights)
 
 
 def embedded_gguf_path() -> pathlib.Path:
@@ -142,47 +154,7 @@ def load_model(
             ) from exc
         raise ModelLoadError(f"Could not load {name!r}: {_first_line(exc)}") from exc
     report(1.0, f"Ready: {display}")
-    return _loaded(model, tokenizer, display, quantization, target)
-
-
-def tiny_model(
-    arch: str = "llama",
-    seed: int = 0,
-    *,
-    layers: int = 2,
-    hidden: int = 64,
-    q_heads: int = 4,
-    kv_heads: int = 2,
-    dtype: torch.dtype = torch.float32,
-) -> LoadedModel:
-    """A small randomly initialised Llama or Qwen3 with the SmolLM2 tokenizer, for tests.
-
-    Deterministic for a given ``seed`` (the global RNG is left untouched); eager attention,
-    unquantized, on the CPU.  ``kv_heads < q_heads`` gives grouped-query attention.
-    """
-    if arch not in _TINY_ARCHS:
-        raise ValueError(f"arch must be one of {sorted(_TINY_ARCHS)}, not {arch!r}")
-    config_class, model_class = _TINY_ARCHS[arch]
-    tokenizer = _embedded_tokenizer()
-    config = config_class(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=q_heads,
-        num_key_value_heads=kv_heads,
-        head_dim=hidden // q_heads,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        attn_implementation="eager",
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_class(config).to(dtype).eval()
-    return _loaded(model, tokenizer, f"tiny-{arch} (random)", "none", torch.device("cpu"))
+    return LoadedModel.wrap(model, tokenizer, display, quantization, target)
 
 
 def _device(device: str | None) -> torch.device:
@@ -274,29 +246,14 @@ def _embedded_folder(report: Progress) -> pathlib.Path:
 
 
 @functools.lru_cache(maxsize=1)
-def _embedded_tokenizer() -> transformers.PreTrainedTokenizerBase:
-    """The SmolLM2 tokenizer, shared in-process; read from the cache, else from the GGUF."""
+def embedded_tokenizer() -> transformers.PreTrainedTokenizerBase:
+    """The embedded model's SmolLM2 tokenizer without its weights, shared in-process; read from
+    the converted cache, else from the GGUF."""
     folder = cache_dir() / _CACHE_FOLDER
     if folder.is_dir():
         return AutoTokenizer.from_pretrained(folder)
     gguf = embedded_gguf_path()
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-
-
-def _loaded(model, tokenizer, name: str, quantization: str, device: torch.device) -> LoadedModel:
-    """Bundle a model with its geometry and weight bytes."""
-    config = model.config.get_text_config()
-    q_heads = config.num_attention_heads
-    geometry = Geometry(
-        layers=config.num_hidden_layers,
-        q_heads=q_heads,
-        kv_heads=getattr(config, "num_key_value_heads", None) or q_heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // q_heads,
-        dtype_bytes=model.get_input_embeddings().weight.element_size(),
-        max_context=config.max_position_embeddings,
-    )
-    weights = sum(_tensor_bytes(t) for t in itertools.chain(model.parameters(), model.buffers()))
-    return LoadedModel(model, tokenizer, name, quantization, device, geometry, weights)
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> int:

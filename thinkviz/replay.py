@@ -34,7 +34,8 @@ from .metrics import (
     top1_agreement,
 )
 from .model import LoadedModel
-from .policies import Policy, make_policy
+from .policies import REFERENCE_POLICY, Policy, make_policy
+from .presets import PresetError, load_preset
 
 ASSISTANT_PREFIX = "<think>\n"
 DEFAULT_QUESTION = "Think it through step by step."
@@ -91,8 +92,6 @@ def load_trace(spec: str, question: str | None = None, system: str | None = None
         text = read_trace_file(path)
         return Trace(path.stem, REASONING_SYSTEM_PROMPT if system is None else system,
                      question or DEFAULT_QUESTION, text)
-    from .presets import PresetError, load_preset
-
     try:
         preset = load_preset(spec)
     except PresetError as exc:
@@ -158,7 +157,7 @@ class LockstepReplay:
         self.cancel = cancel or threading.Event()
         self._stop = threading.Event()  # set only between chunks, so every run stops at the same one
         self.trace_ids = [int(i) for i in trace_ids]
-        self.reference = Run(loaded, make_policy("full", interval=interval), prompt, settings, self._stop)
+        self.reference = Run(loaded, make_policy(REFERENCE_POLICY, interval=interval), prompt, settings, self._stop)
         self.runs = [Run(loaded, policy, prompt, settings, self._stop) for policy in policies]
         self.prompt_tokens = len(self.reference.ids)
         self.targets = torch.tensor(self.reference.ids + self.trace_ids)  # (N,) the true sequence

@@ -44,7 +44,7 @@ def _outcome(final: tuple) -> tuple[str, str]:
 
 
 def _recording_policy(client) -> str:
-    from thinkviz.ui.export import import_recording
+    from thinkviz.export import import_recording
 
     return import_recording([client.predict(api_name="/export_recording")]).meta["policy"]
 

@@ -14,7 +14,7 @@ from test_param_choices import ChoosyPolicy
 from test_ui_browser import download, pick, wait_for_text
 from tiny_app import served_app
 
-from thinkviz.ui.export import import_recording
+from thinkviz.export import import_recording
 
 pytestmark = pytest.mark.browser
 

@@ -7,13 +7,13 @@ import threading
 import pytest
 
 from thinkviz.engine import DecodeSettings
-from thinkviz.model import tiny_model
 from thinkviz.policies import make_policy
 from thinkviz.ui.live import live_frames
 from thinkviz.ui.runs import RunInput
 from thinkviz.ui.stream import PATCH_BUS_JS, RESYNC_BUTTON_ID, TokenChannel, bus_payload, container_html
 from thinkviz.ui.throttle import FramePacer
 from thinkviz.viz.tokens import TOKEN_CSS
+from tiny_models import tiny_model
 
 pytestmark = pytest.mark.browser
 

@@ -8,11 +8,11 @@ from typing import Iterator
 import pytest
 
 from thinkviz.bench.browser import free_port
-from thinkviz.model import tiny_model
 from thinkviz.policies.base import Policy
 from thinkviz.policies.registry import POLICIES
 from thinkviz.ui.app import build_app
 from thinkviz.ui.model_slot import ModelSlot
+from tiny_models import tiny_model
 
 
 @contextmanager

@@ -120,6 +120,7 @@ def measure(url: str, tokens: int = 500, model_timeout: float = 600, run_timeout
     """Generate ``tokens`` tokens in the Live tab of the app at ``url`` and time the page."""
     if not Path(CHROMIUM).exists():
         raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    # Imported here: Playwright is a dev requirement, and the rest of the CLI must run without it.
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 

@@ -1,6 +1,6 @@
 """One table across sweeps: a row per (policy, budget), a column per trace.
 
-``bench sweep`` writes one ``sweep.json`` per run (see :mod:`thinkviz.bench.sweep`).  When
+``bench sweep`` writes one ``sweep.json`` per run (see :mod:`thinkviz.sweep`).  When
 several traces were swept separately, :func:`summary_table` lines their rows up so that a
 policy can be read across traces at a glance: the chosen metric per trace, its mean over
 the traces, and the largest peak KV fraction the policy reached at that budget.
@@ -18,7 +18,9 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ..policies import REFERENCE_POLICY
 from ..viz.pareto import METRICS
+from ..viz.tables import cell
 
 REQUIRED = ("trace", "policy", "budget", "kv_fraction", *METRICS)
 BUDGET_SLACK = 0.005  # peak KV (fraction of full) within which a row counts as holding its budget
@@ -107,7 +109,7 @@ def _best_per_column(rows: Sequence[dict[str, Any]], metric: str, higher_is_bett
     """
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
-        if row["policy"] != "full" and not math.isnan(_number(row[metric])):
+        if row["policy"] != REFERENCE_POLICY and not math.isnan(_number(row[metric])):
             groups.setdefault((row["trace"], row["budget"]), []).append(row)
     sign = -1.0 if higher_is_better else 1.0
     best = {}
@@ -117,11 +119,6 @@ def _best_per_column(rows: Sequence[dict[str, Any]], metric: str, higher_is_bett
         top = min(sign * _number(row[metric]) for row in held)
         best[key] = {id(row) for row in held if sign * _number(row[metric]) == top}
     return best
-
-
-def cell(value: Any, spec: str) -> str:
-    """``value`` formatted with ``spec`` for a Markdown table; a missing value (None, NaN) is "–"."""
-    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
 def _number(value: Any) -> float:

@@ -1,3 +1,2 @@
-"""Subcommands of ``python -m thinkviz``; importing a module registers it."""
-
-from . import bench, generate, policies, train_predictor  # noqa: F401
+"""Subcommands of ``python -m thinkviz``, one module each; :mod:`thinkviz.cli` imports them
+(importing a module registers its subcommand) and :mod:`.common` holds what they share."""

@@ -6,14 +6,24 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..cli import add_model_args, command, load_from_args, parse_param
+from tqdm import tqdm
+
+from ..bench.browser import BenchError, launched_app, measure
+from ..bench.overhead import measure_overhead
+from ..bench.replay_cost import measure_replay_cost
+from ..bench.summary import SummaryError, load_sweep_rows, summary_table
+from ..policies import PolicyConfigError, make_policy
+from ..presets import MAX_NEW_TOKENS_RANGE
+from ..replay import TraceError, load_trace, prepare_trace
+from ..sweep import check_params, markdown_table, parse_budgets, parse_policies, sweep_trace, write_rows
+from ..viz.pareto import pareto_figure
+from .common import CliError, add_model_args, command, load_from_args, parse_param
 
 BENCHES: dict[str, tuple] = {}
 
 
 def bench_kind(name: str, configure):
     """Register a benchmark kind: ``configure(parser)`` and ``run(args) -> int``."""
-
     def decorate(run):
         BENCHES[name] = (configure, run)
         return run
@@ -39,9 +49,6 @@ def _overhead_args(parser: argparse.ArgumentParser) -> None:
 @bench_kind("overhead", _overhead_args)
 def overhead(args: argparse.Namespace) -> int:
     """Engine tok/s (h2o, budget 128, interval 1, scoring on) ÷ plain model.generate tok/s."""
-    from ..bench.overhead import measure_overhead
-    from ..cli import CliError
-
     if args.new_tokens < 1 or args.budget < 8 or args.repeats < 1:
         raise CliError("--new-tokens and --repeats must be ≥ 1 and --budget ≥ 8")
     loaded = load_from_args(args)
@@ -77,12 +84,6 @@ def _sweep_args(parser: argparse.ArgumentParser) -> None:
 @bench_kind("sweep", _sweep_args)
 def sweep(args: argparse.Namespace) -> int:
     """Replay traces through policies × budgets; write CSV, JSON and a memory-vs-fidelity Pareto plot."""
-    from ..bench.sweep import check_params, markdown_table, parse_budgets, parse_policies, sweep_trace, write_rows
-    from ..cli import CliError
-    from ..policies import PolicyConfigError
-    from ..replay import TraceError, load_trace
-    from tqdm import tqdm
-
     try:
         budgets = parse_budgets(args.budgets)
         policies = parse_policies(args.policies)
@@ -137,9 +138,6 @@ def _summary_args(parser: argparse.ArgumentParser) -> None:
 @bench_kind("summary", _summary_args)
 def summary(args: argparse.Namespace) -> int:
     """Line up several sweeps: one row per (policy, budget), one column per trace."""
-    from ..bench.summary import SummaryError, load_sweep_rows, summary_table
-    from ..cli import CliError
-
     try:
         rows = load_sweep_rows(args.sweeps)
         table = summary_table(rows, args.metric)
@@ -147,8 +145,6 @@ def summary(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     print(table, end="")
     if args.out:
-        from ..viz.pareto import pareto_figure
-
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.md").write_text(table, encoding="utf-8")
@@ -170,12 +166,6 @@ def _replay_cost_args(parser: argparse.ArgumentParser) -> None:
 @bench_kind("replay-cost", _replay_cost_args)
 def replay_cost(args: argparse.Namespace) -> int:
     """Time of one policy's chunked replay ÷ one plain full-cache teacher-forced pass of the same trace."""
-    from ..bench.replay_cost import measure_replay_cost
-    from ..bench.sweep import parse_budgets, parse_policies
-    from ..cli import CliError
-    from ..policies import PolicyConfigError, make_policy
-    from ..replay import TraceError, load_trace, prepare_trace
-
     try:
         budgets, policies = parse_budgets(args.budget), parse_policies(args.policy)
     except ValueError as exc:
@@ -216,10 +206,6 @@ def _browser_args(parser: argparse.ArgumentParser) -> None:
 @bench_kind("browser", _browser_args)
 def browser(args: argparse.Namespace) -> int:
     """Headless Chromium: click → first painted token, and frames per second during a long Live run."""
-    from ..bench.browser import BenchError, launched_app, measure
-    from ..cli import CliError
-    from ..presets import MAX_NEW_TOKENS_RANGE
-
     low, high = MAX_NEW_TOKENS_RANGE  # what the Live tab's slider allows
     if not low <= args.tokens <= high:
         raise CliError(f"--tokens must be between {low} and {high}, got {args.tokens}")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import CliError, add_model_args, add_policy_args, command, load_from_args, policy_from_args
+from ..chat import REASONING_SYSTEM_PROMPT, build_chat
 from ..engine import DecodeSettings, EngineError, Run
 from ..faults import guard_frames
 from ..units import format_bytes
+from .common import CliError, add_model_args, add_policy_args, command, load_from_args, policy_from_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +27,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 @command("generate", configure)
 def run(args: argparse.Namespace) -> int:
     """Generate text through an eviction policy and print a summary."""
-    from ..chat import REASONING_SYSTEM_PROMPT, build_chat
-
     if not args.prompt.strip():
         raise CliError("the prompt is empty")
     policy = policy_from_args(args)

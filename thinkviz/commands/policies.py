@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from ..cli import CliError, command
+from .common import CliError, command
 from ..policies import POLICIES, Param, policy_class
 from ..policies.base import COMMON_PARAMS
 

@@ -4,6 +4,7 @@ from . import full, window, streaming, h2o, tova, snapkv  # noqa: F401  (registr
 from . import entropy, think_drop, tam, dynts, rkv, merge  # noqa: F401
 from . import knorm, keydiff, random_eviction  # noqa: F401
 from .base import CacheView, Param, Policy, PolicyConfigError
+from .full import REFERENCE_POLICY
 from .registry import POLICIES, make_policy, policy_class, policy_names, policy_params
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "Policy",
     "PolicyConfigError",
     "POLICIES",
+    "REFERENCE_POLICY",
     "make_policy",
     "policy_class",
     "policy_names",

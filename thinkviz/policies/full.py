@@ -7,13 +7,15 @@ import torch
 from .base import CacheView, Policy
 from .registry import register
 
+REFERENCE_POLICY = "full"  # what every other policy is measured against (fidelity, sweeps, Compare)
+
 
 @register
 class FullCache(Policy):
     """Never evicts; ``select`` returns every slot ``(L, H_kv, T)``. Importance shown is the
     attention each token received, normalised by how many queries could see it."""
 
-    name = "full"
+    name = REFERENCE_POLICY
     summary = "Keep every token. The cache grows by one entry per token in every layer and head."
     source = "reference (no eviction)"
     evicts = False

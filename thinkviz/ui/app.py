@@ -14,13 +14,13 @@ from typing import Callable, Iterator
 
 import gradio as gr
 
-from ..bench.sweep import parse_budgets, parse_policies
+from ..sweep import parse_budgets, parse_policies
 from ..chat import REASONING_SYSTEM_PROMPT
 from ..events import RecordingError
 from ..faults import RunFault
 from ..memory import CARDS_GB
 from ..model import QUANTIZATIONS
-from ..policies import policy_names
+from ..policies import REFERENCE_POLICY, policy_names
 from ..policies.base import COMMON_PARAMS
 from ..presets import MAX_NEW_TOKENS_RANGE
 from ..replay import TraceError, load_trace
@@ -32,7 +32,7 @@ from . import explore, inputs
 from .compare import FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, compare_frames
 from .controls import (ControlError, Pools, build_policy, collect_params, pool_bounds, pool_choices, pool_sizes,
                        slot_specs)
-from .export import export_figures, export_recording, import_recording
+from ..export import export_figures, export_recording, import_recording
 from .fields import slider
 from .learn import learn_markdown
 from .live import live_frames
@@ -444,7 +444,7 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
     with gr.Row():
         with gr.Column(scale=2, min_width=300):
             panel = input_controls(choices, "compare")
-            policies = gr.CheckboxGroup(policy_names(), value=["full", "window", "h2o"],
+            policies = gr.CheckboxGroup(policy_names(), value=[REFERENCE_POLICY, "window", "h2o"],
                                         label=f"Policies ({MIN_POLICIES}–{MAX_POLICIES})",
                                         elem_id="tv-compare-policies")
             budget, interval = common_sliders(interval=8, tab="compare")
@@ -483,7 +483,7 @@ def _compare_tab(slot, session, choices, bus) -> Callable:
         if choice is None:
             return values + [gr.skip()] * 6
         preset, p = choice.preset, choice.preset.params
-        wanted = list(preset.compare) or ["full", preset.policy]
+        wanted = list(preset.compare) or [REFERENCE_POLICY, preset.policy]
         known = [n for n in wanted if n in policy_names()][:MAX_POLICIES]
         left_out = [n for n in wanted if n not in known]
         if left_out:
@@ -668,7 +668,7 @@ def _sweep_tab(slot: ModelSlot, session: gr.State, choices) -> None:
     with gr.Row():
         with gr.Column(scale=2, min_width=300):
             preset = gr.Dropdown(replay, value=shortest, label="Trace (replay preset)", elem_id="tv-sweep-preset")
-            policies = gr.CheckboxGroup([n for n in policy_names() if n != "full"], value=["window", "h2o"],
+            policies = gr.CheckboxGroup([n for n in policy_names() if n != REFERENCE_POLICY], value=["window", "h2o"],
                                         label="Policies (the full cache is always the reference)")
             budgets = gr.Textbox("0.25, 0.5", label="Budgets",
                                  info="fractions of the sequence (0.25) and/or token counts (256), comma-separated")

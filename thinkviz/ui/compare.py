@@ -22,7 +22,7 @@ from ..events import RunRecord
 from ..faults import guard_frames
 from ..metrics import TokenFidelity, divergence_step, summarize
 from ..model import LoadedModel
-from ..policies import Policy, make_policy
+from ..policies import REFERENCE_POLICY, Policy, make_policy
 from ..replay import LockstepReplay
 from ..units import format_bytes
 from ..viz.figures import compare_memory_figure
@@ -139,10 +139,10 @@ def _fresh(policy: Policy) -> Policy:
 
 def _replay_frames(loaded, policies, run_input, settings, cancel, channels, pacer) -> Iterator[CompareFrame]:
     prompt, trace_ids = prepare(loaded, run_input)
-    evicting = [p for p in policies if p.name != "full"]
+    evicting = [p for p in policies if p.name != REFERENCE_POLICY]
     lockstep = LockstepReplay(loaded, evicting, prompt, trace_ids, replace(settings, scoring=True), cancel)
     pairs = {p.name: (run, f) for p, run, f in zip(evicting, lockstep.runs, lockstep.fidelity)}
-    pairs["full"] = (lockstep.reference, lockstep.reference_fidelity)
+    pairs[REFERENCE_POLICY] = (lockstep.reference, lockstep.reference_fidelity)
     names = [p.name for p in policies]
     columns = _Columns(names, [pairs[n][0] for n in names], channels)
 
@@ -163,10 +163,10 @@ def _generate_frames(loaded, policies, run_input, settings, cancel, channels, me
     names = [p.name for p in policies]
     runs = [Run(loaded, policy, prompt, settings, cancel) for policy in policies]
     columns = _Columns(names, runs, channels)
-    if "full" in names:
-        reference, everyone = runs[names.index("full")], runs
+    if REFERENCE_POLICY in names:
+        reference, everyone = runs[names.index(REFERENCE_POLICY)], runs
     else:
-        reference = Run(loaded, make_policy("full", interval=policies[0].interval), prompt, settings, cancel)
+        reference = Run(loaded, make_policy(REFERENCE_POLICY, interval=policies[0].interval), prompt, settings, cancel)
         everyone = runs + [reference]
 
     def table(fidelity: dict[str, TokenFidelity] | None = None) -> list[list[Any]]:
@@ -192,10 +192,10 @@ def _generate_frames(loaded, policies, run_input, settings, cancel, channels, me
     if not measure or cancel.is_set() or not full_ids:
         yield columns.frame("Stopped." if cancel.is_set() else f"Done: {len(full_ids)} tokens.", table(), done=True)
         return
-    evicting = [_fresh(p) for p in policies if p.name != "full"]
+    evicting = [_fresh(p) for p in policies if p.name != REFERENCE_POLICY]
     lockstep = LockstepReplay(loaded, evicting, prompt, full_ids, replace(settings, scoring=False), cancel)
     fidelity = {p.name: f for p, f in zip(evicting, lockstep.fidelity)}
-    fidelity["full"] = lockstep.reference_fidelity
+    fidelity[REFERENCE_POLICY] = lockstep.reference_fidelity
     for replayed in lockstep:
         if pacer.due():
             yield columns.frame(f"Measuring fidelity: teacher-forcing the full cache's text… "

@@ -1,6 +1,6 @@
 """The Sweep tab's run: a trace through policies × budgets, then the memory-vs-fidelity plot.
 
-:func:`~thinkviz.bench.sweep.sweep_trace` reports progress through a callback, so it runs in
+:func:`~thinkviz.sweep.sweep_trace` reports progress through a callback, so it runs in
 a worker thread and :func:`sweep_frames` turns its progress into paced status frames; the
 last frame carries :func:`~thinkviz.viz.pareto.pareto_figure` and the result table.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ..bench.sweep import Budget, sweep_trace, write_rows
+from ..sweep import Budget, sweep_trace, write_rows
 from ..faults import RunFault, fault_message, release_device_memory
 from ..model import LoadedModel
 from ..policies import PolicyConfigError

@@ -1,6 +1,6 @@
 """Pareto figure of a sweep: KV memory kept (x) against fidelity lost (y), per policy.
 
-Input rows are the sweep's (see :mod:`thinkviz.bench.sweep`): at least ``trace``, ``policy``,
+Input rows are the sweep's (see :mod:`thinkviz.sweep`): at least ``trace``, ``policy``,
 ``budget``, ``kv_fraction`` (peak KV bytes ÷ the full cache's) and the metric plotted.
 The frontier connects the points no other point beats on both axes: less memory *and*
 better fidelity.  Pure: rows in, figure out.

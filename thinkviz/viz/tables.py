@@ -21,6 +21,11 @@ FIDELITY_TABLE_HEADERS = ["segment", "tokens", "NLL Δ (nats)", "KL(full‖polic
 TABLE_KINDS = ("system", "user", "signature", "think", "code", "answer")
 
 
+def cell(value: Any, spec: str) -> str:
+    """``value`` formatted with ``spec`` for a Markdown table; a missing value (None, NaN) is "–"."""
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
 def _event_at(record: RunRecord, step: int | None):
     """The event of ``step`` (the last one at or before it); the last event for ``None``."""
     if not record.events:

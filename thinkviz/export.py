@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..events import MAX_RECORDING_BYTES, RecordingError, RunRecord
+from .events import MAX_RECORDING_BYTES, RecordingError, RunRecord
 
 
 def record_stem(record: RunRecord) -> str:

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..engine import DecodeSettings
-from ..metrics import SEGMENT_KINDS
-from ..model import LoadedModel
-from ..policies import PolicyConfigError, make_policy, policy_names, policy_params
-from ..replay import LockstepReplay, Trace, prepare_trace
-from .summary import cell
+from .engine import DecodeSettings
+from .metrics import SEGMENT_KINDS
+from .model import LoadedModel
+from .policies import REFERENCE_POLICY, PolicyConfigError, make_policy, policy_names, policy_params
+from .replay import LockstepReplay, Trace, prepare_trace
+from .viz.pareto import pareto_figure
+from .viz.tables import cell
 
 Progress = Callable[[str, int, int], None]  # (trace name, tokens done, tokens in the trace)
 
@@ -75,14 +76,14 @@ def parse_policies(text: str) -> list[str]:
     """``"h2o,window"`` or ``"all"`` (every registered policy except ``full``, which is the reference)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
     if names == ["all"]:
-        return [name for name in policy_names() if name != "full"]
+        return [name for name in policy_names() if name != REFERENCE_POLICY]
     known = policy_names()
     unknown = [name for name in names if name not in known]
     if unknown:
         raise ValueError(f"unknown policy {', '.join(map(repr, unknown))}; choose from: {', '.join(known)}")
     if not names:
         raise ValueError("no policies given")
-    return [name for name in dict.fromkeys(names) if name != "full"]
+    return [name for name in dict.fromkeys(names) if name != REFERENCE_POLICY]
 
 
 def policy_values(name: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -135,7 +136,7 @@ def sweep_trace(
     full_peak = reference.summary["peak_kv_bytes"]
     base = {"trace": trace.name, "interval": interval, "prompt_tokens": len(prompt.ids), "trace_tokens": len(ids),
             "full_peak_kv_bytes": full_peak}
-    rows = [_row(base, "full", "100%", total, reference)]
+    rows = [_row(base, REFERENCE_POLICY, "100%", total, reference)]
     for (name, budget), run in zip(pairs, replay.runs):
         rows.append(_row(base, name, budget.label, budget.tokens(total), run.record))
     return rows, replay
@@ -177,8 +178,6 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 def write_rows(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]) -> dict[str, Path]:
     """Write ``sweep.csv``, ``sweep.json`` (``{"meta", "rows"}``), ``sweep.md`` and ``pareto.html`` into ``out_dir``."""
-    from ..viz.pareto import pareto_figure
-
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out_dir / "sweep.csv", "json": out_dir / "sweep.json", "md": out_dir / "sweep.md",
              "html": out_dir / "pareto.html"}

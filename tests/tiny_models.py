@@ -1,0 +1,53 @@
+"""Tiny random Llama / Qwen3 models with the SmolLM2 tokenizer: fast, deterministic test models."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from thinkviz.model import LoadedModel, embedded_tokenizer
+
+ARCHS = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+}
+
+
+def tiny_model(
+    arch: str = "llama",
+    seed: int = 0,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    q_heads: int = 4,
+    kv_heads: int = 2,
+    dtype: torch.dtype = torch.float32,
+) -> LoadedModel:
+    """A small randomly initialised Llama or Qwen3 with the SmolLM2 tokenizer.
+
+    Deterministic for a given ``seed`` (the global RNG is left untouched); eager attention,
+    unquantized, on the CPU.  ``kv_heads < q_heads`` gives grouped-query attention.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {sorted(ARCHS)}, not {arch!r}")
+    config_class, model_class = ARCHS[arch]
+    tokenizer = embedded_tokenizer()
+    config = config_class(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=q_heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // q_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).to(dtype).eval()
+    return LoadedModel.wrap(model, tokenizer, f"tiny-{arch} (random)", "none", torch.device("cpu"))

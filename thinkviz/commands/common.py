@@ -1,0 +1,81 @@
+"""What every subcommand shares: the one-line user error, the model and policy argument groups,
+the model and policy they name, and the registry :mod:`thinkviz.cli` builds its parser from.
+
+A subcommand is a module in this package that calls :func:`command` with its argument setup
+and its ``run(args) -> exit code``; :mod:`thinkviz.cli` imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from ..model import QUANTIZATIONS, ModelLoadError, load_model
+from ..policies import PolicyConfigError, make_policy, policy_names
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+def parse_param(text: str) -> tuple[str, str]:
+    """``key=value`` → ``(key, value)`` for ``--param``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="embedded", help="'embedded', a Hugging Face id or a local folder")
+    parser.add_argument("--quant", default="4bit", choices=QUANTIZATIONS, help="weight quantization")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def add_policy_args(parser: argparse.ArgumentParser, default_policy: str = "h2o") -> None:
+    parser.add_argument("--policy", default=default_policy, help=f"one of: {', '.join(policy_names())}")
+    parser.add_argument("--budget", type=int, default=256, help="tokens kept per layer and kv-head")
+    parser.add_argument("--interval", type=int, default=1, help="compress every N steps")
+    parser.add_argument("--param", type=parse_param, action="append", default=[], metavar="KEY=VALUE",
+                        help="a policy parameter, e.g. --param recent=32, or a choice by name (repeatable; "
+                             "'python -m thinkviz policies' lists each policy's parameters, ranges and choices)")
+    parser.add_argument("--no-protect-system", action="store_true", help="allow evicting the system prompt")
+    parser.add_argument("--no-protect-question", action="store_true", help="allow evicting the question")
+
+
+def policy_from_args(args: argparse.Namespace, name: str | None = None, budget: int | None = None):
+    """Build the policy named on the command line; :class:`CliError` on bad values."""
+    values = dict(args.param)
+    values.update(
+        budget=args.budget if budget is None else budget,
+        interval=args.interval,
+        protect_system=not args.no_protect_system,
+        protect_question=not args.no_protect_question,
+    )
+    try:
+        return make_policy(name or args.policy, **values)
+    except PolicyConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def load_from_args(args: argparse.Namespace):
+    """Load the model named on the command line, reporting progress on stderr."""
+    try:
+        return load_model(args.model, args.quant, args.device,
+                          progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr))
+    except ModelLoadError as exc:
+        raise CliError(str(exc)) from None
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def command(name: str, configure: Callable[[argparse.ArgumentParser], None]):
+    """Register ``run(args) -> exit code`` as subcommand ``name`` with its argument setup."""
+
+    def decorate(run: Callable[[argparse.Namespace], int]):
+        COMMANDS[name] = (configure, run)
+        return run
+
+    return decorate
