@@ -1,7 +1,7 @@
 """ThinkViz in the browser.
 
     python app.py [--host 127.0.0.1] [--port 7860] [--share] [--model embedded] [--quant 4bit]
-                  [--allow-model-loading]
+                  [--quant-backend auto] [--allow-model-loading]
 
 Binds 127.0.0.1 unless told otherwise and makes no share link unless ``--share`` is given;
 uploads over ``MAX_UPLOAD_BYTES`` are refused by the server.  When the app is reachable from
@@ -13,11 +13,12 @@ The page opens at once; the model loads in the background with its progress show
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import sys
 
 from thinkviz.events import MAX_RECORDING_BYTES
-from thinkviz.model import QUANTIZATIONS
+from thinkviz.model import BACKENDS, QUANTIZATIONS, load_model
 from thinkviz.ui.app import APP_CSS, build_app
 from thinkviz.ui.model_slot import ModelSlot
 
@@ -44,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "settings panel even when --host or --share makes the app reachable from elsewhere")
     parser.add_argument("--model", default="embedded", help="'embedded', a Hugging Face id or a local folder")
     parser.add_argument("--quant", default="4bit", choices=QUANTIZATIONS, help="weight quantization (default 4bit)")
+    parser.add_argument("--quant-backend", default="auto", choices=BACKENDS,
+                        help="who holds 4-bit weights (default auto: torch-int4 on an AVX512 CPU, else bitsandbytes)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
@@ -53,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    slot = ModelSlot(device=args.device)
+    slot = ModelSlot(device=args.device, loader=functools.partial(load_model, backend=args.quant_backend))
     slot.start(args.model, args.quant)
     model_loading = args.allow_model_loading or (is_loopback(args.host) and not args.share)
     demo = build_app(slot, model=args.model, quantization=args.quant, model_loading=model_loading)

@@ -8,7 +8,8 @@ from tiny_models import tiny_model
 
 @pytest.fixture(scope="session")
 def embedded_model() -> LoadedModel:
-    """The embedded SmolLM2-135M-Instruct, 4-bit NF4 (on CUDA when available), shared by the session."""
+    """The embedded SmolLM2-135M-Instruct in 4-bit, shared by the session: on CUDA when available
+    (bitsandbytes NF4), else on the CPU with the automatic backend (torch-int4 on AVX512)."""
     return load_model(quantization="4bit")
 
 
@@ -22,6 +23,24 @@ def tiny_llama() -> LoadedModel:
 def tiny_qwen3() -> LoadedModel:
     """A fresh 2-layer random Qwen3 (4 query heads over 2 kv-heads) with the SmolLM2 tokenizer."""
     return tiny_model("qwen3")
+
+
+@pytest.fixture
+def tiny_llama_int4() -> LoadedModel:
+    """``tiny_llama`` with its linears in 4 bits (the torch-int4 CPU backend)."""
+    return tiny_model("llama", quantization="4bit")
+
+
+@pytest.fixture
+def tiny_qwen3_int4() -> LoadedModel:
+    """``tiny_qwen3`` with its linears in 4 bits (the torch-int4 CPU backend)."""
+    return tiny_model("qwen3", quantization="4bit")
+
+
+@pytest.fixture(scope="session")
+def embedded_model_int4() -> LoadedModel:
+    """The embedded model on the CPU with the torch-int4 backend, whatever ``auto`` would pick."""
+    return load_model(quantization="4bit", device="cpu", backend="torch-int4")
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ def _hf_greedy(loaded, prompt, n):
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3", "tiny_llama_int4", "tiny_qwen3_int4"])
 @pytest.mark.parametrize("policy_name", ["full", "h2o", "window"])
 def test_greedy_equals_model_generate_when_budget_covers_everything(arch_fixture, policy_name, request):
     loaded = request.getfixturevalue(arch_fixture)

@@ -22,13 +22,20 @@ def _greedy(loaded, messages, new_tokens):
     return loaded.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
+def _embedded_4bit(embedded_model, backend):
+    """The shared 4-bit fixture when it already uses ``backend``, else the model loaded with it."""
+    if embedded_model.backend == backend:
+        return embedded_model
+    return load_model(EMBEDDED, "4bit", "cpu" if backend == "torch-int4" else None, backend=backend)
+
+
 @pytest.mark.integration
 def test_embedded_model_is_4bit_smollm2(embedded_model):
-    loaded = embedded_model
+    loaded = _embedded_4bit(embedded_model, "bitsandbytes")
     linears = [m for m in loaded.model.modules() if isinstance(m, torch.nn.Linear)]
     assert sum(isinstance(m, bnb.nn.Linear4bit) for m in linears) == 30 * 7  # q k v o gate up down
     assert loaded.name == "SmolLM2-135M-Instruct (embedded)"
-    assert loaded.quantization == "4bit"
+    assert loaded.quantization == "4bit" and loaded.backend == "bitsandbytes"
     assert loaded.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert loaded.model.config._attn_implementation == "eager"
     assert not loaded.model.training
@@ -41,10 +48,19 @@ def test_embedded_model_is_4bit_smollm2(embedded_model):
 
 
 @pytest.mark.integration
+def test_auto_backend_on_this_machine(embedded_model):
+    """``auto`` picks torch-int4 on an AVX512 CPU and bitsandbytes elsewhere (and on CUDA)."""
+    fast = embedded_model.device.type == "cpu" and tvmodel.cpu_int4.fast_here()
+    assert embedded_model.backend == ("torch-int4" if fast else "bitsandbytes")
+
+
+@pytest.mark.integration
 def test_embedded_model_answers_greedily(embedded_model):
-    answer = _greedy(embedded_model, PROMPT, 8)
+    # 12 tokens: NF4 answers "2 + 2 = 4"; torch-int4, like the float model, first says
+    # "The answer to this classic math problem is 4."
+    answer = _greedy(embedded_model, PROMPT, 12)
     assert "4" in answer  # real weights, not noise
-    assert _greedy(embedded_model, PROMPT, 8) == answer
+    assert _greedy(embedded_model, PROMPT, 12) == answer
 
 
 @pytest.mark.integration

@@ -14,6 +14,11 @@ from thinkviz.policies import make_policy
 from thought_trace import chat_and_trace
 
 TOLERANCE = 1e-4
+# 4-bit weights on the CPU take bfloat16 activations, so two runs whose float32 attention
+# differs in its last bits (a gathered, shorter cache against a masked full one) drift apart
+# over the embedded model's 30 layers: measured 0.31 on logits of magnitude 33, against 4-8
+# when the reference ignores the eviction.  (The tiny 4-bit models stay within TOLERANCE.)
+EMBEDDED_4BIT_TOLERANCE = 0.6
 
 
 def replay_with_visibility(loaded, policy, prompt, trace):
@@ -35,25 +40,25 @@ def _random_ids(n, vocab, seed):
     return torch.randint(10, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _check(loaded, policy, seeds):
+def _check(loaded, policy, seeds, tolerance=TOLERANCE):
     vocab = loaded.model.config.vocab_size
     prompt, trace = _random_ids(48, vocab, seeds[0]), _random_ids(40, vocab, seeds[1])
     events, logits, visible = replay_with_visibility(loaded, policy, prompt, trace)
     assert sum(e.compressed for e in events) >= 3, "the test must exercise several evictions"
     reference = reference_logits(loaded, prompt, trace, policy.interval, visible)
     for got, want in zip(logits, reference, strict=True):
-        assert (got - want).abs().max().item() <= TOLERANCE
+        assert (got - want).abs().max().item() <= tolerance
     return visible
 
 
-@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3", "tiny_llama_int4", "tiny_qwen3_int4"])
 def test_uniform_eviction_matches_masked_full_cache(arch_fixture, request):
     loaded = request.getfixturevalue(arch_fixture)
     visible = _check(loaded, make_policy("window", budget=24, interval=4), (1, 2))
     assert all(torch.equal(v, v[:1, :1].expand_as(v)) for v in visible), "window keeps one set everywhere"
 
 
-@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3", "tiny_llama_int4", "tiny_qwen3_int4"])
 def test_per_head_eviction_matches_masked_full_cache(arch_fixture, request):
     loaded = request.getfixturevalue(arch_fixture)
     visible = _check(loaded, make_policy("h2o", budget=24, interval=4, recent=4), (3, 4))
@@ -102,6 +107,11 @@ def test_thought_aware_eviction_matches_masked_full_cache(tiny_llama, name, para
 @pytest.mark.integration
 def test_embedded_model_eviction_is_exact(embedded_model_fp32):
     _check(embedded_model_fp32, make_policy("h2o", budget=24, interval=4, recent=4), (5, 6))
+
+
+@pytest.mark.integration
+def test_embedded_model_eviction_is_exact_with_4bit_weights(embedded_model_int4):
+    _check(embedded_model_int4, make_policy("h2o", budget=24, interval=4, recent=4), (5, 6), EMBEDDED_4BIT_TOLERANCE)
 
 
 def reference_logits(loaded, prompt, trace, interval, visible):

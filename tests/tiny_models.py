@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import transformers
 
+from thinkviz import cpu_int4
 from thinkviz.model import LoadedModel, embedded_tokenizer
 
 ARCHS = {
@@ -22,14 +23,18 @@ def tiny_model(
     q_heads: int = 4,
     kv_heads: int = 2,
     dtype: torch.dtype = torch.float32,
+    quantization: str = "none",
 ) -> LoadedModel:
     """A small randomly initialised Llama or Qwen3 with the SmolLM2 tokenizer.
 
     Deterministic for a given ``seed`` (the global RNG is left untouched); eager attention,
-    unquantized, on the CPU.  ``kv_heads < q_heads`` gives grouped-query attention.
+    on the CPU; ``quantization="4bit"`` packs it with the ``torch-int4`` backend.
+    ``kv_heads < q_heads`` gives grouped-query attention.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {sorted(ARCHS)}, not {arch!r}")
+    if quantization not in ("none", "4bit"):
+        raise ValueError(f"a tiny model is 'none' or '4bit' (torch-int4), not {quantization!r}")
     config_class, model_class = ARCHS[arch]
     tokenizer = embedded_tokenizer()
     config = config_class(
@@ -50,4 +55,7 @@ def tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_class(config).to(dtype).eval()
-    return LoadedModel.wrap(model, tokenizer, f"tiny-{arch} (random)", "none", torch.device("cpu"))
+    if quantization == "4bit":
+        cpu_int4.quantize_model(model)
+    backend = "torch-int4" if quantization == "4bit" else "none"
+    return LoadedModel.wrap(model, tokenizer, f"tiny-{arch} (random)", quantization, torch.device("cpu"), backend)

