@@ -6,12 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from ..bench.browser import BenchError, launched_app, measure
 from ..bench.overhead import measure_overhead
+from ..bench.profile import profile_decode
+from ..bench.quant_speed import measure_quant_speed
 from ..bench.replay_cost import measure_replay_cost
 from ..bench.summary import SummaryError, load_sweep_rows, summary_table
+from ..model import ModelLoadError, choose_backend, load_model
 from ..policies import PolicyConfigError, make_policy
 from ..presets import MAX_NEW_TOKENS_RANGE
 from ..replay import TraceError, load_trace, prepare_trace
@@ -57,6 +61,99 @@ def overhead(args: argparse.Namespace) -> int:
     print(f"engine   (h2o, budget {args.budget}, interval 1, scoring on): {result.engine_tokens_per_second:7.2f} tok/s")
     print(f"baseline (model.generate, full cache):                   {result.generate_tokens_per_second:7.2f} tok/s")
     print(f"overhead ratio (engine / generate, {result.new_tokens} new tokens): {result.ratio:.3f}  (target >= 0.85)")
+    return 0
+
+
+def _profile_args(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    parser.add_argument("--policy", default="h2o", help="the policy of the profiled run")
+    parser.add_argument("--budget", type=int, default=128)
+    parser.add_argument("--interval", type=int, default=1)
+    parser.add_argument("--new-tokens", type=int, default=64, help="decode steps profiled (after the first)")
+    parser.add_argument("--ops", type=int, default=12, help="how many aten operators to list")
+
+
+@bench_kind("profile", _profile_args)
+def profile(args: argparse.Namespace) -> int:
+    """Where one engine decode step's time goes: model parts, hooks, policy, cache, Python."""
+    if args.new_tokens < 1 or args.ops < 0 or args.interval < 1:
+        raise CliError("--new-tokens and --interval must be at least 1 and --ops at least 0")
+    try:
+        make_policy(args.policy, budget=args.budget, interval=args.interval)
+    except PolicyConfigError as exc:
+        raise CliError(str(exc)) from None
+    loaded = load_from_args(args)
+    result = profile_decode(loaded, args.policy, args.budget, args.interval, args.new_tokens, args.ops)
+    print(f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device}); {args.policy}, "
+          f"budget {args.budget}, interval {args.interval}, scoring on; {result.steps} decode steps")
+    print(f"step time: {1e3 * result.plain_step_seconds:.2f} ms plain, {1e3 * result.step_seconds:.2f} ms timed part by part")
+    print("| part of a decode step | ms / step | share | calls / step |")
+    print("|---|---:|---:|---:|")
+    for name, seconds, calls in result.parts:
+        print(f"| {name} | {1e3 * seconds:.2f} | {100 * seconds / result.step_seconds:.1f} % | {calls:.3g} |")
+    if result.operators:
+        print("\n| aten operator (torch.profiler, self CPU) | ms / step | calls / step |")
+        print("|---|---:|---:|")
+        for name, seconds, calls in result.operators:
+            print(f"| {name} | {1e3 * seconds:.2f} | {calls:.3g} |")
+    return 0
+
+
+def _quant_speed_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="embedded", help="'embedded', a Hugging Face id or a local folder")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--trace", default="math_h2o_vs_window", metavar="PRESET_OR_FILE",
+                        help="the trace for the chunked pass and the quality columns")
+    parser.add_argument("--trace-tokens", type=int, default=512, help="use the first N tokens of the trace")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens decoded per timing")
+    parser.add_argument("--chunk", type=int, default=32, help="tokens per forward in the chunked pass")
+    parser.add_argument("--repeats", type=int, default=3)
+
+
+@bench_kind("quant-speed", _quant_speed_args)
+def quant_speed(args: argparse.Namespace) -> int:
+    """4-bit backends ÷ unquantized: decode and chunked-pass tok/s, NLL, KL and top-1 on a trace."""
+    if min(args.trace_tokens, args.new_tokens, args.chunk, args.repeats) < 1:
+        raise CliError("--trace-tokens, --new-tokens, --chunk and --repeats must be at least 1")
+    try:
+        trace = load_trace(args.trace)
+    except TraceError as exc:
+        raise CliError(str(exc)) from None
+    ways = {"float": ("none", "auto"), "bitsandbytes": ("4bit", "bitsandbytes"), "torch-int4": ("4bit", "torch-int4")}
+    contenders, skipped = {}, []
+    for label, (quantization, backend) in ways.items():
+        try:
+            contenders[label] = load_model(args.model, quantization, args.device, backend=backend)
+        except ModelLoadError as exc:
+            if label == "float":
+                raise CliError(str(exc)) from None
+            skipped.append(f"{label}: skipped ({exc})")
+    reference = contenders["float"]
+    try:
+        prompt, ids = prepare_trace(reference, trace.system, trace.question, trace.text, args.trace_tokens)
+    except TraceError as exc:
+        raise CliError(str(exc)) from None
+    results = measure_quant_speed(contenders, prompt.ids, ids, args.new_tokens, args.chunk, args.repeats)
+    auto = choose_backend("4bit", "auto", reference.device)
+    print(f"model: {reference.name} on {reference.device}; auto picks {auto} here "
+          f"(PyTorch CPU capability {torch.backends.cpu.get_cpu_capability()})")
+    print(f"decode: {args.new_tokens} greedy tokens (model.generate); chunked: {len(prompt.ids)} prompt + "
+          f"{len(ids)} trace tokens ({trace.name}) in {args.chunk}-token forwards; best of {args.repeats}")
+    base = results[0]
+    print("| weights | backend | MB | decode tok/s | ÷ float | chunked tok/s | ÷ float | NLL | KL vs float | top-1 vs float |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r.label} | {r.backend} | {r.weights_bytes / 1e6:.0f} | {r.decode_tokens_per_second:.2f} | "
+              f"{r.decode_tokens_per_second / base.decode_tokens_per_second:.2f} | {r.chunked_tokens_per_second:.1f} | "
+              f"{r.chunked_tokens_per_second / base.chunked_tokens_per_second:.2f} | {r.nll:.4f} | {r.kl:.4f} | {r.top1:.3f} |")
+    by_label = {r.label: r for r in results}
+    if {"bitsandbytes", "torch-int4"} <= by_label.keys():
+        fast, nf4 = by_label["torch-int4"], by_label["bitsandbytes"]
+        print(f"torch-int4 ÷ bitsandbytes: decode {fast.decode_tokens_per_second / nf4.decode_tokens_per_second:.2f}, "
+              f"chunked {fast.chunked_tokens_per_second / nf4.chunked_tokens_per_second:.2f}; "
+              f"NLL {100 * (fast.nll / nf4.nll - 1):+.1f} % against NF4")
+    for line in skipped:
+        print(line)
     return 0
 
 

@@ -1,0 +1,64 @@
+"""The speed benchmarks run to completion on a tiny model (their numbers live in the docs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from thinkviz.cli import main
+from tiny_models import tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """A tiny random Llama saved as a model folder, so the CLI can load it by path."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    loaded = tiny_model("llama", seed=7)
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def _table_rows(out: str) -> dict[str, list[str]]:
+    rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows[1:]}
+
+
+def test_quant_speed_compares_every_backend_with_float(tiny_folder, capsys):
+    code = main(["bench", "quant-speed", "--model", tiny_folder, "--device", "cpu", "--trace-tokens", "40",
+                 "--new-tokens", "4", "--chunk", "8", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = _table_rows(out)
+    assert list(rows) == ["float", "bitsandbytes", "torch-int4"]
+    assert [rows[label][0] for label in rows] == ["none", "bitsandbytes", "torch-int4"]
+    assert rows["float"][3] == "1.00" and rows["float"][7] == "0.0000"  # the reference against itself
+    for label in ("bitsandbytes", "torch-int4"):
+        decode, chunked, nll, kl = (float(rows[label][i]) for i in (2, 4, 6, 7))
+        assert decode > 0 and chunked > 0 and nll > 0 and kl >= 0
+    assert "torch-int4 ÷ bitsandbytes" in out and "auto picks" in out
+
+
+def test_quant_speed_refuses_bad_numbers_in_one_line(capsys):
+    assert main(["bench", "quant-speed", "--repeats", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "at least 1" in err[0]
+
+
+def test_profile_accounts_for_the_whole_decode_step(tiny_folder, capsys):
+    code = main(["bench", "profile", "--model", tiny_folder, "--quant", "none", "--device", "cpu",
+                 "--budget", "40", "--new-tokens", "24", "--ops", "5"])
+    out = capsys.readouterr().out
+    assert code == 0
+    parts = _table_rows(out.split("\n\n")[0])
+    from thinkviz.bench import profile
+
+    for part in (profile.LINEARS, profile.HEAD, profile.ATTENTION, profile.HOOKS, profile.POLICY, profile.GATHER,
+                 profile.REST):
+        assert part in parts, part
+    assert float(parts[profile.LINEARS][2]) == 2 * 7  # two layers, seven linears each, every step
+    assert float(parts[profile.HEAD][2]) == 1
+    assert float(parts[profile.POLICY][2]) > 0  # the 40-slot budget is exceeded: h2o selects
+    shares = sum(float(cells[1].rstrip(" %")) for cells in parts.values())
+    assert abs(shares - 100) < 1  # the parts add up to the step
+    operators = _table_rows(out.split("\n\n")[1])
+    assert len(operators) == 5 and all(name.startswith("aten::") for name in operators)
