@@ -6,7 +6,20 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz.memory import GIB, TARGETS, Projection, TargetModel, device_memory, process_rss_bytes
+from thinkviz.events import StepEvent
+from thinkviz.memory import (
+    GIB,
+    TARGETS,
+    Projection,
+    TargetModel,
+    VramCapError,
+    device_memory,
+    process_rss_bytes,
+    set_vram_cap,
+    vram_cap_bytes,
+    vram_cap_fraction,
+    with_device_memory,
+)
 
 # A model small enough to count by hand: 1 layer, 1 q head, 1 kv head, head_dim 4, hidden 4.
 TOY = TargetModel("toy", layers=1, q_heads=1, kv_heads=1, head_dim=4, hidden=4, intermediate=8,
@@ -90,3 +103,45 @@ def test_device_memory_on_cuda_counts_a_tensor():
     assert stats["kind"] == "cuda"
     assert stats["allocated"] - before >= tensor.nbytes
     assert stats["reserved"] >= stats["allocated"]
+
+
+def test_vram_cap_is_a_share_of_the_card():
+    assert vram_cap_fraction(8, 32 * GIB) == 0.25
+    assert vram_cap_fraction(0.5, GIB) == 0.5
+    assert vram_cap_fraction(141, 141 * GIB) == 1.0
+
+
+@pytest.mark.parametrize("cap", [0, -2, float("nan"), float("inf"), "8", True, None])
+def test_vram_cap_must_be_a_positive_size(cap):
+    with pytest.raises(VramCapError, match="must be a positive number of GiB"):
+        vram_cap_fraction(cap, 80 * GIB)
+
+
+def test_vram_cap_cannot_exceed_the_card():
+    with pytest.raises(VramCapError, match=r"the VRAM cap \(24 GiB\) is more than this GPU has \(8.0 GiB\)"):
+        vram_cap_fraction(24, 8 * GIB)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("cap", [8, None])
+def test_vram_cap_is_refused_on_a_cpu(cap):
+    with pytest.raises(VramCapError, match="^a VRAM cap needs a CUDA GPU, and this machine has none"):
+        set_vram_cap(cap)
+    assert vram_cap_bytes() is None
+
+
+def test_vram_cap_applies_to_cuda_devices_only():
+    expected = "a VRAM cap applies to a CUDA device, not cpu" if torch.cuda.is_available() else "needs a CUDA GPU"
+    with pytest.raises(VramCapError, match=expected):
+        set_vram_cap(4, "cpu")
+
+
+def test_device_memory_is_recorded_after_every_step():
+    events = [StepEvent(step=i, token_ids=[i], texts=["x"], positions=[i], scores=np.zeros(i + 1),
+                        keep_fraction=np.ones(i + 1)) for i in range(3)]
+    seen = []
+    for event in with_device_memory(iter(events), "cpu"):
+        seen.append(event)
+        assert event.info["device_memory"]["kind"] == "cpu"
+    assert seen == events
+    assert all(e.info["device_memory"]["rss"] > 0 for e in events)

@@ -10,14 +10,21 @@ policy would not:
 Weights are counted from the architecture (the parameter count follows from the config);
 quantized weights follow bitsandbytes: linear layers at ``bits`` per weight plus their
 blockwise scales, embeddings and the LM head kept at 16 bits.
+
+On a GPU the projection can be made real: :func:`set_vram_cap` caps this process's CUDA
+memory as if the card had only ``N`` GiB (``torch.cuda.set_per_process_memory_fraction``),
+so a full cache really runs out of memory where an evicting policy goes on, and
+:func:`with_device_memory` records the device's memory after every step of a run.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import sys
 from dataclasses import dataclass
+from typing import Iterable, Iterator
 
 import torch
 
@@ -47,6 +54,8 @@ class TargetModel:
     qk_norm: bool = False
     qkv_bias: bool = False
     dtype_bytes: int = 2  # bf16 cache
+    family: str = "llama"  # the transformers architecture: "llama", "qwen2" or "qwen3"
+    max_context: int = 8192  # max_position_embeddings
 
     @property
     def bytes_per_token(self) -> int:
@@ -84,23 +93,26 @@ class TargetModel:
 # Sources (config.json of each model as published on the Hugging Face hub):
 # - Qwen3-4B: github.com/citsjtu2020/LLM-Prof sglang/Model_Config.md, "Qwen3-4B" — 36 layers,
 #   32 q / 8 kv heads, head_dim 128, hidden 2560, intermediate 9728, vocab 151936, tied
-#   embeddings, bfloat16 (Qwen3 adds q/k RMSNorm per head).
+#   embeddings, bfloat16, 40960 positions (Qwen3 adds q/k RMSNorm per head).
 # - DeepSeek-R1-Distill-Qwen-7B: huggingface.co/unsloth/DeepSeek-R1-Distill-Qwen-7B-bnb-4bit and
 #   mlfoundations-dev/DeepSeek-R1-Distill-Qwen-7B_OpenThoughts3 config.json (both copies of
 #   deepseek-ai's) — Qwen2 architecture, 28 layers, 28 q / 4 kv heads, hidden 3584
-#   (head_dim 3584 / 28 = 128), intermediate 18944, vocab 152064, untied, bfloat16, q/k/v bias.
+#   (head_dim 3584 / 28 = 128), intermediate 18944, vocab 152064, untied, bfloat16, q/k/v bias,
+#   131072 positions.
 # - Llama-3.1-8B: github.com/citsjtu2020/LLM-Prof sglang/Model_Config.md, "Llama-3.1-8B" —
 #   32 layers, 32 q / 8 kv heads, hidden 4096 (head_dim 128), intermediate 14336,
-#   vocab 128256, untied, bfloat16.
+#   vocab 128256, untied, bfloat16, 131072 positions.
 TARGETS: dict[str, TargetModel] = {
     t.name: t
     for t in (
         TargetModel("Qwen3-4B", layers=36, q_heads=32, kv_heads=8, head_dim=128, hidden=2560,
-                    intermediate=9728, vocab=151936, tied_embeddings=True, qk_norm=True),
+                    intermediate=9728, vocab=151936, tied_embeddings=True, qk_norm=True, family="qwen3",
+                    max_context=40960),
         TargetModel("DeepSeek-R1-Distill-Qwen-7B", layers=28, q_heads=28, kv_heads=4, head_dim=128,
-                    hidden=3584, intermediate=18944, vocab=152064, tied_embeddings=False, qkv_bias=True),
+                    hidden=3584, intermediate=18944, vocab=152064, tied_embeddings=False, qkv_bias=True,
+                    family="qwen2", max_context=131072),
         TargetModel("Llama-3.1-8B", layers=32, q_heads=32, kv_heads=8, head_dim=128, hidden=4096,
-                    intermediate=14336, vocab=128256, tied_embeddings=False),
+                    intermediate=14336, vocab=128256, tied_embeddings=False, max_context=131072),
     )
 }
 
@@ -164,13 +176,87 @@ def process_rss_bytes() -> int:
 def device_memory(device=None) -> dict[str, int | str]:
     """Memory in use on ``device``: GPU allocated/reserved bytes on CUDA, process RSS otherwise.
 
-    Returns ``{"kind": "cuda", "allocated": …, "reserved": …}`` or ``{"kind": "cpu", "rss": …}``.
+    Returns ``{"kind": "cuda", "allocated": …, "reserved": …}`` (plus ``"cap"``, in bytes, while
+    :func:`set_vram_cap` holds one) or ``{"kind": "cpu", "rss": …}``.
     """
     dev = torch.device(device) if device is not None else None
     if torch.cuda.is_available() and (dev is None or dev.type == "cuda"):
-        return {
+        stats: dict[str, int | str] = {
             "kind": "cuda",
             "allocated": int(torch.cuda.memory_allocated(dev)),
             "reserved": int(torch.cuda.memory_reserved(dev)),
         }
+        cap = vram_cap_bytes(dev)
+        if cap is not None:
+            stats["cap"] = cap
+        return stats
     return {"kind": "cpu", "rss": process_rss_bytes()}
+
+
+def with_device_memory(events: Iterable, device=None) -> Iterator:
+    """Yield each :class:`~thinkviz.events.StepEvent` of a run with the device memory measured
+    right after its step in ``event.info["device_memory"]`` (what :func:`device_memory` returns),
+    so the recording carries ``torch.cuda.memory_allocated`` (or the RSS on a CPU) per step."""
+    for event in events:
+        event.info["device_memory"] = device_memory(device)
+        yield event
+
+
+# ---- a card you can hit ---------------------------------------------------------------
+class VramCapError(ValueError):
+    """A VRAM cap that cannot be set: not a positive size, more than the card has, or no GPU."""
+
+
+def vram_cap_fraction(cap_gib: float, total_bytes: int) -> float:
+    """The share of a card with ``total_bytes`` that a cap of ``cap_gib`` GiB leaves usable."""
+    if isinstance(cap_gib, bool) or not isinstance(cap_gib, (int, float)) or not math.isfinite(cap_gib) \
+            or cap_gib <= 0:
+        raise VramCapError(f"the VRAM cap must be a positive number of GiB, got {cap_gib!r}")
+    if cap_gib * GIB > total_bytes:
+        raise VramCapError(f"the VRAM cap ({cap_gib:g} GiB) is more than this GPU has "
+                           f"({total_bytes / GIB:.1f} GiB)")
+    return cap_gib * GIB / total_bytes
+
+
+def _cuda_device(device):
+    """``device`` as a CUDA ``torch.device`` (the current one for ``None``); :class:`VramCapError`
+    when there is no GPU or ``device`` is not a CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise VramCapError("a VRAM cap needs a CUDA GPU, and this machine has none (it runs on the CPU)")
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    if dev.type != "cuda":
+        raise VramCapError(f"a VRAM cap applies to a CUDA device, not {dev}")
+    return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+
+
+def set_vram_cap(cap_gib: float | None, device=None) -> int | None:
+    """Make this process see a card of ``cap_gib`` GiB on ``device``: PyTorch's CUDA allocator
+    refuses (``torch.OutOfMemoryError``) whatever would take its reserved memory past the cap.
+
+    ``None`` lifts the cap.  Returns the cap in bytes (``None`` when lifted).  The CUDA context
+    itself (a few hundred MiB) is not counted, as on a real card it would be.  Raises
+    :class:`VramCapError` for a size that is not positive or more than the card has, and
+    on a machine without CUDA.
+    """
+    import torch
+
+    dev = _cuda_device(device)
+    total = torch.cuda.get_device_properties(dev).total_memory
+    fraction = 1.0 if cap_gib is None else vram_cap_fraction(cap_gib, total)
+    torch.cuda.set_per_process_memory_fraction(fraction, dev)
+    return None if cap_gib is None else vram_cap_bytes(dev)
+
+
+def vram_cap_bytes(device=None) -> int | None:
+    """The cap :func:`set_vram_cap` holds on ``device`` in bytes, or ``None`` (no cap, or no GPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    dev = _cuda_device(device)
+    fraction = torch.cuda.get_per_process_memory_fraction(dev)
+    if fraction >= 1.0:
+        return None
+    return int(fraction * torch.cuda.get_device_properties(dev).total_memory)

