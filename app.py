@@ -1,7 +1,7 @@
 """ThinkViz in the browser.
 
     python app.py [--host 127.0.0.1] [--port 7860] [--share] [--model embedded] [--quant 4bit]
-                  [--quant-backend auto] [--allow-model-loading]
+                  [--quant-backend auto] [--allow-model-loading] [--vram-cap GiB]
 
 Binds 127.0.0.1 unless told otherwise and makes no share link unless ``--share`` is given;
 uploads over ``MAX_UPLOAD_BYTES`` are refused by the server.  When the app is reachable from
@@ -18,7 +18,9 @@ import ipaddress
 import sys
 
 from thinkviz.events import MAX_RECORDING_BYTES
-from thinkviz.model import BACKENDS, QUANTIZATIONS, load_model
+from thinkviz.memory import VramCapError, set_vram_cap
+from thinkviz.model import BACKENDS, QUANTIZATIONS
+from thinkviz.random_model import load_any
 from thinkviz.ui.app import APP_CSS, build_app
 from thinkviz.ui.model_slot import ModelSlot
 
@@ -43,11 +45,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--allow-model-loading", action="store_true",
                         help="let visitors load other models (any Hugging Face id or local folder) from the "
                              "settings panel even when --host or --share makes the app reachable from elsewhere")
-    parser.add_argument("--model", default="embedded", help="'embedded', a Hugging Face id or a local folder")
+    parser.add_argument("--model", default="embedded",
+                        help="'embedded', a Hugging Face id, a local folder, or random:Qwen3-4B (random weights)")
     parser.add_argument("--quant", default="4bit", choices=QUANTIZATIONS, help="weight quantization (default 4bit)")
     parser.add_argument("--quant-backend", default="auto", choices=BACKENDS,
                         help="who holds 4-bit weights (default auto: torch-int4 on an AVX512 CPU, else bitsandbytes)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--vram-cap", type=float, default=None, metavar="GiB",
+                        help="simulate a card of GiB: cap this process's CUDA memory (weights included)")
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         parser.error(f"--port must be between 1 and 65535, got {args.port}")
@@ -56,7 +61,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    slot = ModelSlot(device=args.device, loader=functools.partial(load_model, backend=args.quant_backend))
+    if args.vram_cap is not None:
+        try:
+            set_vram_cap(args.vram_cap, args.device)  # before loading: the weights count against the card
+        except VramCapError as exc:
+            print(f"app.py: error: {exc}", file=sys.stderr)
+            return 2
+    slot = ModelSlot(device=args.device, loader=functools.partial(load_any, backend=args.quant_backend))
     slot.start(args.model, args.quant)
     model_loading = args.allow_model_loading or (is_loopback(args.host) and not args.share)
     demo = build_app(slot, model=args.model, quantization=args.quant, model_loading=model_loading)

@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from thinkviz.cli import main
+from thinkviz.events import RunRecord
 from thinkviz.policies import policy_names
 
 
@@ -25,6 +27,10 @@ def _cli(*args):
         (["generate", "   "], "the prompt is empty"),
         (["generate", "--param", "recent=5000", "--budget", "64", "hi"], "recent must be between"),
         (["generate", "--max-new-tokens", "0", "hi"], "max_new_tokens"),
+        (["generate", "--vram-cap", "-1", "hi"], "the VRAM cap must be a positive number of GiB, got -1.0"),
+        (["generate", "--vram-cap", "4", "--device", "cpu", "hi"],
+         "a VRAM cap applies to a CUDA device, not cpu" if torch.cuda.is_available() else "needs a CUDA GPU"),
+        (["generate", "--model", "random:GPT-9", "--quant", "none", "hi"], "Unknown random-weights model"),
     ],
 )
 def test_bad_arguments_exit_non_zero_with_one_line(args, reason):
@@ -52,6 +58,9 @@ def test_generate_streams_and_writes_a_recording(tmp_path, capsys):
     assert "<think>" in captured.out
     assert "tok/s" in captured.err and "peak KV" in captured.err
     assert (tmp_path / "run.json").is_file() and (tmp_path / "run.npz").is_file()
+    events = RunRecord.load(out).events
+    kind = "cuda" if torch.cuda.is_available() else "cpu"
+    assert events and all(e.info["device_memory"]["kind"] == kind for e in events)  # measured every step
 
 
 def test_the_readme_policy_table_is_the_registry_listing(capsys):
@@ -67,3 +76,12 @@ def test_policies_refuses_an_unknown_name_in_one_line():
     result = _cli("policies", "lru")
     assert result.returncode == 2
     assert result.stderr.strip() == f"thinkviz: error: unknown policy 'lru'; choose from: {', '.join(policy_names())}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_vram_cap_is_refused_on_a_cpu():
+    result = _cli("generate", "--vram-cap", "8", "hi")
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("thinkviz: error: a VRAM cap needs a CUDA GPU, and this machine has none "
+                                     "(it runs on the CPU)")
+

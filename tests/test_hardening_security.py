@@ -12,6 +12,7 @@ from html.parser import HTMLParser
 
 import gradio as gr
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -112,3 +113,15 @@ def test_preset_notices_keep_their_markdown_but_show_tags_as_text():
     assert notice == "**T &lt;b&gt;**\n\nUses **two** &lt;think&gt; blocks"
     assert no_markup("a < b & c") == "a &lt; b &amp; c"
 
+
+
+def test_a_bad_vram_cap_stops_the_app_with_one_line(launch_kwargs, capsys):
+    assert app.main(["--vram-cap", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "app.py: error: the VRAM cap must be a positive number of GiB, got 0.0"
+    assert "demo" not in launch_kwargs
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_vram_cap_is_refused_on_a_cpu_at_start(launch_kwargs, capsys):
+    assert app.main(["--vram-cap", "8"]) == 2
+    assert capsys.readouterr().err.startswith("app.py: error: a VRAM cap needs a CUDA GPU")

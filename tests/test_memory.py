@@ -115,6 +115,9 @@ def test_vram_cap_is_a_share_of_the_card():
 def test_vram_cap_must_be_a_positive_size(cap):
     with pytest.raises(VramCapError, match="must be a positive number of GiB"):
         vram_cap_fraction(cap, 80 * GIB)
+    if cap is not None:  # named before anything else, also on a machine without a GPU
+        with pytest.raises(VramCapError, match="must be a positive number of GiB"):
+            set_vram_cap(cap)
 
 
 def test_vram_cap_cannot_exceed_the_card():

@@ -207,12 +207,17 @@ class VramCapError(ValueError):
     """A VRAM cap that cannot be set: not a positive size, more than the card has, or no GPU."""
 
 
-def vram_cap_fraction(cap_gib: float, total_bytes: int) -> float:
-    """The share of a card with ``total_bytes`` that a cap of ``cap_gib`` GiB leaves usable."""
+def check_vram_cap(cap_gib: float) -> float:
+    """``cap_gib`` if it is a positive, finite number of GiB; else :class:`VramCapError`."""
     if isinstance(cap_gib, bool) or not isinstance(cap_gib, (int, float)) or not math.isfinite(cap_gib) \
             or cap_gib <= 0:
         raise VramCapError(f"the VRAM cap must be a positive number of GiB, got {cap_gib!r}")
-    if cap_gib * GIB > total_bytes:
+    return float(cap_gib)
+
+
+def vram_cap_fraction(cap_gib: float, total_bytes: int) -> float:
+    """The share of a card with ``total_bytes`` that a cap of ``cap_gib`` GiB leaves usable."""
+    if check_vram_cap(cap_gib) * GIB > total_bytes:
         raise VramCapError(f"the VRAM cap ({cap_gib:g} GiB) is more than this GPU has "
                            f"({total_bytes / GIB:.1f} GiB)")
     return cap_gib * GIB / total_bytes
@@ -242,6 +247,8 @@ def set_vram_cap(cap_gib: float | None, device=None) -> int | None:
     """
     import torch
 
+    if cap_gib is not None:
+        check_vram_cap(cap_gib)  # a bad size is named before the missing GPU
     dev = _cuda_device(device)
     total = torch.cuda.get_device_properties(dev).total_memory
     fraction = 1.0 if cap_gib is None else vram_cap_fraction(cap_gib, total)

@@ -125,9 +125,10 @@ def load_random(
     progress: Progress | None = None,
     *,
     seed: int = 0,
+    backend: str = "auto",
 ) -> LoadedModel:
     """Load ``random:<target>`` (see :func:`random_names`) or a given geometry; 4/8-bit through
-    the real loader.  Raises :class:`~thinkviz.model.ModelLoadError`."""
+    the real loader (``backend`` as there).  Raises :class:`~thinkviz.model.ModelLoadError`."""
     report = progress or (lambda fraction, message: None)
     if isinstance(name, TargetModel):
         target = name
@@ -151,7 +152,7 @@ def load_random(
         built.tokenizer.save_pretrained(folder)
         del built
         loaded = load_model(folder, quantization, device,
-                            progress=lambda fraction, message: report(0.2 + 0.7 * fraction, message))
+                            progress=lambda fraction, message: report(0.2 + 0.7 * fraction, message), backend=backend)
     report(1.0, f"Ready: {label(target)}")
     return dataclasses.replace(loaded, name=label(target))
 
@@ -161,8 +162,9 @@ def load_any(
     quantization: str = "4bit",
     device: str | None = None,
     progress: Progress | None = None,
+    backend: str = "auto",
 ) -> LoadedModel:
     """:func:`load_random` for ``random:`` names, :func:`thinkviz.model.load_model` for the rest."""
     if name.strip().startswith(PREFIX):
-        return load_random(name, quantization, device, progress)
-    return load_model(name, quantization, device, progress)
+        return load_random(name, quantization, device, progress, backend=backend)
+    return load_model(name, quantization, device, progress, backend=backend)

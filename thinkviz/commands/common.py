@@ -11,8 +11,10 @@ import argparse
 import sys
 from typing import Callable
 
-from ..model import BACKENDS, QUANTIZATIONS, ModelLoadError, load_model
+from ..memory import VramCapError, set_vram_cap
+from ..model import BACKENDS, QUANTIZATIONS, ModelLoadError
 from ..policies import PolicyConfigError, make_policy, policy_names
+from ..random_model import load_any
 
 
 class CliError(Exception):
@@ -28,12 +30,16 @@ def parse_param(text: str) -> tuple[str, str]:
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="embedded", help="'embedded', a Hugging Face id or a local folder")
+    parser.add_argument("--model", default="embedded",
+                        help="'embedded', a Hugging Face id, a local folder, or random:Qwen3-4B (that geometry "
+                             "with random weights: real memory and speed, no text)")
     parser.add_argument("--quant", default="4bit", choices=QUANTIZATIONS, help="weight quantization")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--quant-backend", default="auto", choices=BACKENDS,
                         help="who holds 4-bit weights: auto (default: torch-int4 on an AVX512 CPU, else "
                              "bitsandbytes), bitsandbytes (NF4) or torch-int4 (PyTorch's int4 kernel, CPU only)")
+    parser.add_argument("--vram-cap", type=float, default=None, metavar="GiB",
+                        help="simulate a card of GiB: cap this process's CUDA memory (weights included)")
 
 
 def add_policy_args(parser: argparse.ArgumentParser, default_policy: str = "h2o") -> None:
@@ -63,11 +69,18 @@ def policy_from_args(args: argparse.Namespace, name: str | None = None, budget: 
 
 
 def load_from_args(args: argparse.Namespace):
-    """Load the model named on the command line, reporting progress on stderr."""
+    """Load the model named on the command line, reporting progress on stderr; with
+    ``--vram-cap`` the cap is set first, so the weights count against the simulated card."""
+    if args.vram_cap is not None:
+        try:
+            cap = set_vram_cap(args.vram_cap, args.device)
+        except VramCapError as exc:
+            raise CliError(str(exc)) from None
+        print(f"[    ] CUDA memory capped at {args.vram_cap:g} GiB ({cap} bytes)", file=sys.stderr)
     try:
-        return load_model(args.model, args.quant, args.device,
-                          progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr),
-                          backend=args.quant_backend)
+        return load_any(args.model, args.quant, args.device,
+                        progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr),
+                        backend=args.quant_backend)
     except ModelLoadError as exc:
         raise CliError(str(exc)) from None
 

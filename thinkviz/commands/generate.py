@@ -8,6 +8,7 @@ import sys
 from ..chat import REASONING_SYSTEM_PROMPT, build_chat
 from ..engine import DecodeSettings, EngineError, Run
 from ..faults import guard_frames
+from ..memory import with_device_memory
 from ..units import format_bytes
 from .common import CliError, add_model_args, add_policy_args, command, load_from_args, policy_from_args
 
@@ -43,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine_run = Run(loaded, policy, prompt, settings)
         sys.stdout.write(prompt.assistant_prefix)
-        for event in guard_frames(engine_run.generate(), f"the {policy.name} run", loaded.device,
-                                  passthrough=(EngineError,)):
+        events = with_device_memory(engine_run.generate(), loaded.device)  # recorded per step
+        for event in guard_frames(events, f"the {policy.name} run", loaded.device, passthrough=(EngineError,)):
             sys.stdout.write(event.text)
             sys.stdout.flush()
     except EngineError as exc:
