@@ -31,10 +31,13 @@ class OverheadResult:
         return self.engine_tokens_per_second / self.generate_tokens_per_second
 
 
-def time_engine(loaded: LoadedModel, new_tokens: int, budget: int, policy: str = "h2o") -> float:
-    """Tokens per second of a full engine run (prefill included), nothing stops it early."""
+def time_engine(loaded: LoadedModel, new_tokens: int, budget: int, policy: str = "h2o", scoring: bool = True) -> float:
+    """Tokens per second of a full engine run (prefill included), nothing stops it early.
+
+    ``scoring=False`` leaves out the per-step importance scores (a policy that evicts still
+    captures the attention it needs)."""
     prompt = build_chat(loaded.tokenizer, REASONING_SYSTEM_PROMPT, PROMPT)
-    settings = DecodeSettings(max_new_tokens=new_tokens, stop_at_eos=False, scoring=True)
+    settings = DecodeSettings(max_new_tokens=new_tokens, stop_at_eos=False, scoring=scoring)
     run = Run(loaded, make_policy(policy, budget=budget, interval=1), prompt, settings)
     start = time.perf_counter()
     produced = sum(len(event.token_ids) for event in run.generate())
