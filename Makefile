@@ -17,7 +17,7 @@ run: $(VENV)/.stamp-run
 	$(PY) app.py
 
 test: $(VENV)/.stamp-dev chromium
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 bench: $(VENV)/.stamp-run
 	$(PY) -m thinkviz bench $(BENCH_ARGS)

@@ -1,9 +1,24 @@
-"""Shared fixtures: the embedded model (loaded once per session) and tiny random models."""
+"""Shared fixtures: the embedded model (loaded once per session) and tiny random models.
+
+Tests marked ``gpu`` are skipped, with the reason in the summary, where PyTorch sees no CUDA GPU.
+"""
 
 import pytest
+import torch
 
 from thinkviz.model import LoadedModel, load_model
 from tiny_models import tiny_model
+
+NO_GPU = "gpu: no CUDA GPU here (torch.cuda.is_available() is False); make gpu-check runs these on one"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=NO_GPU)
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

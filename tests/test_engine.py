@@ -18,7 +18,7 @@ def _prompt(loaded, n=12, seed=0):
 
 
 def _hf_greedy(loaded, prompt, n):
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=loaded.device)
     with torch.inference_mode():
         out = loaded.model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,

@@ -95,7 +95,7 @@ def test_device_memory_on_cpu_is_process_rss():
     assert abs(stats["rss"] - process_rss_bytes()) < 32 * 2**20
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_device_memory_on_cuda_counts_a_tensor():
     before = device_memory("cuda")["allocated"]
     tensor = torch.empty(32 * 2**20, dtype=torch.uint8, device="cuda")

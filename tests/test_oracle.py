@@ -29,7 +29,7 @@ def replay_with_visibility(loaded, policy, prompt, trace):
     visible, logits = [], []
 
     def on_logits(positions, chunk_logits):
-        logits.append(chunk_logits.clone())
+        logits.append(chunk_logits.to("cpu", copy=True))
         visible.append(run.cache.position_table().clone())
 
     events = list(run.replay(trace, on_logits=on_logits))
@@ -118,7 +118,7 @@ def reference_logits(loaded, prompt, trace, interval, visible):
     """Full cache, the same chunks; each chunk's queries see, per layer and kv-head, only the
     slots the evicting run held when that chunk ran.  Each layer gets its own mask through a
     pre-hook on its attention module."""
-    model, geometry = loaded.model, loaded.geometry
+    model, geometry, device = loaded.model, loaded.geometry, loaded.device
     group = geometry.q_heads // geometry.kv_heads
     layers = model.model.layers
     dtype = model.get_input_embeddings().weight.dtype
@@ -137,9 +137,9 @@ def reference_logits(loaded, prompt, trace, interval, visible):
     try:
         with torch.inference_mode():
             model(
-                input_ids=torch.tensor([prompt]),
-                attention_mask=causal_mask(0, len(prompt), dtype, "cpu"),
-                position_ids=torch.arange(len(prompt))[None],
+                input_ids=torch.tensor([prompt], device=device),
+                attention_mask=causal_mask(0, len(prompt), dtype, device),
+                position_ids=torch.arange(len(prompt), device=device)[None],
                 cache=cache,
             )
             out, seen = [], len(prompt)
@@ -148,14 +148,14 @@ def reference_logits(loaded, prompt, trace, interval, visible):
                 for layer in range(len(layers)):
                     hidden = torch.ones(geometry.kv_heads, seen, dtype=torch.bool)
                     hidden.scatter_(1, visible[j][layer], False)
-                    masks[layer] = causal_mask(seen, len(chunk), dtype, "cpu", hidden=hidden.repeat_interleave(group, 0))
+                    masks[layer] = causal_mask(seen, len(chunk), dtype, device, hidden=hidden.repeat_interleave(group, 0))
                 logits = model(
-                    input_ids=torch.tensor([chunk]),
-                    attention_mask=causal_mask(seen, len(chunk), dtype, "cpu"),
-                    position_ids=torch.arange(seen, seen + len(chunk))[None],
+                    input_ids=torch.tensor([chunk], device=device),
+                    attention_mask=causal_mask(seen, len(chunk), dtype, device),
+                    position_ids=torch.arange(seen, seen + len(chunk), device=device)[None],
                     cache=cache,
                 ).logits[0]
-                out.append(logits.float())
+                out.append(logits.float().cpu())
                 seen += len(chunk)
     finally:
         for handle in handles:
