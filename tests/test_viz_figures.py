@@ -7,12 +7,14 @@ import pytest
 
 from thinkviz.events import RunRecord, StepEvent
 from thinkviz.memory import GIB, Projection, TargetModel
+from thinkviz.units import format_bytes
 from thinkviz.viz.figures import (
     MAX_COLS,
     MAX_ROWS,
     MIB,
     bytes_per_token,
     compare_memory_figure,
+    device_cap,
     keep_heatmap,
     keep_matrix,
     memory_figure,
@@ -91,6 +93,29 @@ def test_memory_figure_device_series_from_ui_samples_or_events(h2o_run, tmp_path
         event.info["device_memory"] = {"kind": "cuda", "allocated": 5 * MIB, "reserved": 8 * MIB}
     lines = traces(memory_figure(copy))
     assert np.allclose(lines["GPU allocated"].y, 5) and np.allclose(lines["GPU reserved"].y, 8)
+
+
+def test_a_vram_cap_is_drawn_with_where_a_full_cache_reaches_it(h2o_run, tmp_path):
+    record = RunRecord.load(h2o_run.record.save(tmp_path / "run")[0])
+    per_token = bytes_per_token(record)
+    besides, cap = 300 * MIB, 300 * MIB + 200 * per_token  # room for 200 tokens of cache
+    for event in record.events:
+        event.info["device_memory"] = {"kind": "cuda", "allocated": besides + event.kv_bytes,
+                                       "reserved": besides + event.kv_bytes, "cap": cap}
+    assert device_cap(record) == cap
+    lines = traces(memory_figure(record))
+    cap_line = lines[f"VRAM cap ({format_bytes(cap)})"]
+    assert cap_line.yaxis == "y2" and list(cap_line.y) == [cap / MIB] * 2
+    projected = lines["full cache on this device (projected)"]
+    assert projected.x[-1] == pytest.approx(200) and projected.y[-1] == pytest.approx(cap / MIB)
+    assert projected.x[0] == tokens_seen(record)[0]
+    assert cap_line.x[-1] == max(tokens_seen(record)[-1], 200)
+
+
+def test_no_cap_no_cap_line(h2o_run):
+    assert device_cap(h2o_run.record) is None
+    names = set(traces(memory_figure(h2o_run.record, device_stats={0: {"kind": "cuda", "allocated": 1, "reserved": 2}})))
+    assert not any(name.startswith("VRAM cap") for name in names)
 
 
 def test_oom_step():

@@ -74,6 +74,29 @@ def device_series(record: RunRecord, device_stats: Mapping[int, Mapping[str, Any
     return out
 
 
+def device_cap(record: RunRecord, device_stats: Mapping[int, Mapping[str, Any]] | None = None) -> int | None:
+    """The VRAM cap in bytes the run was measured under (its last reading), or ``None``."""
+    for event in reversed(record.events):
+        stats = device_stats.get(event.step) if device_stats is not None else event.info.get("device_memory")
+        if stats and stats.get("cap") is not None:
+            return int(stats["cap"])
+    return None
+
+
+def projected_oom_tokens(record: RunRecord, reserved: np.ndarray, cap: float) -> float | None:
+    """Tokens seen when a full cache would take this device's reserved memory past ``cap``.
+
+    What the device held besides the cache at the first reading stays; the full cache adds
+    :func:`bytes_per_token` per token seen.  ``None`` without a reading.
+    """
+    measured = np.flatnonzero(~np.isnan(reserved))
+    if not measured.size:
+        return None
+    first = measured[0]
+    besides = reserved[first] - record.kv_bytes_series()[first]
+    return (cap - besides) / bytes_per_token(record)
+
+
 def oom_step(full_bytes: np.ndarray, policy_bytes: np.ndarray, available: float) -> int | None:
     """Index of the first step where the full cache exceeds ``available`` while the policy fits."""
     hits = np.flatnonzero((full_bytes > available) & (policy_bytes <= available))
@@ -111,11 +134,15 @@ def memory_figure(
         fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[budget / MIB] * 2, mode="lines", hoverinfo="name",
                                  name=f"budget ({record.meta['budget']} tokens)",
                                  line=dict(color=BUDGET_COLOUR, dash="dot")), row=1, col=1)
-    for name, series in device_series(record, device_stats).items():
+    device = device_series(record, device_stats)
+    for name, series in device.items():
         fig.add_trace(go.Scatter(x=x[pick], y=series[pick] / MIB, name=name, customdata=steps,
                                  hovertemplate=hover, connectgaps=True,
                                  line=dict(color=DEVICE_COLOUR, dash="dot" if "reserved" in name else "solid")),
                       row=1, col=1, secondary_y=True)
+    cap = device_cap(record, device_stats)
+    if cap is not None and "GPU reserved" in device:
+        _add_cap(fig, record, cap, x, device["GPU reserved"])
     weights = record.meta.get("weights_bytes")
     if weights and len(x):
         fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[weights / MIB] * 2, mode="lines", hoverinfo="name",
@@ -131,6 +158,24 @@ def memory_figure(
     fig.update_layout(height=360 * rows, margin=dict(l=60, r=60, t=50, b=40), hovermode="x unified",
                       legend=dict(orientation="h", y=-0.18 if rows == 1 else -0.08))
     return fig
+
+
+def _add_cap(fig: go.Figure, record: RunRecord, cap: int, x: np.ndarray, reserved: np.ndarray) -> None:
+    """On the device axis: the VRAM cap, and where a full cache would reach it on this device."""
+    cross = projected_oom_tokens(record, reserved, cap)
+    end = max(x[-1], cross) if cross is not None else x[-1]
+    fig.add_trace(go.Scatter(x=[x[0], end], y=[cap / MIB] * 2, mode="lines", hoverinfo="name",
+                             name=f"VRAM cap ({format_bytes(cap)})", line=dict(color=OOM_COLOUR, width=1.5)),
+                  row=1, col=1, secondary_y=True)
+    if cross is None or cross < x[0]:
+        return
+    first = int(np.flatnonzero(~np.isnan(reserved))[0])
+    fig.add_trace(go.Scatter(
+        x=[x[first], cross], y=[reserved[first] / MIB, cap / MIB], mode="lines+markers",
+        name="full cache on this device (projected)", line=dict(color=OOM_COLOUR, dash="dash", width=1),
+        marker=dict(symbol=["circle", "x"], size=[4, 13], color=OOM_COLOUR),
+        hovertemplate=f"a full cache reaches the cap at {cross:,.0f} tokens<extra></extra>"),
+        row=1, col=1, secondary_y=True)
 
 
 def _projection_title(projection: Projection) -> str:
