@@ -22,14 +22,27 @@ import logging
 import bitsandbytes as bnb
 import pytest
 import torch
-
 from test_engine import _hf_greedy, _prompt
 from test_oracle import _random_ids, reference_logits, replay_with_visibility
+
 from thinkviz.bench.gpu import gpu_report
 from thinkviz.engine import DecodeSettings, Run
 from thinkviz.faults import RunFault, guard_frames
-from thinkviz.memory import GIB, TargetModel, VramCapError, device_memory, set_vram_cap, with_device_memory
-from thinkviz.model import EMBEDDED, ModelLoadError, cache_dir, embedded_gguf_path, load_model
+from thinkviz.memory import (
+    GIB,
+    TargetModel,
+    VramCapError,
+    device_memory,
+    set_vram_cap,
+    with_device_memory,
+)
+from thinkviz.model import (
+    EMBEDDED,
+    ModelLoadError,
+    cache_dir,
+    embedded_gguf_path,
+    load_model,
+)
 from thinkviz.policies import make_policy
 from thinkviz.random_model import load_random, random_model
 
@@ -124,8 +137,8 @@ def test_greedy_equals_model_generate_with_a_covering_budget(cuda_model, policy_
 
 
 # ---- eviction is exact on CUDA -----------------------------------------------------------
-@pytest.mark.parametrize("policy", [dict(name="window", budget=24, interval=4),
-                                    dict(name="h2o", budget=24, interval=4, recent=4)])
+@pytest.mark.parametrize("policy", [{"name": "window", "budget": 24, "interval": 4},
+                                    {"name": "h2o", "budget": 24, "interval": 4, "recent": 4}])
 def test_oracle_in_float32_on_cuda(oracle_models, policy):
     fp32, _ = oracle_models
     made = make_policy(**policy)

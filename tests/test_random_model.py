@@ -10,7 +10,14 @@ from thinkviz.engine import DecodeSettings, Run
 from thinkviz.memory import TARGETS, TargetModel
 from thinkviz.model import ModelLoadError
 from thinkviz.policies import make_policy
-from thinkviz.random_model import label, load_any, load_random, random_config, random_model, random_names
+from thinkviz.random_model import (
+    label,
+    load_any,
+    load_random,
+    random_config,
+    random_model,
+    random_names,
+)
 
 # A Qwen3 small enough for CI; the vocabulary is larger than the SmolLM2 tokenizer's, as Qwen3's is.
 SMALL = TargetModel("small-qwen3", layers=2, q_heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=128,

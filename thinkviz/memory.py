@@ -24,7 +24,7 @@ import os
 import resource
 import sys
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 

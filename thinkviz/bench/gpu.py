@@ -25,9 +25,10 @@ import datetime
 import json
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import transformers
@@ -157,7 +158,7 @@ def gpu_report(
 def _meta(loaded: LoadedModel, budget_fraction: float, ratio_tokens: int, repeats: int) -> dict[str, Any]:
     device = loaded.device
     meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
         "model": loaded.name,
         "quantization": loaded.quantization,
         "device": str(device),
@@ -181,8 +182,8 @@ def markdown(report: dict[str, Any]) -> str:
     meta = report["meta"]
     gib = 1024**3
     lines = [
-        f"Model {meta['model']} ({meta['quantization']}) on {meta['device_name']} ({meta['device']}), "
-        f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['date']}.",
+        (f"Model {meta['model']} ({meta['quantization']}) on {meta['device_name']} ({meta['device']}), "
+         f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['date']}."),
         "",
         "| scoring | engine tok/s | model.generate tok/s | engine ÷ generate |",
         "|---|---:|---:|---:|",
