@@ -23,8 +23,8 @@ import math
 import os
 import resource
 import sys
-from dataclasses import dataclass
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -226,7 +226,6 @@ def vram_cap_fraction(cap_gib: float, total_bytes: int) -> float:
 def _cuda_device(device):
     """``device`` as a CUDA ``torch.device`` (the current one for ``None``); :class:`VramCapError`
     when there is no GPU or ``device`` is not a CUDA device."""
-    import torch
 
     if not torch.cuda.is_available():
         raise VramCapError("a VRAM cap needs a CUDA GPU, and this machine has none (it runs on the CPU)")
@@ -245,7 +244,6 @@ def set_vram_cap(cap_gib: float | None, device=None) -> int | None:
     :class:`VramCapError` for a size that is not positive or more than the card has, and
     on a machine without CUDA.
     """
-    import torch
 
     if cap_gib is not None:
         check_vram_cap(cap_gib)  # a bad size is named before the missing GPU
@@ -258,7 +256,6 @@ def set_vram_cap(cap_gib: float | None, device=None) -> int | None:
 
 def vram_cap_bytes(device=None) -> int | None:
     """The cap :func:`set_vram_cap` holds on ``device`` in bytes, or ``None`` (no cap, or no GPU)."""
-    import torch
 
     if not torch.cuda.is_available():
         return None

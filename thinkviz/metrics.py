@@ -25,6 +25,12 @@ import numpy as np
 import torch
 
 SEGMENT_KINDS = ("think", "answer", "code")
+# Fidelity metric of a sweep row -> (axis title, higher is better).
+METRICS: dict[str, tuple[str, bool]] = {
+    "kl": ("mean KL(full ‖ policy), nats/token", False),
+    "nll_delta": ("mean NLL − full-cache NLL, nats/token", False),
+    "top1": ("top-1 agreement with the full cache", True),
+}
 
 
 def log_probs(logits: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,6 @@ from .metrics import SEGMENT_KINDS
 from .model import LoadedModel
 from .policies import REFERENCE_POLICY, PolicyConfigError, make_policy, policy_names, policy_params
 from .replay import LockstepReplay, Trace, prepare_trace
-from .viz.pareto import pareto_figure
 from .viz.tables import cell
 
 Progress = Callable[[str, int, int], None]  # (trace name, tokens done, tokens in the trace)
@@ -188,5 +187,7 @@ def write_rows(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]) 
     clean = [{k: _finite(v) for k, v in row.items()} for row in rows]
     paths["json"].write_text(json.dumps({"meta": meta, "rows": clean}, indent=1), encoding="utf-8")
     paths["md"].write_text(markdown_table(rows), encoding="utf-8")
+    from .viz.pareto import pareto_figure  # plotly, here only: the CLI must import without it (bench gpu)
+
     pareto_figure(rows).write_html(paths["html"], include_plotlyjs=True)
     return paths

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..policies import REFERENCE_POLICY
-from ..viz.pareto import METRICS
+from ..metrics import METRICS
 from ..viz.tables import cell
 
 REQUIRED = ("trace", "policy", "budget", "kv_fraction", *METRICS)

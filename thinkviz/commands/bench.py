@@ -21,7 +21,6 @@ from ..policies import PolicyConfigError, make_policy
 from ..presets import MAX_NEW_TOKENS_RANGE
 from ..replay import TraceError, load_trace, prepare_trace
 from ..sweep import check_params, markdown_table, parse_budgets, parse_policies, sweep_trace, write_rows
-from ..viz.pareto import pareto_figure
 from .common import CliError, add_model_args, command, load_from_args, parse_param
 
 BENCHES: dict[str, tuple] = {}
@@ -246,6 +245,8 @@ def summary(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.md").write_text(table, encoding="utf-8")
+        from ..viz.pareto import pareto_figure  # plotly, here only: the CLI must import without it (bench gpu)
+
         pareto_figure(rows, args.metric).write_html(out / "pareto.html", include_plotlyjs=True)
         print(f"written: {out / 'summary.md'}, {out / 'pareto.html'}")
     return 0

@@ -15,12 +15,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-# metric -> (axis title, higher is better)
-METRICS: dict[str, tuple[str, bool]] = {
-    "kl": ("mean KL(full ‖ policy), nats/token", False),
-    "nll_delta": ("mean NLL − full-cache NLL, nats/token", False),
-    "top1": ("top-1 agreement with the full cache", True),
-}
+from ..metrics import METRICS
+
 
 
 def pareto_front(points: Sequence[tuple[float, float]], higher_is_better: bool = False) -> list[int]:
