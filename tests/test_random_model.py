@@ -92,7 +92,7 @@ def test_default_dtype_is_float32_on_the_cpu():
 def test_four_bit_goes_through_the_real_loader(tmp_path, monkeypatch):
     monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path))
     messages = []
-    loaded = load_random(SMALL, "4bit", "cpu", progress=lambda f, m: messages.append((f, m)))
+    loaded = load_random(SMALL, "4bit", "cpu", progress=lambda f, m: messages.append((f, m)), backend="bitsandbytes")
     linears = [m for m in loaded.model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     assert len(linears) == SMALL.layers * 7  # q k v o gate up down
     assert loaded.quantization == "4bit" and loaded.name == label(SMALL)
