@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 import app
 from thinkviz.events import MAX_RECORDING_BYTES
 from thinkviz.ui import inputs
-from thinkviz.ui.app import load_status_markdown, user_error
+from thinkviz.ui.handlers import user_error
 from thinkviz.ui.model_slot import LoadStatus, ModelSlot
 from thinkviz.ui.text import no_markup, plain_markdown
+from thinkviz.ui.widgets import load_status_markdown
 
 HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script>[click](javascript:alert(3)) **bold** <think>"
 

@@ -140,3 +140,17 @@ def test_imports_are_at_module_level(name):
     inside = {target for target, in_function in _imports(name) if in_function}
     assert inside <= {target for module, target in DEFERRED if module == name}, (
         f"{name} imports {sorted(inside)} inside a function; import at the top, or say why in DEFERRED")
+
+
+def test_no_tab_imports_another():
+    tabs = {name for name in MODULES if name.startswith("thinkviz.ui.tabs.")}
+    for name in tabs:
+        assert not {target for target, _ in _imports(name)} & tabs, f"{name} imports another tab"
+
+
+def test_no_gradio_outside_the_wiring():
+    """Gradio is imported only by the Blocks modules (the app, its tabs, widgets, handlers, field checks)."""
+    wiring = {"thinkviz.ui.app", "thinkviz.ui.widgets", "thinkviz.ui.handlers", "thinkviz.ui.fields"}
+    users = {name for name in MODULES if any(t.split(".")[0] == "gradio" for t, _ in _imports(name))}
+    assert {name for name in users - wiring if not name.startswith("thinkviz.ui.tabs")} == set()
+    assert "thinkviz.ui.tabs.live" in users  # the check sees the imports it is about

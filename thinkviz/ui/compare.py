@@ -22,14 +22,15 @@ from ..events import RunRecord
 from ..faults import guard_frames
 from ..metrics import TokenFidelity, divergence_step, summarize
 from ..model import LoadedModel
-from ..policies import REFERENCE_POLICY, Policy, make_policy
+from ..policies import REFERENCE_POLICY, Policy, make_policy, policy_names
+from ..presets import Preset
 from ..replay import LockstepReplay
 from ..units import format_bytes
 from ..viz.figures import compare_memory_figure
-from .live import FIGURE_INTERVAL, stats_html
+from ..viz.tables import stats_html
 from .runs import RunInput, RunInputError, prepare, run_token_data
 from .stream import TokenChannel, TokenData
-from .throttle import FramePacer
+from .throttle import FIGURE_INTERVAL, FramePacer
 
 MIN_POLICIES, MAX_POLICIES = 2, 6
 FIDELITY_COLUMNS = ["policy", "NLL (nats)", "ΔNLL vs full", "KL(full‖policy)", "top-1 agree", "diverges at step",
@@ -61,6 +62,14 @@ def check_policies(policies: Sequence[Policy]) -> None:
         raise RunInputError("Each policy can be compared once.")
     if len({p.interval for p in policies}) > 1:
         raise RunInputError("Policies compared together must share one interval.")
+
+
+def preset_policies(preset: Preset) -> tuple[list[str], list[str]]:
+    """The policies a preset compares (its ``compare`` list, else the full cache and its policy):
+    ``(registered ones, at most MAX_POLICIES; those left out)``."""
+    wanted = list(preset.compare) or [REFERENCE_POLICY, preset.policy]
+    known = [name for name in wanted if name in policy_names()][:MAX_POLICIES]
+    return known, [name for name in wanted if name not in known]
 
 
 def fidelity_row(name: str, fidelity: TokenFidelity | None, diverged: str, record: RunRecord) -> list[Any]:

@@ -46,6 +46,14 @@ def preset_choices() -> list[tuple[str, str]]:
     return out
 
 
+def replay_choices(choices: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], str | None]:
+    """The replay presets among ``choices`` (``(label, name)`` pairs) and the one with the shortest
+    trace (a quick default), or ``None`` when there is none."""
+    loaded = {name: choose_preset(name) for _, name in choices}
+    replay = [(label, name) for label, name in choices if loaded[name].preset.mode == "replay"]
+    return replay, min((name for _, name in replay), key=lambda name: len(loaded[name].trace), default=None)
+
+
 def choose_preset(name: str) -> PresetChoice:
     """Load preset ``name`` (a name from :func:`list_presets`, never a path) for the controls;
     :class:`RunInputError` with the preset's reason."""

@@ -9,7 +9,6 @@ status line; the Gradio wiring only places them.
 
 from __future__ import annotations
 
-import html
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -21,13 +20,10 @@ from ..memory import Projection, device_memory
 from ..model import LoadedModel
 from ..policies import Policy
 from ..viz.figures import memory_figure
-from ..viz.tables import stats_strip
+from ..viz.tables import stats_html
 from .runs import RunInput, RunInputError, run_token_data, start_run
 from .stream import TokenChannel, TokenData
-from .throttle import FramePacer
-
-FIGURE_INTERVAL = 2.0  # seconds between memory-chart rebuilds while a run streams (a redraw is costly)
-
+from .throttle import FIGURE_INTERVAL, FramePacer
 
 @dataclass
 class LiveFrame:
@@ -42,15 +38,6 @@ class LiveFrame:
     view: TokenData
     device_stats: dict[int, dict]
     done: bool = False
-
-
-def stats_html(record: RunRecord) -> str:
-    """The stats strip (:func:`~thinkviz.viz.tables.stats_strip`) as a row of labelled numbers."""
-    cells = "".join(
-        f"<div class='tv-stat'><span>{html.escape(label)}</span><b>{html.escape(value)}</b></div>"
-        for label, value in stats_strip(record).items()
-    )
-    return f"<div class='tv-stats'>{cells}</div>"
 
 
 def status_line(run: Run, event: StepEvent | None, replay: bool, done: bool = False) -> str:

@@ -102,6 +102,13 @@ def sweep_frames(
     yield SweepFrame(f"Done: {len(rows)} runs on {trace.name}.", rows, pareto_figure(rows, metric), table_rows(rows))
 
 
+def sweep_meta(loaded: LoadedModel, trace: Trace, policies: Sequence[str], budgets: str, interval: int,
+               max_trace_tokens: int | None) -> dict[str, Any]:
+    """What a sweep's result files say about how it was run (``budgets`` as the user wrote them)."""
+    return {"model": loaded.name, "quantization": loaded.quantization, "trace": trace.name, "interval": interval,
+            "budgets": budgets, "policies": list(policies), "max_trace_tokens": max_trace_tokens}
+
+
 def export_sweep(rows: list[dict[str, Any]], meta: dict[str, Any], folder: str | Path) -> list[str]:
     """Write the sweep's CSV, JSON and Pareto HTML into ``folder``; return their paths."""
     return [str(path) for path in write_rows(rows, Path(folder), meta).values()]

@@ -12,6 +12,7 @@ import time
 from typing import Callable
 
 DEFAULT_FRAME_INTERVAL = 0.15  # seconds: ≈6.7 frames per second
+FIGURE_INTERVAL = 2.0  # seconds between memory-chart rebuilds while a run streams (a redraw is costly)
 
 
 class FramePacer:

@@ -7,6 +7,7 @@ is still streaming (its ``summary`` is filled only at the end) and a loaded reco
 from __future__ import annotations
 
 import dataclasses
+import html
 import math
 from typing import Any, Mapping, Sequence
 
@@ -120,3 +121,12 @@ def fidelity_table(by_kind: Mapping[str, Mapping[str, float]]) -> list[list]:
             _round(100 * float(summary["top1"]), 1),
         ])
     return rows
+
+
+def stats_html(record: RunRecord) -> str:
+    """The stats strip (:func:`stats_strip`) as a row of labelled numbers."""
+    cells = "".join(
+        f"<div class='tv-stat'><span>{html.escape(label)}</span><b>{html.escape(value)}</b></div>"
+        for label, value in stats_strip(record).items()
+    )
+    return f"<div class='tv-stats'>{cells}</div>"

@@ -1,0 +1,157 @@
+"""The Compare tab: 2–6 policies on the same input, columns streaming together, a memory overlay and
+the fidelity table.
+
+Frames come from :func:`thinkviz.ui.compare.compare_frames`; this module lays out the
+controls and places what each frame carries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import gradio as gr
+
+from ...policies import REFERENCE_POLICY, Policy, policy_names
+from ...viz.figures import compare_memory_figure, placeholder_figure
+from ...viz.tokens import MODES
+from ..compare import FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, check_policies, compare_frames, preset_policies
+from ..controls import build_policy
+from ..handlers import MODEL_GROUP, WAITING, figure_file, run_with_model
+from ..session import COMPARE_TOKENS_IDS, Session
+from ..stream import bus_payload, container_html
+from ..text import plain_markdown
+from ..widgets import (CommonControls, InputControls, common_controls, decode_controls, input_controls,
+                       preset_knobs, preset_values, split)
+from . import AppContext
+
+DEFAULT_POLICIES = [REFERENCE_POLICY, "window", "h2o"]
+
+
+@dataclass
+class PolicySetControls:
+    """The policies to compare, the knobs they share, and whether to measure fidelity afterwards."""
+
+    policies: gr.CheckboxGroup
+    common: CommonControls
+    measure: gr.Checkbox
+
+    def inputs(self) -> list:
+        return [self.policies, *self.common.inputs(), self.measure]
+
+    def make(self, values: Sequence[Any]) -> tuple[list[Policy], bool]:
+        """The policies (2–6, checked) and the measure-fidelity flag from the values in :meth:`inputs` order."""
+        names, *knobs, measure = values
+        chosen = [build_policy(name, {}, **self.common.knobs(knobs)) for name in names or []]
+        check_policies(chosen)
+        return chosen, bool(measure)
+
+
+def policy_set_controls() -> PolicySetControls:
+    policies = gr.CheckboxGroup(policy_names(), value=DEFAULT_POLICIES,
+                                label=f"Policies ({MIN_POLICIES}–{MAX_POLICIES})", elem_id="tv-compare-policies")
+    common = common_controls("compare", interval=8)
+    measure = gr.Checkbox(value=True, label="Measure NLL / KL / top-1 against the full cache",
+                          info="generate mode: afterwards, teacher-force the full cache's text")
+    return PolicySetControls(policies, common, measure)
+
+
+def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
+    """Lay out the Compare tab; returns the function that wires Compare once Explore's run picker exists."""
+    with gr.Row():
+        with gr.Column(scale=2, min_width=300):
+            panel = input_controls(app.presets, "compare")
+            chosen = policy_set_controls()
+            decode = decode_controls("compare")
+            with gr.Row():
+                run = gr.Button("Compare", variant="primary", elem_id="tv-compare-run")
+                stop = gr.Button("Stop", variant="stop")
+        with gr.Column(scale=5, min_width=600):
+            status = gr.Markdown("Pick 2–6 policies and press Compare.", elem_id="tv-compare-status",
+                                 elem_classes="tv-status")
+            view_mode = gr.Radio(list(MODES), value="combined", label="Token view")
+            headers, columns = [], []
+            with gr.Row(elem_classes="tv-compare"):
+                for i, target_id in enumerate(COMPARE_TOKENS_IDS):
+                    with gr.Column(visible=i < 3, min_width=220) as column:
+                        headers.append(gr.HTML("", elem_id=f"tv-compare-head-{i}"))
+                        gr.HTML(container_html(target_id))
+                    columns.append(column)
+            overlay = gr.Plot(placeholder_figure("Each policy's KV cache appears here"),
+                              label="KV-cache memory, all policies", elem_id="tv-compare-memory")
+            table = gr.Dataframe(headers=FIDELITY_COLUMNS, label="Fidelity against the full cache",
+                                 interactive=False, elem_id="tv-compare-table", wrap=True)
+            with gr.Row():
+                export_fig = gr.Button("Export figure (HTML)", size="sm", elem_id="tv-compare-export-figure")
+            exported = gr.File(label="Download (open a column in Explore to export its recording)",
+                               interactive=False, elem_id="tv-compare-export", elem_classes="tv-download")
+    session = app.session
+
+    def pick_preset(name: str | None) -> list:
+        choice, values = preset_values(name)
+        if choice is None:
+            return values + [gr.skip()] * (2 + len(chosen.common.inputs()))
+        known, left_out = preset_policies(choice.preset)
+        if left_out:
+            values[0] += f"\n\n_Showing {', '.join(known)}; also listed: {plain_markdown(', '.join(left_out))}._"
+        return values + [known, *preset_knobs(choice.preset.params), choice.preset.max_new_tokens]
+
+    panel.preset.change(pick_preset, panel.preset,
+                        panel.preset_outputs() + [chosen.policies, *chosen.common.inputs(), decode.max_new],
+                        show_progress="hidden", api_visibility="private")
+    stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
+    export_fig.click(
+        lambda s: figure_file(bool(s.compare_records),
+                              lambda: {"KV cache by policy": compare_memory_figure(s.compare_records)},
+                              stem="thinkviz-compare", what="comparison"),
+        session, exported, api_name="export_compare_figure")
+    chosen.policies.change(lambda names: [gr.update(visible=i < max(MIN_POLICIES, len(names or [])))
+                                   for i in range(len(columns))],
+                    chosen.policies, columns, show_progress="hidden", api_visibility="private")
+
+    def switch_mode(s: Session, mode: str):
+        for channel in s.compare_channels:
+            channel.set_mode(mode)
+        if s.running or not s.compare_views:
+            return gr.skip()
+        return bus_payload([c.message(v, reset=True) for c, v in zip(s.compare_channels, s.compare_views)])
+
+    view_mode.change(switch_mode, [session, view_mode], app.bus, show_progress="hidden", api_visibility="private")
+
+    def run_compare(s: Session, mode: str, *values):
+        def prepare():
+            chat, policy_values, decode_values = split(values, panel, chosen, decode)
+            policies, measure_fidelity = chosen.make(policy_values)
+            request = policies, InputControls.request(chat), decode.settings(decode_values), measure_fidelity
+            for channel in s.compare_channels[: len(policies)]:
+                channel.set_mode(mode)
+            return request
+
+        def shown_columns(request) -> list:
+            return [gr.update(visible=i < len(request[0])) for i in range(len(columns))]
+
+        def waiting(request) -> list:
+            return [WAITING, *[gr.skip()] * 4, *[gr.skip()] * len(headers), *shown_columns(request)]
+
+        def frames(loaded, request, cancel):
+            policies, run_input, settings, measure_fidelity = request
+            channels = s.compare_channels[: len(policies)]
+            for frame in compare_frames(loaded, policies, run_input, settings, cancel, channels, measure_fidelity):
+                s.compare_records, s.compare_views = frame.records, frame.views
+                source = gr.update(choices=s.sources()) if frame.done else gr.skip()
+                head = frame.headers + [""] * (len(headers) - len(frame.headers))
+                figure = gr.skip() if frame.figure is None else frame.figure
+                yield [frame.status, bus_payload(frame.bus), figure, frame.table, source, *head,
+                       *shown_columns(request)]
+
+        yield from run_with_model(app.slot, prepare, frames, waiting, s)
+
+    def connect(explore_source: gr.Dropdown) -> None:
+        run.click(
+            run_compare,
+            [session, view_mode, *panel.inputs(), *chosen.inputs(), *decode.inputs()],
+            [status, app.bus, overlay, table, explore_source, *headers, *columns],
+            concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="compare", show_progress="hidden",
+        )
+
+    return connect

@@ -1,0 +1,101 @@
+"""The Explore tab: a recorded run at any step, averaged or for one layer / kv-head, and its recording.
+
+The views come from :func:`thinkviz.ui.explore.explore_view`, a pure function of the record.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ...export import import_recording
+from ...viz.tokens import MODES
+from .. import explore
+from ..fields import slider
+from ..handlers import figure_file, recording_file, shown
+from ..session import Session
+from ..widgets import export_controls
+from . import AppContext
+
+
+def build(app: AppContext, tab: gr.Tab) -> gr.Dropdown:
+    """Lay out the Explore tab (``tab`` is its ``gr.Tab``); returns its run picker, which Live and Compare fill."""
+    with gr.Row():
+        with gr.Column(scale=2):
+            source = gr.Dropdown([], value=None, label="Run to explore", info="the last Live run or a Compare column",
+                                 elem_id="tv-explore-source")
+            open_source = gr.Button("Open", size="sm", elem_id="tv-explore-open")
+        upload = gr.File(label="…or open a recording (.zip, or .json + .npz)", file_count="multiple",
+                         file_types=[".zip", ".json", ".npz"], elem_id="tv-explore-upload", scale=3, height=140)
+    caption = gr.Markdown("Nothing to explore yet: run something, or open a recording.",
+                          elem_id="tv-explore-caption")
+    with gr.Row():
+        step = slider(0, 1, value=0, step=1, label="Step (timeline)", elem_id="tv-explore-step", scale=3)
+        layer = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="Layer", scale=1,
+                            elem_id="tv-explore-layer")
+        head = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="KV head", scale=1,
+                           elem_id="tv-explore-head")
+    mode = gr.Radio(list(MODES), value="combined", label="Token view")
+    tokens = gr.HTML("", elem_id="tv-explore-tokens")
+    heatmap = gr.Plot(label="Kept per step and position", elem_id="tv-explore-heatmap")
+    segments = gr.Dataframe(label="Segments at this step", interactive=False, elem_id="tv-explore-segments")
+    view_outputs = [caption, tokens, heatmap, segments]
+    export_run, export_fig, exported = export_controls("explore")
+    session = app.session
+    pickers = [step, layer, head]
+    view_inputs = [session, step, layer, head, mode]
+
+    def view(s: Session, step_value, layer_value, head_value, mode_value) -> explore.ExploreView:
+        return shown(explore.explore_view, s.explore_record, int(step_value), layer_value, head_value, mode_value)
+
+    def show(s: Session, *view_values) -> list:
+        if s.explore_record is None:
+            return [gr.skip()] * len(view_outputs)
+        shown_view = view(s, *view_values)
+        return [shown_view.caption, f"<div class='tv-container'>{shown_view.tokens_html}</div>", shown_view.heatmap,
+                shown_view.segments]
+
+    def open_record(s: Session, record, mode_value: str) -> list:
+        s.explore_record = record
+        last = max(0, len(record.events) - 1)
+        return [
+            gr.update(maximum=max(1, last), value=last, interactive=last > 0),
+            gr.update(choices=explore.layer_choices(record), value=explore.AVERAGE),
+            gr.update(choices=explore.head_choices(record), value=explore.AVERAGE),
+            *show(s, last, explore.AVERAGE, explore.AVERAGE, mode_value),
+        ]
+
+    def from_source(s: Session, name: str | None, mode_value: str) -> list:
+        record = s.record_for(name or "")
+        if record is None:
+            raise gr.Error("Choose a run first (run something in Live or Compare).", print_exception=False)
+        return open_record(s, record, mode_value)
+
+    def on_select(s: Session, mode_value: str) -> list:
+        sources = s.sources()
+        if s.explore_record is not None or not sources:
+            return [gr.skip()] * (4 + len(view_outputs))
+        return [gr.update(value=sources[0]), *open_record(s, s.record_for(sources[0]), mode_value)]
+
+    def from_upload(s: Session, files, mode_value: str) -> list:
+        if not files:
+            return [gr.skip()] * (3 + len(view_outputs))
+        record = shown(import_recording, files if isinstance(files, list) else [files])
+        return open_record(s, record, mode_value)
+
+    export_run.click(lambda s: recording_file(s.explore_record), session, exported,
+                     api_name="export_explored_recording")
+    export_fig.click(
+        lambda s, *view_values: figure_file(s.explore_record is not None,
+                                            lambda: {"Keep / evict": view(s, *view_values).heatmap},
+                                            stem="thinkviz-keep"),
+        view_inputs, exported, api_name="export_keep_figure")
+    open_source.click(from_source, [session, source, mode], pickers + view_outputs, show_progress="hidden",
+                      api_visibility="private")
+    tab.select(on_select, [session, mode], [source, *pickers, *view_outputs], show_progress="hidden",
+               api_visibility="private")
+    upload.upload(from_upload, [session, upload, mode], pickers + view_outputs, show_progress="hidden",
+                  api_name="open_recording")
+    for control in (step, layer, head, mode):
+        control.change(show, view_inputs, view_outputs, show_progress="hidden", trigger_mode="always_last",
+                       api_visibility="private")
+    return source

@@ -1,0 +1,144 @@
+"""The Live tab: one policy streaming token by token, its memory chart and a projection onto a bigger model.
+
+Frames come from :func:`thinkviz.ui.live.live_frames`; this module lays out the controls and
+places what each frame carries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import gradio as gr
+
+from ...memory import CARDS_GB, Projection
+from ...viz.figures import memory_figure, placeholder_figure
+from ...viz.tokens import MODES
+from .. import inputs
+from ..handlers import MODEL_GROUP, WAITING, figure_file, recording_file, run_with_model, shown
+from ..live import live_frames
+from ..session import LIVE_TOKENS_ID, Session
+from ..stream import bus_payload, container_html
+from ..widgets import (InputControls, decode_controls, export_controls, input_controls, model_settings,
+                       policy_controls, preset_knobs, preset_values, split)
+from . import AppContext
+
+DEFAULT_POLICY = "h2o"
+
+
+@dataclass
+class ProjectionControls:
+    """Which bigger model and card the memory chart prices the kept tokens on."""
+
+    target: gr.Dropdown
+    card: gr.Radio
+
+    def inputs(self) -> list:
+        return [self.target, self.card]
+
+    @staticmethod
+    def projection(values: Sequence[Any]) -> Projection | None:
+        return inputs.projection(*values)
+
+
+def projection_controls() -> ProjectionControls:
+    with gr.Row():
+        target = gr.Dropdown(list(inputs.PROJECTION_TARGETS), value=inputs.DEFAULT_TARGET,
+                             label="Project memory onto", info="price the kept tokens on a bigger model")
+        card = gr.Radio(list(CARDS_GB), value=inputs.DEFAULT_CARD, label="Card (GiB VRAM)", elem_id="tv-live-card")
+    return ProjectionControls(target, card)
+
+
+def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
+    """Lay out the Live tab; returns the function that wires Generate once Explore's run picker exists."""
+    with gr.Row():
+        with gr.Column(scale=2, min_width=320):
+            panel = input_controls(app.presets, "live")
+            with gr.Row():
+                generate = gr.Button("Generate", variant="primary", elem_id="tv-live-run")
+                stop = gr.Button("Stop", variant="stop", elem_id="tv-live-stop")
+            controls = policy_controls(DEFAULT_POLICY)
+            decode = decode_controls("live")
+            projection = projection_controls()
+            model_settings(app.slot, app.model, app.quantization, app.model_status, app.model_loading)
+        with gr.Column(scale=3, min_width=420):
+            status = gr.Markdown("Pick a preset or type a question, then Generate.", elem_id="tv-live-status",
+                                 elem_classes="tv-status")
+            stats = gr.HTML("", elem_id="tv-live-stats")
+            view_mode = gr.Radio(list(MODES), value="combined", label="Token view", elem_id="tv-live-mode")
+            gr.HTML(container_html(LIVE_TOKENS_ID))
+            memory = gr.Plot(placeholder_figure("The KV cache's size appears here while a run streams"),
+                             label="KV-cache memory", elem_id="tv-live-memory")
+            export_run, export_fig, exported = export_controls("live")
+    session = app.session
+
+    def pick_preset(name: str | None) -> list:
+        choice, values = preset_values(name)
+        if choice is None:
+            return values + [gr.skip()] * (len(controls.inputs()) + 1)
+        preset = choice.preset
+        return values + [preset.policy, *preset_knobs(preset.params), *controls.updates(preset.policy, preset.params),
+                         preset.max_new_tokens]
+
+    panel.preset.change(pick_preset, panel.preset, panel.preset_outputs() + controls.inputs() + [decode.max_new],
+                        show_progress="hidden", api_visibility="private")
+
+    def switch_mode(s: Session, mode: str):
+        s.live_channel.set_mode(mode)
+        if s.running or s.live_view is None:
+            return gr.skip()  # a running generator resets the view on its next frame
+        return bus_payload(s.live_channel.message(s.live_view, reset=True))
+
+    view_mode.change(switch_mode, [session, view_mode], app.bus, show_progress="hidden", api_visibility="private")
+
+    def figure_for(s: Session, *projection_values):
+        return memory_figure(s.live_record, projection=projection.projection(projection_values),
+                             device_stats=s.live_device_stats)
+
+    def reproject(s: Session, *projection_values):
+        if s.live_record is None or s.running:
+            return gr.skip()
+        return shown(figure_for, s, *projection_values)
+
+    for control in projection.inputs():
+        control.change(reproject, [session, *projection.inputs()], memory, show_progress="hidden",
+                       api_visibility="private")
+
+    stop.click(Session.stop, session, None, queue=False, api_name="stop")
+    export_run.click(lambda s: recording_file(s.live_record), session, exported, api_name="export_recording")
+    export_fig.click(
+        lambda s, *values: figure_file(s.live_record is not None,
+                                       lambda: {"KV-cache memory": figure_for(s, *values)}, stem="thinkviz-memory"),
+        [session, *projection.inputs()], exported, api_name="export_figure")
+
+    def run_live(s: Session, mode: str, *values):
+        def prepare():
+            chat, policy_values, decode_values, projection_values = split(values, panel, controls, decode, projection)
+            request = (controls.make(policy_values), InputControls.request(chat), decode.settings(decode_values),
+                       projection.projection(projection_values))
+            s.live_channel.set_mode(mode)
+            return request
+
+        def frames(loaded, request, cancel):
+            policy, run_input, settings, memory_projection = request
+            for frame in live_frames(loaded, policy, run_input, settings, cancel, s.live_channel, memory_projection):
+                s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
+                source = gr.update(choices=s.sources(), value="Live run") if frame.done else gr.skip()
+                figure = gr.skip() if frame.figure is None else frame.figure
+                yield [frame.status, bus_payload(frame.bus), figure, frame.stats, source]
+
+        yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, *[gr.skip()] * 4], s)
+
+    if controls.slots:
+        app.demo.load(lambda: controls.updates(DEFAULT_POLICY), None, controls.slots, show_progress="hidden",
+                      api_visibility="private")
+
+    def connect(explore_source: gr.Dropdown) -> None:
+        generate.click(
+            run_live,
+            [session, view_mode, *panel.inputs(), *controls.inputs(), *decode.inputs(), *projection.inputs()],
+            [status, app.bus, memory, stats, explore_source],
+            concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="generate", show_progress="hidden",
+        )
+
+    return connect

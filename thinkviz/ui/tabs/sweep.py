@@ -1,0 +1,83 @@
+"""The Sweep tab: one trace through policies × budgets in lockstep with the full cache, then the
+memory-vs-fidelity plot, the table and the result files.
+
+Frames come from :func:`thinkviz.ui.sweep.sweep_frames`; this module lays out the controls and
+places what each frame carries.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import gradio as gr
+
+from ...policies import REFERENCE_POLICY, policy_names
+from ...replay import load_trace
+from ...sweep import parse_budgets, parse_policies
+from ...viz.pareto import METRICS as PARETO_METRICS
+from ...viz.pareto import pareto_figure
+from .. import inputs
+from ..fields import slider
+from ..handlers import MODEL_GROUP, WAITING, run_with_model
+from ..runs import RunInputError
+from ..session import Session
+from ..sweep import TABLE_COLUMNS, export_sweep, sweep_frames, sweep_meta
+from . import AppContext
+
+DEFAULT_POLICIES = ["window", "h2o"]
+
+
+def build(app: AppContext) -> None:
+    """Lay out the Sweep tab and wire its events."""
+    replay, shortest = inputs.replay_choices(app.presets)
+    gr.Markdown("Replay one trace through every chosen policy at every budget, in lockstep with the full cache, "
+                "and plot peak KV memory against fidelity. Long traces take minutes on a CPU.")
+    with gr.Row():
+        with gr.Column(scale=2, min_width=300):
+            preset = gr.Dropdown(replay, value=shortest, label="Trace (replay preset)", elem_id="tv-sweep-preset")
+            policies = gr.CheckboxGroup([n for n in policy_names() if n != REFERENCE_POLICY], value=DEFAULT_POLICIES,
+                                        label="Policies (the full cache is always the reference)")
+            budgets = gr.Textbox("0.25, 0.5", label="Budgets",
+                                 info="fractions of the sequence (0.25) and/or token counts (256), comma-separated")
+            interval = slider(1, 128, value=32, step=1, label="Interval (tokens per forward pass)")
+            limit = slider(0, 8192, value=512, step=64, label="Trace tokens to replay (0 = the whole trace)",
+                           info="the first tokens of the trace: a quick sweep on a CPU", elem_id="tv-sweep-limit")
+            metric = gr.Radio(list(PARETO_METRICS), value="kl", label="Fidelity axis")
+            run = gr.Button("Run sweep", variant="primary", elem_id="tv-sweep-run")
+        with gr.Column(scale=5, min_width=600):
+            status = gr.Markdown("", elem_id="tv-sweep-status", elem_classes="tv-status")
+            figure = gr.Plot(label="Memory vs fidelity", elem_id="tv-sweep-pareto")
+            table = gr.Dataframe(headers=TABLE_COLUMNS, label="Runs", interactive=False)
+            files = gr.File(label="Sweep results (CSV, JSON, Pareto plot…)", file_count="multiple",
+                            interactive=False, elem_classes="tv-download")
+
+    def run_sweep(s: Session, name: str | None, names: list[str], budget_text: str, interval_value, limit_value,
+                  metric_value):
+        def prepare():
+            if not name:
+                raise RunInputError("Choose a trace to sweep.")
+            return (load_trace(name), parse_budgets(budget_text or ""), parse_policies(",".join(names or [])),
+                    int(interval_value), int(limit_value) or None)
+
+        def frames(loaded, request, cancel):
+            trace, budget_list, chosen, every, max_tokens = request
+            for frame in sweep_frames(loaded, trace, chosen, budget_list, every, {}, metric_value,
+                                      max_trace_tokens=max_tokens):
+                if frame.rows is None:
+                    yield [frame.status, gr.skip(), gr.skip(), gr.skip()]
+                    continue
+                s.sweep_rows = frame.rows
+                meta = sweep_meta(loaded, trace, chosen, budget_text, every, max_tokens)
+                yield [frame.status, frame.figure, frame.table,
+                       export_sweep(frame.rows, meta, tempfile.mkdtemp(prefix="thinkviz-sweep-"))]
+
+        yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, gr.skip(), gr.skip(), gr.skip()])
+
+    run.click(run_sweep, [app.session, preset, policies, budgets, interval, limit, metric],
+              [status, figure, table, files], concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="sweep",
+              show_progress="hidden")
+
+    def replot(s: Session, metric_value: str):
+        return gr.skip() if not s.sweep_rows else pareto_figure(s.sweep_rows, metric_value)
+
+    metric.change(replot, [app.session, metric], figure, show_progress="hidden", api_visibility="private")

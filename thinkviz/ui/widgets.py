@@ -1,0 +1,288 @@
+"""Control groups more than one tab shows: the chat to run, the policy and its knobs, decoding,
+export buttons, the model settings panel.
+
+Each group is a dataclass of components built in the layout by its ``…_controls`` function;
+``inputs()`` lists its components in the order a handler receives their values, and a
+method turns those values into what the run needs (a policy, a request, decode settings).
+:func:`split` cuts a handler's flat values into one tuple per group, so a group can gain a
+control without any handler counting positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import gradio as gr
+
+from ..chat import REASONING_SYSTEM_PROMPT
+from ..engine import DecodeSettings
+from ..model import QUANTIZATIONS
+from ..policies import Policy, policy_names
+from ..policies.base import COMMON_PARAMS
+from ..presets import MAX_NEW_TOKENS_RANGE
+from . import inputs
+from .controls import (Pools, build_policy, collect_params, pool_bounds, pool_choices, pool_sizes,
+                       slot_specs)
+from .fields import slider
+from .handlers import MODEL_GROUP, user_error
+from .model_slot import LoadStatus, ModelSlot, ModelUnavailable
+from .runs import RunInput, RunInputError
+from .text import plain_markdown
+
+
+def split(values: Sequence[Any], *groups: Any) -> list[tuple]:
+    """``values`` (a handler's arguments) cut into one tuple per group, each as long as its ``inputs()``."""
+    out, start = [], 0
+    for group in groups:
+        size = len(group.inputs())
+        out.append(tuple(values[start : start + size]))
+        start += size
+    if start != len(values):
+        raise ValueError(f"{len(values)} values for {start} controls")
+    return out
+
+
+def load_status_markdown(status: LoadStatus) -> str:
+    """The model status line: a progress bar while loading, the error if it failed."""
+    if status.error:
+        return f"**Model failed to load:** {plain_markdown(status.error)}"
+    if status.ready:
+        note = f"  \n{plain_markdown(status.note)}" if status.note else ""
+        return f"**Model:** {plain_markdown(status.message)}{note}"
+    if not status.name:
+        return "**Model:** not loaded"
+    percent = int(round(100 * status.fraction))
+    return f"**Model:** {plain_markdown(status.message)} <progress value='{percent}' max='100'></progress> {percent}%"
+
+
+# ---- the knobs every policy shares ------------------------------------------------------------
+@dataclass
+class CommonControls:
+    """Budget, interval and the two protection toggles (:data:`~thinkviz.policies.base.COMMON_PARAMS`)."""
+
+    budget: gr.Slider
+    interval: gr.Slider
+    protect_system: gr.Checkbox
+    protect_question: gr.Checkbox
+
+    def inputs(self) -> list:
+        return [self.budget, self.interval, self.protect_system, self.protect_question]
+
+    @staticmethod
+    def knobs(values: Sequence[Any]) -> dict[str, Any]:
+        """The values (in :meth:`inputs` order) as :func:`~thinkviz.ui.controls.build_policy` takes them."""
+        budget, interval, protect_system, protect_question = values
+        return {"budget": budget, "interval": interval, "protect_system": protect_system,
+                "protect_question": protect_question}
+
+
+def common_controls(tab: str, interval: int) -> CommonControls:
+    """Budget and interval sliders over the ranges the policies declare for them, and the protection toggles."""
+    params = {p.name: p for p in COMMON_PARAMS}
+    b, i = params["budget"], params["interval"]
+    budget = slider(b.low, b.high, value=b.default, step=b.step, label="Budget (tokens per layer and kv-head)",
+                    info=b.help, elem_id=f"tv-{tab}-budget")
+    interval_slider = slider(i.low, i.high, value=interval, step=i.step, label="Interval (compress every N tokens)",
+                             info=i.help, elem_id=f"tv-{tab}-interval")
+    with gr.Row():
+        protect_system = gr.Checkbox(value=True, label="Protect system prompt", elem_id=f"tv-{tab}-protect-system")
+        protect_question = gr.Checkbox(value=True, label="Protect question")
+    return CommonControls(budget, interval_slider, protect_system, protect_question)
+
+
+def preset_knobs(params: dict[str, Any]) -> list:
+    """A preset's common knobs in :meth:`CommonControls.inputs` order (the declared defaults where unset)."""
+    return [params.get(p.name, p.default) for p in COMMON_PARAMS]
+
+
+# ---- one policy and its own parameters (Live) ---------------------------------------------------
+@dataclass
+class PolicyControls:
+    """The policy picker, the common knobs and the pool of per-policy parameter slots."""
+
+    policy: gr.Dropdown
+    common: CommonControls
+    pools: Pools  # lists of gr.Slider, gr.Checkbox and gr.Dropdown slots
+
+    @property
+    def slots(self) -> list:
+        return [slot for pool in self.pools for slot in pool]
+
+    def inputs(self) -> list:
+        return [self.policy, *self.common.inputs(), *self.slots]
+
+    def make(self, values: Sequence[Any]) -> Policy:
+        """The policy described by this group's values (in :meth:`inputs` order)."""
+        name, *rest = values
+        common, slots = rest[:4], rest[4:]
+        given, start = [], 0
+        for pool in self.pools:
+            given.append(slots[start : start + len(pool)])
+            start += len(pool)
+        return build_policy(name, collect_params(name, Pools(*given)), **self.common.knobs(common))
+
+    def updates(self, name: str, values: dict | None = None) -> list:
+        """Component updates that show ``name``'s parameters in the slots."""
+        specs = slot_specs(name, Pools(*map(len, self.pools)), values)
+        hidden = gr.update(visible=False)
+        out = []
+        for spec in specs.numbers:
+            out.append(hidden if spec is None else gr.update(
+                visible=True, label=spec.label, info=spec.help, minimum=spec.low, maximum=spec.high,
+                step=spec.step, value=spec.value))
+        for spec in specs.flags:
+            out.append(hidden if spec is None else gr.update(
+                visible=True, label=spec.label, info=spec.help, value=spec.value))
+        for spec in specs.choices:
+            out.append(hidden if spec is None else gr.update(
+                visible=True, label=spec.label, info=spec.help, choices=list(spec.choices), value=spec.value))
+        return out
+
+
+def policy_controls(default: str) -> PolicyControls:
+    """The policy group, its slots showing ``default``'s parameters.
+
+    Number slots are built with a range covering every policy's parameters, and choice slots
+    with every policy's choices, because Gradio checks a value against what the component has
+    on the server: API callers never see the per-policy narrowing that
+    :meth:`PolicyControls.updates` sends a browser (on page load and when the policy changes).
+    """
+    sizes = pool_sizes()
+    low, high = pool_bounds()
+    every_choice = pool_choices()
+    specs = slot_specs(default, sizes)
+    policy = gr.Dropdown(policy_names(), value=default, label="Policy", elem_id="tv-live-policy")
+    common = common_controls("live", interval=1)
+    numbers = [slider(low, high, value=spec.value if spec else low, visible=spec is not None,
+                      label=spec.label if spec else f"parameter {i + 1}", info=spec.help if spec else None)
+               for i, spec in enumerate(specs.numbers)]
+    flags = [gr.Checkbox(value=bool(spec.value) if spec else False, visible=spec is not None,
+                         label=spec.label if spec else f"option {i + 1}", info=spec.help if spec else None)
+             for i, spec in enumerate(specs.flags)]
+    choices = [gr.Dropdown(every_choice, value=spec.value if spec else every_choice[0], visible=spec is not None,
+                           label=spec.label if spec else f"choice {i + 1}", info=spec.help if spec else None,
+                           elem_id=f"tv-live-choice-{i}")
+               for i, spec in enumerate(specs.choices)]
+    group = PolicyControls(policy, common, Pools(numbers, flags, choices))
+    if group.slots:
+        policy.change(group.updates, policy, group.slots, show_progress="hidden", api_visibility="private")
+    return group
+
+
+# ---- what to run ------------------------------------------------------------------------------
+@dataclass
+class InputControls:
+    """Preset picker and the chat to run (system, question, generate / replay, trace)."""
+
+    preset: gr.Dropdown
+    notice: gr.Markdown
+    mode: gr.Radio
+    system: gr.Textbox
+    question: gr.Textbox
+    trace: gr.Textbox
+
+    def inputs(self) -> list:
+        return [self.mode, self.system, self.question, self.trace]
+
+    @staticmethod
+    def request(values: Sequence[Any]) -> RunInput:
+        """The run the values (in :meth:`inputs` order) describe; :class:`RunInputError` if none."""
+        return inputs.run_input(*values)
+
+    def preset_outputs(self) -> list:
+        return [self.notice, self.mode, self.system, self.question, self.trace]
+
+
+def input_controls(choices: list[tuple[str, str]], tab: str) -> InputControls:
+    preset = gr.Dropdown(choices, value=None, label="Preset", elem_id=f"tv-{tab}-preset",
+                         info="a question, a policy and, for replay, a hand-written reasoning trace")
+    notice = gr.Markdown("", elem_classes="tv-notice")
+    question = gr.Textbox(label="Question", lines=2, max_lines=8, placeholder="Ask something that needs reasoning…",
+                          elem_id=f"tv-{tab}-question")
+    mode = gr.Radio(list(inputs.RUN_MODES), value="generate", label="Run mode", elem_id=f"tv-{tab}-run-mode",
+                    info="generate: the model writes; replay: teacher-force the trace")
+    with gr.Accordion("System prompt and replay trace", open=False):
+        system = gr.Textbox(label="System prompt (empty: none)", lines=3, value=REASONING_SYSTEM_PROMPT)
+        trace = gr.Textbox("", label="Trace to replay (the assistant's text; replay mode)", lines=6, max_lines=12)
+    return InputControls(preset, notice, mode, system, question, trace)
+
+
+def preset_values(name: str | None) -> tuple[inputs.PresetChoice | None, list]:
+    """The loaded preset and the values for :meth:`InputControls.preset_outputs`."""
+    if not name:
+        return None, [gr.skip()] * 5
+    try:
+        choice = inputs.choose_preset(name)
+    except RunInputError as exc:
+        raise user_error(exc) from None
+    return choice, [choice.notice, choice.preset.mode, choice.system, choice.preset.question, choice.trace]
+
+
+@dataclass
+class DecodeControls:
+    """Max new tokens, temperature and whether end-of-text stops the run."""
+
+    max_new: gr.Slider
+    temperature: gr.Slider
+    stop_at_eos: gr.Checkbox
+
+    def inputs(self) -> list:
+        return [self.max_new, self.temperature, self.stop_at_eos]
+
+    @staticmethod
+    def settings(values: Sequence[Any]) -> DecodeSettings:
+        """Validated decode settings from the values (in :meth:`inputs` order)."""
+        return inputs.decode_settings(*values)
+
+
+def decode_controls(tab: str) -> DecodeControls:
+    with gr.Row():
+        max_new = slider(*MAX_NEW_TOKENS_RANGE, value=128, step=1, label="Max new tokens",
+                         elem_id=f"tv-{tab}-max-new")
+        temperature = slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+    stop_at_eos = gr.Checkbox(value=True, label="Stop at end of text", elem_id=f"tv-{tab}-stop-at-eos",
+                              info="off: keep decoding to the limit, to watch eviction on a long run")
+    return DecodeControls(max_new, temperature, stop_at_eos)
+
+
+def export_controls(tab: str) -> tuple[gr.Button, gr.Button, gr.File]:
+    """"Export recording", "Export figure" and the file they produce."""
+    with gr.Row():
+        recording = gr.Button("Export recording (JSON + NPZ)", size="sm", elem_id=f"tv-{tab}-export-run")
+        figure = gr.Button("Export figure (HTML)", size="sm", elem_id=f"tv-{tab}-export-figure")
+    file = gr.File(label="Download", interactive=False, elem_id=f"tv-{tab}-export", elem_classes="tv-download")
+    return recording, figure, file
+
+
+# ---- the model --------------------------------------------------------------------------------
+def model_settings(slot: ModelSlot, model: str, quantization: str, model_status: gr.Markdown,
+                   model_loading: bool) -> None:
+    """The settings panel that loads another model (or says why it is off) and reports progress."""
+    if not model_loading:
+        with gr.Accordion("Model settings", open=False):
+            gr.Markdown("Loading another model is off: this app can be reached from other machines. "
+                        "Whoever started it can allow it with `python app.py --allow-model-loading`.",
+                        elem_id="tv-model-loading-off")
+        return
+    with gr.Accordion("Model settings", open=False):
+        name = gr.Textbox(value=model, label="Model", info="'embedded' (SmolLM2-135M, offline), a Hugging Face "
+                                                          "id or a local folder")
+        quant = gr.Radio(list(QUANTIZATIONS), value=quantization, label="Weights",
+                         info="4bit: bitsandbytes NF4; none: unquantized (faster on a CPU)")
+        load = gr.Button("Load model", size="sm")
+        progress = gr.Markdown(elem_classes="tv-status")
+
+    def load_model(name_value: str, quant_value: str) -> Iterator[tuple[str, str]]:
+        if not (name_value or "").strip():
+            raise gr.Error("Give a model: 'embedded', a Hugging Face id or a local folder.", print_exception=False)
+        try:
+            slot.start(name_value.strip(), quant_value)
+        except ModelUnavailable as exc:
+            raise user_error(exc) from None
+        for status in slot.watch():
+            line = load_status_markdown(status)
+            yield line, line
+
+    load.click(load_model, [name, quant], [progress, model_status], concurrency_limit=1,
+               concurrency_id=MODEL_GROUP, api_name="load_model", show_progress="hidden")
