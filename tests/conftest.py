@@ -58,6 +58,19 @@ def embedded_model_int4() -> LoadedModel:
     return load_model(quantization="4bit", device="cpu", backend="torch-int4")
 
 
+@pytest.fixture
+def tiny_llama_d32() -> LoadedModel:
+    """The tiny Llama with head_dim 32 (hidden 128), the smallest that holds one 32-value
+    quantization block per head: the model of the KV-format tests."""
+    return tiny_model("llama", hidden=128)
+
+
+@pytest.fixture
+def tiny_qwen3_d32() -> LoadedModel:
+    """The tiny Qwen3 with head_dim 32 (hidden 128)."""
+    return tiny_model("qwen3", hidden=128)
+
+
 @pytest.fixture(scope="session")
 def embedded_model_fp32() -> LoadedModel:
     """The embedded model unquantized in float32: the reference precision of the eviction oracle."""

@@ -1,14 +1,21 @@
 """Eviction is exact: a step on an evicted cache equals the same step on the full cache with
-the evicted slots hidden from the new queries only (DESIGN §4)."""
+the evicted slots hidden from the new queries only (DESIGN §4).
+
+Quantized storage is exact in the same sense: a step on a quantized cache equals a
+full-precision step on a cache holding the decoded keys and values, with and without
+eviction; for the per-token block formats also a step on the *masked full* cache whose
+entries went through the codec once (so gathering codes never re-quantizes)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from thinkviz.chat import ChatPrompt
 from thinkviz.engine import DecodeSettings, Run, causal_mask
+from thinkviz.kvquant import KVQuant, q4_0_decode, q4_0_encode, q8_0_decode, q8_0_encode
 from thinkviz.policies import make_policy
 
 from thought_trace import chat_and_trace
@@ -21,19 +28,21 @@ TOLERANCE = 1e-4
 EMBEDDED_4BIT_TOLERANCE = 0.6
 
 
-def replay_with_visibility(loaded, policy, prompt, trace):
+def replay_with_visibility(loaded, policy, prompt, trace, kv_quant=KVQuant()):
     """Replay ``trace`` through ``policy``; return per-chunk logits and, for every chunk, the
-    ``(L, H_kv, k)`` positions its queries could see (recorded when the previous chunk ended)."""
+    ``(L, H_kv, k)`` positions its queries could see and the per-layer ``(keys, values)`` it
+    read, as stored (both recorded when the previous chunk ended)."""
     ids = prompt.ids if isinstance(prompt, ChatPrompt) else prompt
-    run = Run(loaded, policy, prompt, DecodeSettings(prefill_chunk=len(ids)))
-    visible, logits = [], []
+    run = Run(loaded, policy, prompt, DecodeSettings(prefill_chunk=len(ids)), kv_quant=kv_quant)
+    visible, logits, stored = [], [], []
 
     def on_logits(positions, chunk_logits):
         logits.append(chunk_logits.to("cpu", copy=True))
         visible.append(run.cache.position_table().clone())
+        stored.append([tuple(t.clone() for t in run.cache.layer_kv(i)) for i in range(len(run.cache.layers))])
 
     events = list(run.replay(trace, on_logits=on_logits))
-    return events, logits[1:], visible[:-1]
+    return events, logits[1:], visible[:-1], stored[:-1]
 
 
 def _random_ids(n, vocab, seed):
@@ -43,7 +52,7 @@ def _random_ids(n, vocab, seed):
 def _check(loaded, policy, seeds, tolerance=TOLERANCE):
     vocab = loaded.model.config.vocab_size
     prompt, trace = _random_ids(48, vocab, seeds[0]), _random_ids(40, vocab, seeds[1])
-    events, logits, visible = replay_with_visibility(loaded, policy, prompt, trace)
+    events, logits, visible, _ = replay_with_visibility(loaded, policy, prompt, trace)
     assert sum(e.compressed for e in events) >= 3, "the test must exercise several evictions"
     reference = reference_logits(loaded, prompt, trace, policy.interval, visible)
     for got, want in zip(logits, reference, strict=True):
@@ -97,7 +106,7 @@ def test_thought_aware_eviction_matches_masked_full_cache(tiny_llama, name, para
     prompt, trace = chat_and_trace(tiny_llama.tokenizer)
     budget = 160 if name == "think_drop" else len(prompt.ids) + 24
     policy = make_policy(name, budget=budget, interval=4, **params)
-    events, logits, visible = replay_with_visibility(tiny_llama, policy, prompt, trace)
+    events, logits, visible, _ = replay_with_visibility(tiny_llama, policy, prompt, trace)
     assert sum(len(e.evicted) for e in events) >= 30, "the test must exercise real evictions"
     reference = reference_logits(tiny_llama, prompt.ids, trace, policy.interval, visible)
     for got, want in zip(logits, reference, strict=True):
@@ -114,15 +123,16 @@ def test_embedded_model_eviction_is_exact_with_4bit_weights(embedded_model_int4)
     _check(embedded_model_int4, make_policy("h2o", budget=24, interval=4, recent=4), (5, 6), EMBEDDED_4BIT_TOLERANCE)
 
 
-def reference_logits(loaded, prompt, trace, interval, visible):
+def reference_logits(loaded, prompt, trace, interval, visible, cache=None):
     """Full cache, the same chunks; each chunk's queries see, per layer and kv-head, only the
     slots the evicting run held when that chunk ran.  Each layer gets its own mask through a
-    pre-hook on its attention module."""
+    pre-hook on its attention module.  ``cache``: the full cache to use (default: a plain
+    full-precision ``DynamicCache``)."""
     model, geometry, device = loaded.model, loaded.geometry, loaded.device
     group = geometry.q_heads // geometry.kv_heads
     layers = model.model.layers
     dtype = model.get_input_embeddings().weight.dtype
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config) if cache is None else cache
     masks: list[torch.Tensor | None] = [None] * len(layers)
 
     def swap_mask(layer_idx):
@@ -161,3 +171,97 @@ def reference_logits(loaded, prompt, trace, interval, visible):
         for handle in handles:
             handle.remove()
     return out
+
+
+# ---- quantized storage ------------------------------------------------------------------
+FORMATS = ["q8_0", "q4_0", "kivi2", "kivi4"]
+# h2o without a recent window: kv-heads disagree on the newest slots too (KIVI's early flush)
+POLICIES = [("full", {}), ("window", {"budget": 24}), ("h2o", {"budget": 24, "recent": 0})]
+
+
+def _kv(fmt):
+    return KVQuant(fmt, residual=8)  # KIVI: several key groups
+
+
+def stored_step_logits(loaded, stored, chunk, start):
+    """Logits ``(q, V)`` of ``chunk`` at positions ``start…`` on a plain full-precision cache
+    that holds ``stored`` (per layer ``(keys, values)``, ``(1, H_kv, T, D)``)."""
+    model, device = loaded.model, loaded.device
+    cache = DynamicCache(config=model.config)
+    for layer, (keys, values) in zip(cache.layers, stored):
+        layer.update(keys, values)
+    slots, dtype = stored[0][0].shape[-2], model.get_input_embeddings().weight.dtype
+    with torch.inference_mode():
+        return model(
+            input_ids=torch.tensor([chunk], device=device),
+            position_ids=torch.arange(start, start + len(chunk), device=device)[None],
+            attention_mask=causal_mask(slots, len(chunk), dtype, device),
+            cache=cache,
+        ).logits[0].float().cpu()
+
+
+def _check_stored(loaded, policy, kv_quant, seeds):
+    """Every chunk of a quantized run equals a full-precision step on its decoded cache."""
+    vocab = loaded.model.config.vocab_size
+    prompt, trace = _random_ids(48, vocab, seeds[0]), _random_ids(40, vocab, seeds[1])
+    events, logits, visible, stored = replay_with_visibility(loaded, policy, prompt, trace, kv_quant)
+    for j, (got, kv) in enumerate(zip(logits, stored, strict=True)):
+        start = len(prompt) + j * policy.interval
+        want = stored_step_logits(loaded, kv, trace[j * policy.interval : (j + 1) * policy.interval], start)
+        assert (got - want).abs().max().item() <= TOLERANCE
+    # the stored entries are not the full-precision ones: the format really is in the loop
+    exact = replay_with_visibility(loaded, policy, prompt, trace)[1]
+    assert max((a - b).abs().max().item() for a, b in zip(logits, exact)) > 10 * TOLERANCE
+    return events, visible
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name, params", POLICIES)
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama_d32", "tiny_qwen3_d32"])
+def test_quantized_step_matches_full_precision_step_on_decoded_cache(arch_fixture, name, params, fmt, request):
+    loaded = request.getfixturevalue(arch_fixture)
+    events, visible = _check_stored(loaded, make_policy(name, interval=4, **params), _kv(fmt), (7, 8))
+    if name != "full":
+        assert sum(e.compressed for e in events) >= 3, "the test must exercise several evictions"
+    if name == "h2o":
+        assert any(not torch.equal(v[:, :1].expand_as(v), v) for v in visible), "per-head keep sets"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fmt", ["q4_0", "kivi2"])
+def test_embedded_model_quantized_step_is_exact(embedded_model_fp32, fmt):
+    _check_stored(embedded_model_fp32, make_policy("h2o", budget=24, interval=4, recent=4), _kv(fmt), (9, 10))
+
+
+class RoundTripLayer(DynamicLayer):
+    """A full-cache layer that keeps every entry as ``decode(encode(x))`` of a block format;
+    the entries of the current forward are returned as computed (as the quantized cache does)."""
+
+    def __init__(self, encode, decode):
+        super().__init__()
+        self.encode, self.decode = encode, decode
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys, values = torch.cat([self.keys, key_states], -2), torch.cat([self.values, value_states], -2)
+        self.keys = torch.cat([self.keys, self.decode(*self.encode(key_states)).to(key_states.dtype)], -2)
+        self.values = torch.cat([self.values, self.decode(*self.encode(value_states)).to(value_states.dtype)], -2)
+        return keys, values
+
+
+@pytest.mark.parametrize("fmt, codec", [("q8_0", (q8_0_encode, q8_0_decode)), ("q4_0", (q4_0_encode, q4_0_decode))])
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama_d32", "tiny_qwen3_d32"])
+def test_gathered_codes_match_a_masked_full_cache_of_round_tripped_entries(arch_fixture, fmt, codec, request):
+    loaded = request.getfixturevalue(arch_fixture)
+    policy = make_policy("h2o", budget=24, interval=4, recent=4)
+    vocab = loaded.model.config.vocab_size
+    prompt, trace = _random_ids(48, vocab, 11), _random_ids(40, vocab, 12)
+    events, logits, visible, _ = replay_with_visibility(loaded, policy, prompt, trace, KVQuant(fmt))
+    assert sum(e.compressed for e in events) >= 3
+    layers = loaded.model.config.num_hidden_layers
+    cache = DynamicCache(config=loaded.model.config)
+    cache.layers = [RoundTripLayer(*codec) for _ in range(layers)]
+    reference = reference_logits(loaded, prompt, trace, policy.interval, visible, cache=cache)
+    for got, want in zip(logits, reference, strict=True):
+        assert (got - want).abs().max().item() <= TOLERANCE

@@ -7,6 +7,7 @@ import pytest
 
 from thinkviz.chat import build_chat
 from thinkviz.engine import DecodeSettings, Run
+from thinkviz.kvquant import KVQuant, format_names
 from thinkviz.policies import PolicyConfigError, make_policy, policy_class, policy_names, policy_params
 
 SYSTEM = "You are a careful assistant. Think inside <think> tags, then answer."
@@ -24,10 +25,11 @@ def _own_params(name):
     return values
 
 
-def _run(loaded, name, budget, interval, **flags):
+def _run(loaded, name, budget, interval, kv_quant=KVQuant(), **flags):
     policy = make_policy(name, budget=budget, interval=interval, **_own_params(name), **flags)
     prompt = build_chat(loaded.tokenizer, SYSTEM, QUESTION)
-    run = Run(loaded, policy, prompt, DecodeSettings(max_new_tokens=48, stop_at_eos=False, prefill_chunk=32))
+    run = Run(loaded, policy, prompt, DecodeSettings(max_new_tokens=48, stop_at_eos=False, prefill_chunk=32),
+              kv_quant=kv_quant)
     return run, list(run.generate())
 
 
@@ -38,9 +40,20 @@ def _protected_positions(run):
 @pytest.mark.parametrize("name", policy_names())
 @pytest.mark.parametrize("interval", [1, 4])
 def test_policy_invariants(tiny_llama, name, interval):
-    prompt_len = len(build_chat(tiny_llama.tokenizer, SYSTEM, QUESTION).ids)
+    _check_invariants(tiny_llama, name, interval, KVQuant())
+
+
+# every policy in every quantized format (KIVI with a residual short enough to flush often)
+@pytest.mark.parametrize("name", policy_names())
+@pytest.mark.parametrize("fmt", [f for f in format_names() if f != "none"])
+def test_policy_invariants_in_every_kv_format(tiny_llama_d32, name, fmt):
+    _check_invariants(tiny_llama_d32, name, 4, KVQuant(fmt, residual=8))
+
+
+def _check_invariants(loaded, name, interval, kv_quant):
+    prompt_len = len(build_chat(loaded.tokenizer, SYSTEM, QUESTION).ids)
     budget = prompt_len + 16  # protected spans fit, so the budget binds on the generated part
-    run, events = _run(tiny_llama, name, budget, interval)
+    run, events = _run(loaded, name, budget, interval, kv_quant)
     policy = run.policy
     protected = _protected_positions(run)
     assert len(protected) > 10
@@ -57,6 +70,13 @@ def test_policy_invariants(tiny_llama, name, interval):
             if policy.recent:
                 newest = event.positions[-1]
                 assert np.all(event.keep_fraction[newest - policy.recent + 1 : newest + 1] == 1.0)
+        # the bytes reported are below full precision when quantized (exactly the formula for blocks)
+        if kv_quant.spec.quantized:
+            assert event.kv_bytes < event.kv_tokens * loaded.geometry.bytes_per_token
+        if kv_quant.format in ("q8_0", "q4_0"):
+            geometry = loaded.geometry
+            per_slot = kv_quant.slot_bytes(geometry.kv_heads, geometry.head_dim, geometry.dtype_bytes)
+            assert event.kv_bytes == event.kv_tokens * geometry.layers * per_slot
     last = events[-1]
     if policy.evicts and policy.hard_budget:
         assert any(e.evicted for e in events), "a binding budget must evict something"

@@ -1,66 +1,404 @@
-"""EvictingCache: a transformers ``DynamicCache`` whose entries can be physically dropped.
+"""EvictingCache: a transformers ``DynamicCache`` whose entries can be physically dropped,
+stored at full precision or in a quantized format (:mod:`thinkviz.kvquant`).
 
-Every layer stores keys and values as ``(B, H_kv, T, D)`` tensors (``B == 1`` here).  Next to
-them the cache remembers the *absolute* position of every slot, a table of shape
-``(L, H_kv, T)``: after eviction the physical index of a slot no longer equals its position,
-so the engine must feed explicit absolute ``position_ids`` to new tokens (their rotary
-phase) while the keys already in the cache keep the phase they were written with.
+Every layer holds ``(B, H_kv, T, D)`` keys and values (``B == 1`` here), in slots.  Next to them
+the cache remembers the *absolute* position of every slot, a table of shape ``(L, H_kv, T)``:
+after eviction the physical index of a slot no longer equals its position, so the engine must
+feed explicit absolute ``position_ids`` to new tokens (their rotary phase) while the keys
+already in the cache keep the phase they were written with.
 
-Eviction gathers the kept slots into new, smaller tensors (:meth:`EvictingCache.keep`),
-so :meth:`EvictingCache.nbytes` reports memory that really exists.  Different kv-heads of
-one layer may keep different positions (per-head policies) but the same *number* of them,
-so each layer stays one dense tensor; every layer keeps the same number of slots, which
-keeps the causal mask the model builds consistent across layers.
+Eviction gathers the kept slots into new, smaller tensors (:meth:`EvictingCache.keep`), so
+:meth:`EvictingCache.nbytes` reports memory that really exists.  Different kv-heads of one
+layer may keep different positions (per-head policies) but the same *number* of them, so each
+layer stays one dense tensor; every layer keeps the same number of slots, which keeps the
+causal mask the model builds consistent across layers.
+
+**Per-layer storage.**  Each layer is a *store*: a transformers cache layer with this small
+interface, and the only code that knows how K and V are laid out in memory:
+
+- ``update(keys, values)`` (called by the model) writes a forward's new ``(B, H_kv, q, D)``
+  entries and returns what attention reads: every stored slot as the format gives it back,
+  followed by the ``q`` new entries *at full precision* (a token reads itself exactly in the
+  pass that writes it, as in transformers' own quantized cache; later passes read it stored);
+- ``gather(indices)`` keeps the physical slots ``(H_kv, k)`` (sorted per head) of every
+  per-slot tensor it owns — quantized codes are copied, never re-quantized;
+- ``kv()`` → ``(keys, values)`` ``(B, H_kv, T, D)`` exactly as attention reads them;
+- ``set_values(values, rows)`` stores new values for the slots marked in ``rows`` ``(H_kv, T)``
+  (a value-modifying policy such as ``merge``); a quantized store re-encodes just those rows;
+- ``nbytes()`` the bytes of every tensor it holds; ``full_slot_bytes()`` what one slot costs at
+  full precision.
+
+Stores: :class:`DenseStore` (``none``; transformers' ``DynamicLayer``, whose update is used
+unchanged, so that path is bit-identical to a plain ``DynamicCache``), :class:`BlockStore`
+(``q8_0`` / ``q4_0``: per token, per block of 32 channels) and :class:`KiviStore` (``kivi2`` /
+``kivi4``: key groups over tokens plus a full-precision residual; its own docstring says how it
+stays dense when kv-heads evict differently).
+
+Extending (ragged per-layer or per-head budgets, per-slot attention biases): everything a slot
+carries lives in its store, and ``gather`` moves it, so a new per-slot tensor (a validity mask
+for padded heads, an additive attention bias) is one more field gathered with the others.
+Layers of different lengths need ``EvictingCache`` to keep one ``(H_kv, T_l)`` position table
+per layer (today: one ``(L, H_kv, T)`` tensor) and the engine to pass each layer its own mask
+(today: one mask for all layers); the stores already take any ``k`` per call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
+
+from .kvquant import (
+    BLOCK,
+    KVQuant,
+    asym_decode,
+    asym_encode,
+    pack_codes,
+    q4_0_decode,
+    q4_0_encode,
+    q8_0_decode,
+    q8_0_encode,
+    unpack_codes,
+)
+
+
+def _is_uniform(indices: torch.Tensor) -> bool:
+    """Whether every kv-head keeps the same slots (``indices`` ``(H_kv, k)``)."""
+    return bool((indices == indices[:1]).all())
+
+
+def _gather_slots(tensor: torch.Tensor, indices: torch.Tensor, uniform: bool) -> torch.Tensor:
+    """Slots ``indices`` ``(H_kv, k)`` of ``tensor`` ``(B, H_kv, T, ...)`` along axis 2."""
+    indices = indices.to(tensor.device)
+    if uniform:
+        return tensor.index_select(2, indices[0])
+    rows = torch.arange(indices.shape[0], device=tensor.device)[:, None]  # (H_kv, 1)
+    return tensor[:, rows, indices]
+
+
+def _put_rows(tensor: torch.Tensor, rows: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` ``(1, H_kv, T, ...)`` with the marked ``rows`` ``(H_kv, T)`` replaced
+    by ``new`` ``(n, ...)`` (out of place: the cached tensor may be an inference tensor)."""
+    out = tensor.clone()
+    out[0][rows.to(tensor.device)] = new.to(tensor.dtype)
+    return out
+
+
+class DenseStore(DynamicLayer):
+    """``none``: keys and values ``(B, H_kv, T, D)`` as the model wrote them."""
+
+    def gather(self, indices: torch.Tensor) -> None:
+        uniform = _is_uniform(indices)
+        self.keys = _gather_slots(self.keys, indices, uniform)  # (B, H_kv, k, D)
+        self.values = _gather_slots(self.values, indices, uniform)
+
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys, self.values
+
+    def set_values(self, values: torch.Tensor, rows: torch.Tensor) -> None:
+        """At full precision the new tensor is stored whole (``rows`` are for quantized stores)."""
+        self.values = values.to(self.values.dtype)
+
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes if self.is_initialized else 0
+
+    def full_slot_bytes(self) -> int:
+        return 2 * self.keys.shape[1] * self.keys.shape[3] * self.keys.element_size() if self.is_initialized else 0
+
+
+class QuantizedStore(CacheLayerMixin):
+    """Shared bookkeeping of the quantized stores: the model's dtype and device, the slot
+    count, and the read-then-append ``update`` described in the module docstring."""
+
+    is_sliding = False
+
+    def __init__(self, kv_quant: KVQuant) -> None:
+        super().__init__()
+        self.kv_quant = kv_quant
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.heads, self.head_dim = key_states.shape[1], key_states.shape[3]
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self._start(key_states.shape[0])
+        if self.length:
+            old_keys, old_values = self.kv()
+            keys, values = torch.cat([old_keys, key_states], dim=-2), torch.cat([old_values, value_states], dim=-2)
+        else:
+            keys, values = key_states, value_states
+        self._append(key_states, value_states)
+        self.length += key_states.shape[-2]
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def full_slot_bytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        return 2 * self.heads * self.head_dim * self.dtype.itemsize
+
+    def _start(self, batch: int) -> None:
+        raise NotImplementedError
+
+    def _append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _empty(self, batch: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(batch, self.heads, 0, width, dtype=dtype, device=self.device)
+
+
+class BlockStore(QuantizedStore):
+    """``q8_0`` / ``q4_0``: every slot of K and of V is ``D / 32`` llama.cpp blocks.
+
+    Tensors (per K and per V): ``codes`` ``(B, H_kv, T, D)`` int8 (q8_0) or ``(B, H_kv, T, D/2)``
+    uint8, two codes a byte (q4_0); ``scales`` ``(B, H_kv, T, D/32)`` fp16.  A slot depends on
+    nothing but its own row, so gathering and rewriting rows are exact.
+    """
+
+    def __init__(self, kv_quant: KVQuant) -> None:
+        super().__init__(kv_quant)
+        self.encode, self.decode = (q8_0_encode, q8_0_decode) if kv_quant.format == "q8_0" else (q4_0_encode, q4_0_decode)
+
+    def _start(self, batch: int) -> None:
+        width = self.head_dim if self.kv_quant.format == "q8_0" else self.head_dim // 2
+        code_dtype = torch.int8 if self.kv_quant.format == "q8_0" else torch.uint8
+        self.k_codes, self.v_codes = self._empty(batch, width, code_dtype), self._empty(batch, width, code_dtype)
+        blocks = self.head_dim // BLOCK
+        self.k_scales, self.v_scales = (self._empty(batch, blocks, torch.float16) for _ in range(2))
+
+    def _append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        (k_codes, k_scales), (v_codes, v_scales) = self.encode(keys), self.encode(values)
+        self.k_codes = torch.cat([self.k_codes, k_codes], dim=2)
+        self.k_scales = torch.cat([self.k_scales, k_scales], dim=2)
+        self.v_codes = torch.cat([self.v_codes, v_codes], dim=2)
+        self.v_scales = torch.cat([self.v_scales, v_scales], dim=2)
+
+    def _tensors(self) -> tuple[str, ...]:
+        return ("k_codes", "k_scales", "v_codes", "v_scales")
+
+    def gather(self, indices: torch.Tensor) -> None:
+        uniform = _is_uniform(indices)
+        for name in self._tensors():
+            setattr(self, name, _gather_slots(getattr(self, name), indices, uniform))
+        self.length = indices.shape[-1]
+
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.decode(self.k_codes, self.k_scales).to(self.dtype),
+                self.decode(self.v_codes, self.v_scales).to(self.dtype))
+
+    def set_values(self, values: torch.Tensor, rows: torch.Tensor) -> None:
+        codes, scales = self.encode(values[0][rows.to(values.device)])  # (n, ...) the marked rows only
+        self.v_codes, self.v_scales = _put_rows(self.v_codes, rows, codes), _put_rows(self.v_scales, rows, scales)
+
+    def nbytes(self) -> int:
+        return sum(getattr(self, name).nbytes for name in self._tensors()) if self.is_initialized else 0
+
+
+class KiviStore(QuantizedStore):
+    """``kivi2`` / ``kivi4``: ``Tq`` quantized slots followed by a full-precision residual of
+    ``Tr < residual`` slots (the newest), ``T = Tq + Tr``.
+
+    Tensors, ``b`` bits, ``P = D·b/8`` bytes of packed codes per row:
+
+    - ``k_codes`` ``(B, H_kv, Tq, P)`` uint8; ``k_group`` ``(B, H_kv, Tq)`` int16, the key group of
+      each slot; ``k_scale`` / ``k_zero`` ``(B, H_kv, G, D)`` fp16, one per channel and group;
+    - ``v_codes`` ``(B, H_kv, Tq, P)`` uint8; ``v_scale`` / ``v_zero`` ``(B, H_kv, Tq, D/32)`` fp16;
+    - ``k_tail`` / ``v_tail`` ``(B, H_kv, Tr, D)`` in the model's dtype.
+
+    When ``residual`` new tokens have gathered in the tail they become one key group (per channel
+    over those tokens) and their values are quantized per token.  Eviction copies codes and group
+    ids; a key group whose slots are all gone in every head is dropped, one that some head still
+    uses stays (scattered keep sets leave many small groups: the cost is counted, not hidden).
+    If a compression would leave the kv-heads of a layer with different numbers of quantized
+    slots (they then disagree on how many tail slots they keep), the tail is first quantized as
+    one short group, so the layer stays dense; policies that always keep a ``recent`` window at
+    least as long as ``residual`` never trigger this.
+    """
+
+    def _start(self, batch: int) -> None:
+        bits, blocks = self.kv_quant.spec.bits, self.head_dim // BLOCK
+        packed = self.head_dim * bits // 8
+        self.k_codes, self.v_codes = (self._empty(batch, packed, torch.uint8) for _ in range(2))
+        self.k_group = torch.empty(batch, self.heads, 0, dtype=torch.int16, device=self.device)
+        self.k_scale, self.k_zero = (self._empty(batch, self.head_dim, torch.float16) for _ in range(2))
+        self.v_scale, self.v_zero = (self._empty(batch, blocks, torch.float16) for _ in range(2))
+        self.k_tail, self.v_tail = (self._empty(batch, self.head_dim, self.dtype) for _ in range(2))
+
+    @property
+    def quantized_slots(self) -> int:
+        return self.k_codes.shape[2]
+
+    def _append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.k_tail = torch.cat([self.k_tail, keys], dim=2)
+        self.v_tail = torch.cat([self.v_tail, values], dim=2)
+        residual = self.kv_quant.residual
+        groups = self.k_tail.shape[2] // residual
+        if groups:
+            self._flush(groups * residual, residual)
+
+    def _flush(self, count: int, group_size: int) -> None:
+        """Quantize the tail's first ``count`` slots as ``count / group_size`` key groups."""
+        bits, groups = self.kv_quant.spec.bits, count // group_size
+        keys, values = self.k_tail[:, :, :count], self.v_tail[:, :, :count]
+        batch = keys.shape[0]
+        grouped = keys.unflatten(2, (groups, group_size))  # (B, H, g, n, D)
+        k_codes, k_scale, k_zero = asym_encode(grouped, bits, dim=3)  # scale (B, H, g, 1, D)
+        first = self.k_scale.shape[2]
+        ids = torch.arange(first, first + groups, device=self.device, dtype=torch.int16)
+        self.k_codes = torch.cat([self.k_codes, pack_codes(k_codes.flatten(2, 3), bits)], dim=2)
+        self.k_group = torch.cat([self.k_group, ids.repeat_interleave(group_size).expand(batch, self.heads, -1)], dim=2)
+        self.k_scale = torch.cat([self.k_scale, k_scale.squeeze(3)], dim=2)
+        self.k_zero = torch.cat([self.k_zero, k_zero.squeeze(3)], dim=2)
+        v_codes, v_scale, v_zero = self._encode_values(values)
+        self.v_codes = torch.cat([self.v_codes, v_codes], dim=2)
+        self.v_scale = torch.cat([self.v_scale, v_scale], dim=2)
+        self.v_zero = torch.cat([self.v_zero, v_zero], dim=2)
+        self.k_tail, self.v_tail = self.k_tail[:, :, count:], self.v_tail[:, :, count:]
+
+    def _encode_values(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per token over groups of 32 channels: packed codes ``(..., P)``, scale and zero ``(..., D/32)``."""
+        bits = self.kv_quant.spec.bits
+        codes, scale, zero = asym_encode(values.unflatten(-1, (-1, BLOCK)), bits, dim=-1)
+        return pack_codes(codes.flatten(-2), bits), scale.squeeze(-1), zero.squeeze(-1)
+
+    def _decode_values(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+        unpacked = unpack_codes(codes, self.kv_quant.spec.bits).unflatten(-1, (-1, BLOCK))
+        return asym_decode(unpacked, scale[..., None], zero[..., None]).flatten(-2)
+
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        codes = unpack_codes(self.k_codes, self.kv_quant.spec.bits)  # (B, H, Tq, D)
+        index = self.k_group.long()[..., None].expand(-1, -1, -1, self.head_dim)
+        keys = asym_decode(codes, self.k_scale.gather(2, index), self.k_zero.gather(2, index))
+        values = self._decode_values(self.v_codes, self.v_scale, self.v_zero)
+        return (torch.cat([keys.to(self.dtype), self.k_tail], dim=2),
+                torch.cat([values.to(self.dtype), self.v_tail], dim=2))
+
+    def gather(self, indices: torch.Tensor) -> None:
+        quantized = (indices < self.quantized_slots).sum(-1)  # (H_kv,)
+        if bool((quantized != quantized[0]).any()):
+            self._flush(self.k_tail.shape[2], self.k_tail.shape[2])  # a short group: see the class docstring
+            quantized = (indices < self.quantized_slots).sum(-1)
+        split = int(quantized[0])
+        head_idx, tail_idx = indices[:, :split], indices[:, split:] - self.quantized_slots
+        uniform = _is_uniform(indices)
+        for name in ("k_codes", "k_group", "v_codes", "v_scale", "v_zero"):
+            setattr(self, name, _gather_slots(getattr(self, name), head_idx, uniform))
+        self.k_tail = _gather_slots(self.k_tail, tail_idx, uniform)
+        self.v_tail = _gather_slots(self.v_tail, tail_idx, uniform)
+        self._drop_dead_groups()
+        self.length = indices.shape[-1]
+
+    def _drop_dead_groups(self) -> None:
+        groups = self.k_scale.shape[2]
+        live = torch.unique(self.k_group)  # sorted
+        if len(live) == groups:
+            return
+        renumber = torch.full((groups,), -1, dtype=torch.int16, device=self.device)
+        renumber[live.long()] = torch.arange(len(live), dtype=torch.int16, device=self.device)
+        self.k_group = renumber[self.k_group.long()]
+        self.k_scale = self.k_scale.index_select(2, live.long())
+        self.k_zero = self.k_zero.index_select(2, live.long())
+
+    def set_values(self, values: torch.Tensor, rows: torch.Tensor) -> None:
+        split = self.quantized_slots
+        head_rows, tail_rows = rows[:, :split], rows[:, split:]
+        if bool(head_rows.any()):
+            codes, scale, zero = self._encode_values(values[0, :, :split][head_rows.to(values.device)])
+            self.v_codes = _put_rows(self.v_codes, head_rows, codes)
+            self.v_scale = _put_rows(self.v_scale, head_rows, scale)
+            self.v_zero = _put_rows(self.v_zero, head_rows, zero)
+        if bool(tail_rows.any()):
+            self.v_tail = _put_rows(self.v_tail, tail_rows, values[0, :, split:][tail_rows.to(values.device)])
+
+    def nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        names = ("k_codes", "k_group", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "k_tail", "v_tail")
+        return sum(getattr(self, name).nbytes for name in names)
+
+
+def make_store(kv_quant: KVQuant) -> CacheLayerMixin:
+    """The store of one layer in ``kv_quant``'s format."""
+    if not kv_quant.spec.quantized:
+        return DenseStore()
+    return KiviStore(kv_quant) if kv_quant.spec.grouped else BlockStore(kv_quant)
+
+
+class LayerKeys(Sequence):
+    """Every layer's keys ``(B, H_kv, T, D)`` as attention reads them, decoded when asked for."""
+
+    def __init__(self, layers: list) -> None:
+        self._layers = layers
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return self._layers[index].kv()[0]
 
 
 class EvictingCache(DynamicCache):
-    """A dynamic KV cache with per-layer, per-kv-head eviction and absolute positions."""
+    """A dynamic KV cache with per-layer, per-kv-head eviction, absolute positions and a storage format."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, kv_quant: KVQuant = KVQuant()) -> None:
         super().__init__(config=config)
         if any(type(layer) is not DynamicLayer for layer in self.layers):
             raise ValueError("EvictingCache supports full-attention layers only (no sliding or linear layers)")
+        self.kv_quant = kv_quant
+        self.layers = [make_store(kv_quant) for _ in self.layers]
+        text = config.get_text_config(decoder=True)
+        self.kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         self._positions: torch.Tensor | None = None  # (L, H_kv, T) int64, on the CPU
 
     # ---- growth ----------------------------------------------------------------------
     def record_positions(self, new_positions: torch.Tensor) -> None:
         """Append the absolute positions ``(q,)`` of the tokens just written by a forward pass."""
-        layers, heads = len(self.layers), self.layers[0].keys.shape[1]
-        block = new_positions.to(torch.long).cpu().expand(layers, heads, -1)  # (L, H_kv, q)
+        block = new_positions.to(torch.long).cpu().expand(len(self.layers), self.kv_heads, -1)  # (L, H_kv, q)
         self._positions = block.clone() if self._positions is None else torch.cat([self._positions, block], -1)
 
     # ---- eviction --------------------------------------------------------------------
     def keep(self, indices: torch.Tensor) -> None:
         """Keep only the slots ``indices`` ``(L, H_kv, k)`` (physical, sorted per head).
 
-        Keys, values and positions are gathered into new tensors of length ``k``.  When every
-        layer and head keeps the same slots (uniform policies) one ``index_select`` per tensor
-        does it; otherwise advanced indexing picks ``(H_kv, k)`` slots per layer.
+        Each layer's store gathers its own tensors (one ``index_select`` per tensor when every
+        head keeps the same slots, advanced indexing otherwise); positions follow.
         """
-        n_layers, heads, _ = indices.shape
+        n_layers = indices.shape[0]
         if n_layers != len(self.layers):
             raise ValueError(f"keep indices cover {n_layers} layers, cache has {len(self.layers)}")
         indices = indices.cpu()
-        uniform = bool((indices == indices[:1, :1]).all())
-        head_rows = torch.arange(heads)[:, None]  # (H_kv, 1)
-        for layer_idx, layer in enumerate(self.layers):
-            device = layer.keys.device
-            if uniform:
-                idx = indices[0, 0].to(device)
-                layer.keys = layer.keys.index_select(2, idx)  # (B, H_kv, k, D)
-                layer.values = layer.values.index_select(2, idx)
-            else:
-                rows, idx = head_rows.to(device), indices[layer_idx].to(device)
-                layer.keys = layer.keys[:, rows, idx]  # (B, H_kv, k, D)
-                layer.values = layer.values[:, rows, idx]
+        for layer, layer_indices in zip(self.layers, indices):
+            layer.gather(layer_indices)
         self._positions = torch.gather(self._positions, 2, indices)
+
+    # ---- contents ----------------------------------------------------------------------
+    def layer_kv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(B, H_kv, T, D)`` of one layer, as attention reads them."""
+        return self.layers[layer_idx].kv()
+
+    def key_views(self) -> LayerKeys:
+        """Every layer's keys as attention reads them (quantized formats decode on access)."""
+        return LayerKeys(self.layers)
+
+    def set_values(self, layer_idx: int, values: torch.Tensor, rows: torch.Tensor) -> None:
+        """Store ``values`` ``(B, H_kv, T, D)`` for the slots marked in ``rows`` ``(H_kv, T)`` of one layer."""
+        self.layers[layer_idx].set_values(values, rows)
 
     # ---- accounting ------------------------------------------------------------------
     @property
@@ -69,10 +407,12 @@ class EvictingCache(DynamicCache):
         return 0 if self._positions is None else self._positions.shape[-1]
 
     def nbytes(self) -> int:
-        """Bytes of the key and value tensors that exist right now."""
-        return sum(
-            layer.keys.nbytes + layer.values.nbytes for layer in self.layers if layer.is_initialized
-        )
+        """Bytes of every tensor the layers hold right now (codes, scales, zero points, residual)."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def full_precision_nbytes(self, tokens: int) -> int:
+        """Bytes ``tokens`` slots per layer would take at the model's own precision, nothing evicted."""
+        return tokens * sum(layer.full_slot_bytes() for layer in self.layers)
 
     def position_table(self) -> torch.Tensor:
         """``(L, H_kv, T)`` absolute positions of every slot (do not modify)."""

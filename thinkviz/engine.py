@@ -1,6 +1,7 @@
 """The decode loop: prefill, then step token by token (or chunk by chunk) with real eviction.
 
-One :class:`Run` owns an :class:`~thinkviz.cache.EvictingCache`, the per-slot attention
+One :class:`Run` owns an :class:`~thinkviz.cache.EvictingCache` (stored in the run's
+:class:`~thinkviz.kvquant.KVQuant` format: full precision or quantized), the per-slot attention
 statistics that must move with the slots when they are gathered, and the per-position
 facts (token text, entropy of its own attention row, hidden state).  Every ``interval``
 steps it asks the policy which slots to keep and gathers them.  Each step yields a
@@ -28,6 +29,7 @@ from .attention import AttentionCapture
 from .cache import EvictingCache
 from .chat import ChatPrompt, token_texts
 from .events import RunRecord, StepEvent
+from .kvquant import KVQuant, KVQuantError
 from .model import LoadedModel
 from .policies.base import CacheView, Policy
 
@@ -122,6 +124,8 @@ class Run:
 
     ``prompt``: a :class:`~thinkviz.chat.ChatPrompt` (roles known, segments tracked) or plain
     token ids.  ``cancel``: set it from another thread to stop after the current step.
+    ``kv_quant``: how the cache stores keys and values (default: full precision); the policy
+    scores what attention computed on the stored (decoded) entries.
     """
 
     def __init__(
@@ -131,9 +135,14 @@ class Run:
         prompt: ChatPrompt | Sequence[int],
         settings: DecodeSettings = DecodeSettings(),
         cancel: threading.Event | None = None,
+        kv_quant: KVQuant = KVQuant(),
     ) -> None:
         settings.validate()
-        self.loaded, self.policy, self.settings = loaded, policy, settings
+        try:
+            kv_quant.check(loaded.geometry.head_dim)
+        except KVQuantError as exc:
+            raise EngineError(str(exc)) from None
+        self.loaded, self.policy, self.settings, self.kv_quant = loaded, policy, settings, kv_quant
         self.cancel = cancel or threading.Event()
         geometry = loaded.geometry
         if isinstance(prompt, ChatPrompt):
@@ -160,7 +169,7 @@ class Run:
         self.texts: list[str] = texts
         self.device = loaded.device
         self.mask_dtype = loaded.model.get_input_embeddings().weight.dtype  # the attention compute dtype
-        self.cache = EvictingCache(loaded.model.config)
+        self.cache = EvictingCache(loaded.model.config, kv_quant)
         layers, heads = geometry.layers, geometry.kv_heads
         self.window_rows = max(1, policy.window_rows)
         self.received = torch.zeros(layers, heads, 0)
@@ -187,6 +196,7 @@ class Run:
                 "params": dict(policy.config),
                 "budget": policy.budget,
                 "interval": policy.interval,
+                "kv_quant": kv_quant.describe(),
                 "geometry": {
                     "layers": layers,
                     "kv_heads": heads,
@@ -316,7 +326,7 @@ class Run:
             token_entropy=entropy,
             protected=protected,
             current=total - 1,
-            keys=[layer.keys for layer in self.cache.layers],
+            keys=self.cache.key_views(),
             hidden=self.hidden,
             texts=self.texts,
             segments=self.segmenter,
@@ -363,7 +373,6 @@ class Run:
         # positions that lost their last slot, including tokens written by this step
         evicted = [] if held_before is None else np.flatnonzero((held_before > 0) & (after == 0)).tolist()
         view = self._view()
-        per_slot_bytes = self.cache.nbytes() / max(1, self.cache.n_slots)
         event = StepEvent(
             step=step,
             token_ids=list(ids),
@@ -374,7 +383,7 @@ class Run:
             evicted=evicted,
             kv_bytes=self.cache.nbytes(),
             kv_tokens=self.cache.n_slots,
-            full_kv_bytes=int(round(per_slot_bytes * self.processed)),
+            full_kv_bytes=self.cache.full_precision_nbytes(self.processed),
             seconds_forward=seconds_forward,
             seconds_policy=seconds_policy,
             compressed=held_before is not None,

@@ -37,6 +37,9 @@ class StepEvent:
       kv-heads of the slots that still hold it; ``nan`` once a position is gone everywhere).
     - ``keep_fraction``: ``(T,)`` fraction of the ``L * H_kv`` (layer, kv-head) slots that
       still hold each position, in ``[0, 1]``.
+    - ``kv_bytes``: bytes of the tensors the cache holds (in a quantized format: codes, scales,
+      zero points and the full-precision residual); ``full_kv_bytes``: what the ``T`` tokens
+      would take in a full cache at the model's own precision.
     """
 
     step: int

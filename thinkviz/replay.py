@@ -25,6 +25,7 @@ import torch
 
 from .chat import REASONING_SYSTEM_PROMPT, ChatPrompt, build_chat
 from .engine import DecodeSettings, EngineError, Run
+from .kvquant import KVQuant
 from .metrics import (
     TokenFidelity,
     kl_divergence,
@@ -135,7 +136,9 @@ class LockstepReplay:
     Every policy must share one ``interval`` (the chunk size); the full-cache reference runs
     with the same chunks.  Iterate to drive it: each step yields the number of trace tokens
     replayed so far.  Afterwards ``reference`` / ``runs`` hold the finished
-    :class:`~thinkviz.engine.Run` objects; every event of every record carries
+    :class:`~thinkviz.engine.Run` objects; ``kv_quants`` (aligned with ``policies``, default
+    full precision) gives each policy run its KV format, while the reference is always the
+    full-precision full cache.  Every event of every record carries
     ``info["fidelity"]`` (``nll``, ``nll_full``, ``kl``, ``top1`` lists aligned with the
     event's positions) and ``record.summary["fidelity"]`` holds the means overall and per
     segment kind.  Setting ``cancel`` stops every run after the same chunk.
@@ -149,7 +152,11 @@ class LockstepReplay:
         trace_ids: Sequence[int],
         settings: DecodeSettings = DecodeSettings(scoring=False),
         cancel: threading.Event | None = None,
+        kv_quants: Sequence[KVQuant] | None = None,
     ) -> None:
+        kv_quants = list(kv_quants) if kv_quants is not None else [KVQuant()] * len(policies)
+        if len(kv_quants) != len(policies):
+            raise EngineError(f"{len(policies)} policies but {len(kv_quants)} KV formats")
         intervals = {p.interval for p in policies}
         if len(intervals) > 1:
             raise EngineError(f"policies replayed in lockstep must share one interval, got {sorted(intervals)}")
@@ -158,7 +165,7 @@ class LockstepReplay:
         self._stop = threading.Event()  # set only between chunks, so every run stops at the same one
         self.trace_ids = [int(i) for i in trace_ids]
         self.reference = Run(loaded, make_policy(REFERENCE_POLICY, interval=interval), prompt, settings, self._stop)
-        self.runs = [Run(loaded, policy, prompt, settings, self._stop) for policy in policies]
+        self.runs = [Run(loaded, policy, prompt, settings, self._stop, kv) for policy, kv in zip(policies, kv_quants)]
         self.prompt_tokens = len(self.reference.ids)
         self.targets = torch.tensor(self.reference.ids + self.trace_ids)  # (N,) the true sequence
         self.reference_fidelity = TokenFidelity.empty()

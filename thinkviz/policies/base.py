@@ -11,7 +11,7 @@ slots per (layer, kv-head).  Block-level or value-modifying policies override
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -109,7 +109,8 @@ class CacheView:
     - ``token_entropy`` ``(N,)`` entropy (bits) of each token's own attention row;
     - ``hidden`` ``(N, d)`` final hidden state per token, when the policy asked for it;
     - ``protected`` ``(N,)`` bool, positions no policy may evict;
-    - ``keys`` per layer ``(B, H_kv, T, D)``: the cached keys themselves;
+    - ``keys`` per layer ``(B, H_kv, T, D)``: the cached keys as attention reads them (decoded
+      from a quantized format on access);
     - ``texts`` per position, ``segments`` the live segmenter (or ``None``);
     - ``model`` the loaded model's name (a learned policy checks it was trained for it).
     """
@@ -120,7 +121,7 @@ class CacheView:
     token_entropy: torch.Tensor
     protected: torch.Tensor
     current: int
-    keys: list[torch.Tensor] = field(default_factory=list)
+    keys: Sequence[torch.Tensor] = field(default_factory=list)
     hidden: torch.Tensor | None = None
     texts: list[str] = field(default_factory=list)
     segments: Any = None

@@ -19,6 +19,12 @@ Keys are never changed, so which slot a query attends to stays as before; only w
 there changes.  The weight of a kept slot in later merges is its own score again (folded mass
 is not carried forward).  Because values change, a step after merging differs from the
 full-cache step with the evicted slots masked: the eviction oracle does not apply here.
+
+With a quantized KV format (:mod:`thinkviz.kvquant`) the fold reads keys and values as
+attention reads them (decoded), and only the kept slots that absorbed an evicted value get new
+values, re-encoded by the cache (every format quantizes values per token, so no other slot's
+codes change).  Each absorption therefore adds at most one rounding of that slot's new block;
+keys and untouched slots keep their codes.
 """
 
 from __future__ import annotations
@@ -37,11 +43,19 @@ def fold_values(
     """Values ``(H_kv, T, D_v)`` after folding every slot not in ``keep`` ``(H_kv, k)`` into its most
     similar kept slot (rule in the module docstring).  ``keys`` ``(H_kv, T, D)``, ``weights``
     ``(H_kv, T)`` ≥ 0.  Slots outside ``keep`` are returned unchanged (they are about to go)."""
+    return fold(keys, values, weights, keep)[0]
+
+
+def fold(
+    keys: torch.Tensor, values: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fold_values` and the ``(H_kv, T)`` bool mask of the kept slots that absorbed an evicted one."""
     heads, total, _ = keys.shape
     evicted_mask = torch.ones(heads, total, dtype=torch.bool, device=keys.device)
     evicted_mask.scatter_(1, keep, False)
+    absorbed = torch.zeros(heads, total, dtype=torch.bool, device=keys.device)
     if not evicted_mask.any():
-        return values
+        return values, absorbed
     evicted = evicted_mask.nonzero()[:, 1].view(heads, -1)  # (H_kv, e): every head drops as many
     unit = F.normalize(keys.float(), dim=-1)
     kept_keys = unit.gather(1, keep[..., None].expand(-1, -1, unit.shape[-1]))  # (H_kv, k, D)
@@ -59,7 +73,8 @@ def fold_values(
     safe = denominator > 0
     merged = torch.where(safe[..., None], numerator / denominator.clamp(min=1e-30)[..., None], v_kept)
     out = v.scatter(1, keep[..., None].expand_as(merged), merged)
-    return out.to(values.dtype)
+    absorbed.scatter_(1, keep.gather(1, target), True)
+    return out.to(values.dtype), absorbed
 
 
 @register
@@ -73,9 +88,9 @@ class KVMerge(HeavyHitters):
     def compress(self, view: CacheView, cache) -> torch.Tensor:
         keep = self.select(view)  # (L, H_kv, k)
         weights = self.score(view)  # (L, H_kv, T)
-        for layer_idx, layer in enumerate(cache.layers):
-            idx, w = keep[layer_idx].to(layer.keys.device), weights[layer_idx].to(layer.keys.device)
-            layer.values = torch.stack(  # a new tensor: the cached one may be an inference tensor
-                [fold_values(keys, values, w, idx) for keys, values in zip(layer.keys, layer.values)]
-            )  # (B, H_kv, T, D_v)
+        for layer_idx in range(len(cache.layers)):
+            keys, values = cache.layer_kv(layer_idx)  # (B, H_kv, T, D) as attention reads them
+            idx, w = keep[layer_idx].to(keys.device), weights[layer_idx].to(keys.device)
+            folded, absorbed = fold(keys[0], values[0], w, idx)  # B == 1
+            cache.set_values(layer_idx, folded[None], absorbed)
         return keep
