@@ -157,16 +157,17 @@ class QuantizedStore(CacheLayerMixin):
     def _append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def _empty(self, batch: int, width: int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(batch, self.heads, 0, width, dtype=dtype, device=self.device)
+    def _empty(self, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(rows, self.heads, 0, width, dtype=dtype, device=self.device)
 
 
 class BlockStore(QuantizedStore):
     """``q8_0`` / ``q4_0``: every slot of K and of V is ``D / 32`` llama.cpp blocks.
 
-    Tensors (per K and per V): ``codes`` ``(B, H_kv, T, D)`` int8 (q8_0) or ``(B, H_kv, T, D/2)``
-    uint8, two codes a byte (q4_0); ``scales`` ``(B, H_kv, T, D/32)`` fp16.  A slot depends on
-    nothing but its own row, so gathering and rewriting rows are exact.
+    Keys and values share two tensors, keys in batch row 0 and values in row 1 (one encode, one
+    decode and one gather per tensor instead of two): ``codes`` ``(2, H_kv, T, D)`` int8 (q8_0)
+    or ``(2, H_kv, T, D/2)`` uint8, two codes a byte (q4_0); ``scales`` ``(2, H_kv, T, D/32)``
+    fp16.  A slot depends on nothing but its own row, so gathering and rewriting rows are exact.
     """
 
     def __init__(self, kv_quant: KVQuant) -> None:
@@ -174,38 +175,34 @@ class BlockStore(QuantizedStore):
         self.encode, self.decode = (q8_0_encode, q8_0_decode) if kv_quant.format == "q8_0" else (q4_0_encode, q4_0_decode)
 
     def _start(self, batch: int) -> None:
+        if batch != 1:
+            raise ValueError("the quantized stores hold one sequence (batch 1)")
         width = self.head_dim if self.kv_quant.format == "q8_0" else self.head_dim // 2
-        code_dtype = torch.int8 if self.kv_quant.format == "q8_0" else torch.uint8
-        self.k_codes, self.v_codes = self._empty(batch, width, code_dtype), self._empty(batch, width, code_dtype)
-        blocks = self.head_dim // BLOCK
-        self.k_scales, self.v_scales = (self._empty(batch, blocks, torch.float16) for _ in range(2))
+        self.codes = self._empty(2, width, torch.int8 if self.kv_quant.format == "q8_0" else torch.uint8)
+        self.scales = self._empty(2, self.head_dim // BLOCK, torch.float16)
 
     def _append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        (k_codes, k_scales), (v_codes, v_scales) = self.encode(keys), self.encode(values)
-        self.k_codes = torch.cat([self.k_codes, k_codes], dim=2)
-        self.k_scales = torch.cat([self.k_scales, k_scales], dim=2)
-        self.v_codes = torch.cat([self.v_codes, v_codes], dim=2)
-        self.v_scales = torch.cat([self.v_scales, v_scales], dim=2)
-
-    def _tensors(self) -> tuple[str, ...]:
-        return ("k_codes", "k_scales", "v_codes", "v_scales")
+        codes, scales = self.encode(torch.cat([keys, values]))  # (2, H_kv, q, ...)
+        self.codes = torch.cat([self.codes, codes], dim=2)
+        self.scales = torch.cat([self.scales, scales], dim=2)
 
     def gather(self, indices: torch.Tensor) -> None:
         uniform = _is_uniform(indices)
-        for name in self._tensors():
-            setattr(self, name, _gather_slots(getattr(self, name), indices, uniform))
+        self.codes = _gather_slots(self.codes, indices, uniform)
+        self.scales = _gather_slots(self.scales, indices, uniform)
         self.length = indices.shape[-1]
 
     def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return (self.decode(self.k_codes, self.k_scales).to(self.dtype),
-                self.decode(self.v_codes, self.v_scales).to(self.dtype))
+        decoded = self.decode(self.codes, self.scales).to(self.dtype)  # (2, H_kv, T, D)
+        return decoded[:1], decoded[1:]
 
     def set_values(self, values: torch.Tensor, rows: torch.Tensor) -> None:
         codes, scales = self.encode(values[0][rows.to(values.device)])  # (n, ...) the marked rows only
-        self.v_codes, self.v_scales = _put_rows(self.v_codes, rows, codes), _put_rows(self.v_scales, rows, scales)
+        self.codes = torch.cat([self.codes[:1], _put_rows(self.codes[1:], rows, codes)])
+        self.scales = torch.cat([self.scales[:1], _put_rows(self.scales[1:], rows, scales)])
 
     def nbytes(self) -> int:
-        return sum(getattr(self, name).nbytes for name in self._tensors()) if self.is_initialized else 0
+        return self.codes.nbytes + self.scales.nbytes if self.is_initialized else 0
 
 
 class KiviStore(QuantizedStore):

@@ -199,7 +199,7 @@ def _roundf(x: torch.Tensor) -> torch.Tensor:
 
 
 def _reciprocal(d: torch.Tensor) -> torch.Tensor:
-    return torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+    return torch.where(d == 0, 0.0, 1.0 / d)
 
 
 def q8_0_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
