@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,11 @@ def test_a_vram_cap_is_refused_on_a_cpu():
     assert result.stderr.strip() == ("thinkviz: error: a VRAM cap needs a CUDA GPU, and this machine has none "
                                      "(it runs on the CPU)")
 
+
+
+def test_the_console_script_is_the_module_entry_point():
+    """``pip install -e .`` installs ``thinkviz`` = ``python -m thinkviz`` (pyproject's [project.scripts])."""
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    module, _, function = project["scripts"]["thinkviz"].partition(":")
+    assert getattr(importlib.import_module(module), function) is main
+    assert "dependencies" in project["dynamic"]

@@ -47,7 +47,7 @@ def test_kv_bytes_are_real_and_bounded(tiny_llama, interval):
               DecodeSettings(max_new_tokens=40, stop_at_eos=False))
     per_token = loaded.geometry.bytes_per_token
     for event in run.generate():
-        tensors = sum(l.keys.nbytes + l.values.nbytes for l in run.cache.layers)
+        tensors = sum(layer.keys.nbytes + layer.values.nbytes for layer in run.cache.layers)
         assert event.kv_bytes == tensors
         assert event.kv_tokens == run.cache.layers[0].keys.shape[-2]
         assert event.kv_bytes <= (budget + interval) * per_token

@@ -123,14 +123,15 @@ def test_the_model_runs_on_cuda_in_bf16(cuda_model):
     assert len(events) == 16 and max(e.kv_tokens for e in events) <= 48 + 1
     for layer in run.cache.layers:
         assert layer.keys.device.type == "cuda" and layer.keys.dtype == torch.bfloat16
-    assert events[-1].kv_bytes == sum(l.keys.nbytes + l.values.nbytes for l in run.cache.layers)
+    assert events[-1].kv_bytes == sum(layer.keys.nbytes + layer.values.nbytes for layer in run.cache.layers)
 
 
 @pytest.mark.parametrize("policy_name", ["full", "h2o", "window"])
 def test_greedy_equals_model_generate_with_a_covering_budget(cuda_model, policy_name):
     loaded = cuda_model
     prompt = _prompt(loaded, 24)
-    run = Run(loaded, make_policy(policy_name, budget=256), prompt, DecodeSettings(max_new_tokens=24, stop_at_eos=False))
+    settings = DecodeSettings(max_new_tokens=24, stop_at_eos=False)
+    run = Run(loaded, make_policy(policy_name, budget=256), prompt, settings)
     ours = [t for e in run.generate() for t in e.token_ids]
     assert ours == _hf_greedy(loaded, prompt, 24)
     assert all(not e.evicted for e in run.record.events)

@@ -261,7 +261,8 @@ def test_unknown_formats_and_residuals_are_refused_clearly():
 
 def test_a_head_dim_the_blocks_do_not_fit_is_refused_by_the_engine(tiny_llama):
     assert tiny_llama.geometry.head_dim == 16
-    with pytest.raises(EngineError, match="q8_0 stores blocks of 32 values along head_dim; this model's head_dim is 16"):
+    refusal = "q8_0 stores blocks of 32 values along head_dim; this model's head_dim is 16"
+    with pytest.raises(EngineError, match=refusal):
         Run(tiny_llama, make_policy("full"), [100, 101, 102], kv_quant=KVQuant("q8_0"))
     Run(tiny_llama, make_policy("full"), [100, 101, 102], kv_quant=KVQuant("none"))  # full precision fits any
 
@@ -275,7 +276,8 @@ def test_run_reports_the_bytes_it_stores_and_its_format(fmt, tiny_llama_d32):
         assert event.full_kv_bytes == (event.positions[-1] + 1) * tiny_llama_d32.geometry.bytes_per_token
         assert event.kv_bytes < event.kv_tokens * tiny_llama_d32.geometry.bytes_per_token
     bits = {"q8_0": 8, "q4_0": 4, "kivi2": 2, "kivi4": 4}[fmt]
-    assert run.record.meta["kv_quant"] == {"format": fmt, "bits": bits, "residual": 8 if fmt.startswith("kivi") else None}
+    residual = 8 if fmt.startswith("kivi") else None
+    assert run.record.meta["kv_quant"] == {"format": fmt, "bits": bits, "residual": residual}
     # the peak is taken after each forward, before its compression
     assert run.record.summary["peak_kv_bytes"] >= max(e.kv_bytes for e in run.record.events)
 
@@ -299,7 +301,8 @@ def test_full_precision_is_the_plain_transformers_path_bit_for_bit(tiny_qwen3):
 
 def test_lockstep_measures_every_format_against_the_full_precision_full_cache(tiny_llama_d32):
     ids = list(range(300, 364))
-    policies = [make_policy("full", interval=8), make_policy("full", interval=8), make_policy("window", budget=32, interval=8)]
+    policies = [make_policy("full", interval=8), make_policy("full", interval=8),
+                make_policy("window", budget=32, interval=8)]
     formats = [KVQuant("q8_0"), KVQuant("kivi2", 8), KVQuant("q4_0")]
     replay = LockstepReplay(tiny_llama_d32, policies, list(range(100, 132)), ids, kv_quants=formats).run()
     assert replay.reference.record.meta["kv_quant"]["format"] == "none"

@@ -143,7 +143,8 @@ def reference_logits(loaded, prompt, trace, interval, visible, cache=None):
 
         return hook
 
-    handles = [layer.self_attn.register_forward_pre_hook(swap_mask(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    handles = [layer.self_attn.register_forward_pre_hook(swap_mask(i), with_kwargs=True)
+               for i, layer in enumerate(layers)]
     try:
         with torch.inference_mode():
             model(
@@ -158,7 +159,8 @@ def reference_logits(loaded, prompt, trace, interval, visible, cache=None):
                 for layer in range(len(layers)):
                     hidden = torch.ones(geometry.kv_heads, seen, dtype=torch.bool)
                     hidden.scatter_(1, visible[j][layer], False)
-                    masks[layer] = causal_mask(seen, len(chunk), dtype, device, hidden=hidden.repeat_interleave(group, 0))
+                    hidden_per_head = hidden.repeat_interleave(group, 0)
+                    masks[layer] = causal_mask(seen, len(chunk), dtype, device, hidden=hidden_per_head)
                 logits = model(
                     input_ids=torch.tensor([chunk], device=device),
                     attention_mask=causal_mask(seen, len(chunk), dtype, device),

@@ -47,7 +47,8 @@ def test_qwen3_4b_costs_147456_kv_bytes_per_token():
 
 def test_small_geometry_runs_with_the_right_kv_bytes_per_token():
     loaded = random_model(SMALL, "cpu", dtype=torch.bfloat16)
-    run = Run(loaded, make_policy("full"), list(range(1000, 1040)), DecodeSettings(max_new_tokens=12, stop_at_eos=False))
+    settings = DecodeSettings(max_new_tokens=12, stop_at_eos=False)
+    run = Run(loaded, make_policy("full"), list(range(1000, 1040)), settings)
     events = list(run.generate())
     assert len(events) == 12
     for event in events:
@@ -107,7 +108,8 @@ def test_four_bit_goes_through_the_real_loader(tmp_path, monkeypatch):
 
 def test_load_any_dispatches_random_names():
     assert random_names() == [f"random:{name}" for name in TARGETS]
-    with pytest.raises(ModelLoadError, match="Unknown random-weights model 'random:GPT-9'; choose one of random:Qwen3-4B"):
+    message = "Unknown random-weights model 'random:GPT-9'; choose one of random:Qwen3-4B"
+    with pytest.raises(ModelLoadError, match=message):
         load_any("random:GPT-9", "none", "cpu")
     with pytest.raises(ModelLoadError, match="Unknown quantization '3bit'"):
         load_random("random:Qwen3-4B", "3bit", "cpu")

@@ -146,7 +146,8 @@ def test_replay_every_k_tokens_equals_live_decoding_compressing_every_k_steps(ti
     assert len(replay_logits) == len(live_logits) == len(tokens) + 1
     for a, b in zip(live_logits, replay_logits):
         assert (a - b).abs().max().item() <= TOLERANCE
-    assert [e.evicted for e in live.record.events][k - 1 :: k] == [e.evicted for e in replay.record.events][: len(tokens) // k]
+    live_evicted = [e.evicted for e in live.record.events][k - 1 :: k]
+    assert live_evicted == [e.evicted for e in replay.record.events][: len(tokens) // k]
 
 
 # ---- lockstep fidelity ------------------------------------------------------------------
@@ -198,7 +199,7 @@ def test_cancel_stops_every_lockstep_run_after_the_same_chunk(tiny_llama):
     cancel = threading.Event()
     replay = LockstepReplay(tiny_llama, [make_policy("h2o", budget=32, interval=8, recent=4),
                                          make_policy("window", budget=32, interval=8)], prompt, ids, cancel=cancel)
-    for step, done in enumerate(replay):
+    for step, _ in enumerate(replay):
         if step == 2:
             cancel.set()
     records = [run.record for run in (replay.reference, *replay.runs)]

@@ -161,7 +161,7 @@ def test_stop_ends_the_run_with_a_final_frame(tiny):
     settings = DecodeSettings(max_new_tokens=200, stop_at_eos=False)
     frames = live_frames(tiny, make_policy("h2o", budget=64), QUESTION, settings, cancel, channel, None,
                          FramePacer(0.0))
-    for i, frame in enumerate(frames):
+    for i, frame in enumerate(frames):  # noqa: B007  (the last frame is read after the loop)
         if i == 3:
             cancel.set()
     assert frame.done and frame.record.summary["stopped"] == "cancelled"

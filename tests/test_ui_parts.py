@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from thinkviz.engine import DecodeSettings, Run
-from thinkviz.events import RecordingError, RunRecord
+from thinkviz.events import RecordingError
 from thinkviz.model import ModelLoadError
 from thinkviz.policies import make_policy, policy_names, policy_params
 from thinkviz.ui import controls, inputs

@@ -114,7 +114,8 @@ def test_a_vram_cap_is_drawn_with_where_a_full_cache_reaches_it(h2o_run, tmp_pat
 
 def test_no_cap_no_cap_line(h2o_run):
     assert device_cap(h2o_run.record) is None
-    names = set(traces(memory_figure(h2o_run.record, device_stats={0: {"kind": "cuda", "allocated": 1, "reserved": 2}})))
+    device_stats = {0: {"kind": "cuda", "allocated": 1, "reserved": 2}}
+    names = set(traces(memory_figure(h2o_run.record, device_stats=device_stats)))
     assert not any(name.startswith("VRAM cap") for name in names)
 
 

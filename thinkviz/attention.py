@@ -64,7 +64,7 @@ class AttentionCapture:
         self._entropy_sum: torch.Tensor | None = None
         self._hidden: torch.Tensor | None = None
 
-    def __enter__(self) -> "AttentionCapture":
+    def __enter__(self) -> AttentionCapture:
         for module in attention_modules(self.model):
             self._handles.append(module.register_forward_hook(self._on_attention, with_kwargs=True))
         if self.capture_hidden:

@@ -172,7 +172,8 @@ class BlockStore(QuantizedStore):
 
     def __init__(self, kv_quant: KVQuant) -> None:
         super().__init__(kv_quant)
-        self.encode, self.decode = (q8_0_encode, q8_0_decode) if kv_quant.format == "q8_0" else (q4_0_encode, q4_0_decode)
+        codec = (q8_0_encode, q8_0_decode) if kv_quant.format == "q8_0" else (q4_0_encode, q4_0_decode)
+        self.encode, self.decode = codec
 
     def _start(self, batch: int) -> None:
         if batch != 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Sequence
 
 # train_predictor still imports add_model_args, command and load_from_args from here; the
@@ -19,7 +20,8 @@ from .faults import RunFault
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m thinkviz", description="ThinkViz: KV-cache eviction, measured.")
+    prog = "thinkviz" if Path(sys.argv[0]).name == "thinkviz" else "python -m thinkviz"  # the console script
+    parser = argparse.ArgumentParser(prog=prog, description="ThinkViz: KV-cache eviction, measured.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (configure, run) in COMMANDS.items():
         child = sub.add_parser(name, help=(run.__doc__ or "").strip().splitlines()[0])

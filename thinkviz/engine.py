@@ -78,7 +78,7 @@ def causal_mask(cached: int, new: int, dtype: torch.dtype, device, hidden: torch
     return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(mask, torch.finfo(dtype).min)
 
 
-_MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.Lock]" = weakref.WeakKeyDictionary()
+_MODEL_LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.Lock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
 
 

@@ -146,7 +146,7 @@ class RunRecord:
         return json_path, npz_path
 
     @classmethod
-    def load(cls, path: str | Path) -> "RunRecord":
+    def load(cls, path: str | Path) -> RunRecord:
         """Load a record saved by :meth:`save`; raises :class:`RecordingError` on bad input."""
         base = Path(path).with_suffix("")
         json_path, npz_path = base.with_suffix(".json"), base.with_suffix(".npz")

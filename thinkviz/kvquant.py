@@ -134,7 +134,7 @@ class KVQuant:
             raise KVQuantError(f"residual must be between {low} and {high} tokens, got {self.residual}")
 
     @classmethod
-    def parse(cls, text: str, residual: int = 32) -> "KVQuant":
+    def parse(cls, text: str, residual: int = 32) -> KVQuant:
         """``"q4_0"`` or ``"kivi2"``; a clear :class:`KVQuantError` for anything else."""
         return cls(str(text).strip().lower(), residual)
 

@@ -131,7 +131,7 @@ class Projection:
         self.target.weights_bytes(self.weights_bits)  # validates weights_bits
 
     @classmethod
-    def named(cls, target: str, card_gb: float, weights_bits: int = 4) -> "Projection":
+    def named(cls, target: str, card_gb: float, weights_bits: int = 4) -> Projection:
         """Build from a :data:`TARGETS` name; a clear ``ValueError`` for unknown names."""
         try:
             model = TARGETS[target]

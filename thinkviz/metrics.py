@@ -81,7 +81,7 @@ class TokenFidelity:
     top1: np.ndarray
 
     @classmethod
-    def empty(cls) -> "TokenFidelity":
+    def empty(cls) -> TokenFidelity:
         return cls(*(np.zeros(0, dtype=t) for t in (np.int64, np.float32, np.float32, np.float32, bool)))
 
     def extend(self, positions: Sequence[int], nll, nll_full, kl, top1) -> None:
@@ -92,7 +92,7 @@ class TokenFidelity:
         self.kl = np.concatenate([self.kl, _numpy(kl, np.float32)])
         self.top1 = np.concatenate([self.top1, _numpy(top1, bool)])
 
-    def first(self, n: int) -> "TokenFidelity":
+    def first(self, n: int) -> TokenFidelity:
         """The first ``n`` tokens' values."""
         return TokenFidelity(self.positions[:n], self.nll[:n], self.nll_full[:n], self.kl[:n], self.top1[:n])
 

@@ -59,7 +59,9 @@ def label(target: TargetModel) -> str:
     return f"{target.name} geometry, random weights"
 
 
-def random_config(target: TargetModel, tokenizer: transformers.PreTrainedTokenizerBase) -> transformers.PretrainedConfig:
+def random_config(
+    target: TargetModel, tokenizer: transformers.PreTrainedTokenizerBase
+) -> transformers.PretrainedConfig:
     """The transformers config of ``target`` (eager attention, the tokenizer's special ids).
 
     ``family`` must agree with the extras :class:`~thinkviz.memory.TargetModel` counts: Qwen3
@@ -135,7 +137,8 @@ def load_random(
     elif name.strip().removeprefix(PREFIX) in TARGETS:
         target = TARGETS[name.strip().removeprefix(PREFIX)]
     else:
-        raise ModelLoadError(f"Unknown random-weights model {name.strip()!r}; choose one of {', '.join(random_names())}")
+        raise ModelLoadError(
+            f"Unknown random-weights model {name.strip()!r}; choose one of {', '.join(random_names())}")
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"Unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
     if quantization == "none":

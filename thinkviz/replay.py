@@ -190,7 +190,7 @@ class LockstepReplay:
             yield events[0].positions[-1] + 1 - self.prompt_tokens
         self._attach()
 
-    def run(self) -> "LockstepReplay":
+    def run(self) -> LockstepReplay:
         """Drive the replay to the end; returns ``self``."""
         for _ in self:
             pass

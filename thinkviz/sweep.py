@@ -124,7 +124,8 @@ def sweep_trace(
     built = []
     for name, budget in pairs:
         try:
-            built.append(make_policy(name, budget=budget.tokens(total), interval=interval, **policy_values(name, params)))
+            knobs = policy_values(name, params)
+            built.append(make_policy(name, budget=budget.tokens(total), interval=interval, **knobs))
         except PolicyConfigError as exc:
             raise PolicyConfigError(f"{name} at budget {budget.label} of {trace.name}: {exc}") from None
     replay = LockstepReplay(loaded, built, prompt, ids, DecodeSettings(scoring=False))
@@ -162,7 +163,8 @@ def _finite(value: Any) -> Any:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The rows' headline numbers as a Markdown table (one line per row)."""
     lines = [
-        "| trace | policy | budget | budget tokens | peak KV (of full) | ΔNLL | KL | top-1 | KL think | KL answer | KL code | tok/s |",
+        "| trace | policy | budget | budget tokens | peak KV (of full) | ΔNLL | KL | top-1 | KL think | KL answer "
+        "| KL code | tok/s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:

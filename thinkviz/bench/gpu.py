@@ -199,7 +199,8 @@ def markdown(report: dict[str, Any]) -> str:
     for row in report["contexts"]:
         peak = None if row["peak_bytes"] is None else row["peak_bytes"] / gib
         lines.append(f"| {row['context']} | {row['policy']} | {cell(row['budget'], 'd')} "
-                     f"| {cell(row['prefill_tokens_per_second'], '.0f')} | {cell(row['decode_tokens_per_second'], '.1f')} "
+                     f"| {cell(row['prefill_tokens_per_second'], '.0f')} "
+                     f"| {cell(row['decode_tokens_per_second'], '.1f')} "
                      f"| {cell(row['final_kv_bytes'] / gib, '.3f')} | {cell(peak, '.2f')} |")
     return "\n".join(lines) + "\n"
 

@@ -44,8 +44,11 @@ class ContenderResult:
 
 
 @torch.inference_mode()
-def lockstep_quality(models: Sequence[LoadedModel], prompt_ids: Sequence[int], ids: Sequence[int]) -> list[tuple[float, float, float]]:
-    """``(mean NLL, mean KL vs models[0], top-1 agreement with models[0])`` of ``ids`` after ``prompt_ids``, per model."""
+def lockstep_quality(
+    models: Sequence[LoadedModel], prompt_ids: Sequence[int], ids: Sequence[int]
+) -> list[tuple[float, float, float]]:
+    """``(mean NLL, mean KL vs models[0], top-1 agreement with models[0])`` of ``ids`` after ``prompt_ids``,
+    per model."""
     sequence = [*prompt_ids, *ids]
     first = len(prompt_ids) - 1  # the logit row that predicts ids[0]
     caches = [DynamicCache(config=m.model.config) for m in models]

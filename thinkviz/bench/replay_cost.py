@@ -44,7 +44,9 @@ class ReplayCostResult:
         return self.replay_seconds / self.chunked_pass_seconds
 
 
-def time_replay(loaded: LoadedModel, prompt: ChatPrompt, ids: Sequence[int], policy: str, budget: int, interval: int) -> float:
+def time_replay(
+    loaded: LoadedModel, prompt: ChatPrompt, ids: Sequence[int], policy: str, budget: int, interval: int
+) -> float:
     """Seconds for a whole replay (prefill included) through ``policy``."""
     run = Run(loaded, make_policy(policy, budget=budget, interval=interval), prompt, DecodeSettings())
     start = time.perf_counter()

@@ -86,7 +86,8 @@ def profile(args: argparse.Namespace) -> int:
     result = profile_decode(loaded, args.policy, args.budget, args.interval, args.new_tokens, args.ops)
     print(f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device}); {args.policy}, "
           f"budget {args.budget}, interval {args.interval}, scoring on; {result.steps} decode steps")
-    print(f"step time: {1e3 * result.plain_step_seconds:.2f} ms plain, {1e3 * result.step_seconds:.2f} ms timed part by part")
+    print(f"step time: {1e3 * result.plain_step_seconds:.2f} ms plain, "
+          f"{1e3 * result.step_seconds:.2f} ms timed part by part")
     print("| part of a decode step | ms / step | share | calls / step |")
     print("|---|---:|---:|---:|")
     for name, seconds, calls in result.parts:
@@ -140,12 +141,14 @@ def quant_speed(args: argparse.Namespace) -> int:
     print(f"decode: {args.new_tokens} greedy tokens (model.generate); chunked: {len(prompt.ids)} prompt + "
           f"{len(ids)} trace tokens ({trace.name}) in {args.chunk}-token forwards; best of {args.repeats}")
     base = results[0]
-    print("| weights | backend | MB | decode tok/s | ÷ float | chunked tok/s | ÷ float | NLL | KL vs float | top-1 vs float |")
+    print("| weights | backend | MB | decode tok/s | ÷ float | chunked tok/s | ÷ float | NLL | KL vs float "
+          "| top-1 vs float |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(f"| {r.label} | {r.backend} | {r.weights_bytes / 1e6:.0f} | {r.decode_tokens_per_second:.2f} | "
               f"{r.decode_tokens_per_second / base.decode_tokens_per_second:.2f} | {r.chunked_tokens_per_second:.1f} | "
-              f"{r.chunked_tokens_per_second / base.chunked_tokens_per_second:.2f} | {r.nll:.4f} | {r.kl:.4f} | {r.top1:.3f} |")
+              f"{r.chunked_tokens_per_second / base.chunked_tokens_per_second:.2f} | {r.nll:.4f} | {r.kl:.4f} "
+              f"| {r.top1:.3f} |")
     by_label = {r.label: r for r in results}
     if {"bitsandbytes", "torch-int4"} <= by_label.keys():
         fast, nf4 = by_label["torch-int4"], by_label["bitsandbytes"]
@@ -312,12 +315,14 @@ def browser(args: argparse.Namespace) -> int:
         if args.url:
             result = measure(args.url, args.tokens)
         else:
-            app_args = ["--model", args.model, "--quant", args.quant, *(["--device", args.device] if args.device else [])]
+            device = ["--device", args.device] if args.device else []
+            app_args = ["--model", args.model, "--quant", args.quant, *device]
             with launched_app(app_args) as url:
                 result = measure(url, args.tokens)
     except BenchError as exc:
         raise CliError(str(exc)) from None
-    print(f"Live tab, h2o budget 256, {result.new_tokens} new tokens; the app reports {result.app_tokens_per_second} tok/s")
+    print(f"Live tab, h2o budget 256, {result.new_tokens} new tokens; "
+          f"the app reports {result.app_tokens_per_second} tok/s")
     print(f"click -> prompt painted:          {result.prompt_painted:6.2f} s")
     print(f"click -> first generated token:   {result.first_token_painted:6.2f} s")
     print(f"frames painted while streaming:   {result.frames} in {result.run_seconds:.1f} s "
@@ -331,7 +336,8 @@ def _gpu_args(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(model="random:Qwen3-4B", quant="none")
     parser.add_argument("--contexts", default="2048,8192,32768", help="comma-separated prompt lengths in tokens")
     parser.add_argument("--policies", default="full,h2o", help="comma-separated policies at each context")
-    parser.add_argument("--budget", type=float, default=0.1, help="the evicting policies' budget: a fraction of the context")
+    parser.add_argument("--budget", type=float, default=0.1,
+                        help="the evicting policies' budget: a fraction of the context")
     parser.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded after each prefill")
     parser.add_argument("--ratio-tokens", type=int, default=128, help="tokens per engine / model.generate run")
     parser.add_argument("--repeats", type=int, default=2)
@@ -340,7 +346,7 @@ def _gpu_args(parser: argparse.ArgumentParser) -> None:
 
 @bench_kind("gpu", _gpu_args)
 def gpu(args: argparse.Namespace) -> int:
-    """On CUDA: engine ÷ model.generate tok/s (scoring on/off), prefill/decode tok/s and peak memory at long contexts."""
+    """On CUDA: engine ÷ model.generate tok/s (scoring on/off), prefill/decode tok/s, peak memory at long contexts."""
     if not torch.cuda.is_available():
         raise CliError("bench gpu needs a CUDA GPU, and this machine has none (torch.cuda.is_available() is False)")
     if args.device is not None and not args.device.strip().startswith("cuda"):
@@ -353,7 +359,8 @@ def gpu(args: argparse.Namespace) -> int:
     if not contexts or min(contexts) < 16:
         raise CliError("--contexts needs token counts of at least 16")
     if not 0 < args.budget < 1 or args.decode_tokens < 2 or args.ratio_tokens < 1 or args.repeats < 1:
-        raise CliError("--budget must be in (0, 1), --decode-tokens at least 2, --ratio-tokens and --repeats at least 1")
+        raise CliError("--budget must be in (0, 1), --decode-tokens at least 2, "
+                       "--ratio-tokens and --repeats at least 1")
     loaded = load_from_args(args)
     if max(contexts) + args.decode_tokens > loaded.geometry.max_context:
         raise CliError(f"{loaded.name} has a context of {loaded.geometry.max_context} tokens; "

@@ -68,7 +68,8 @@ def fold(
     v = values.float()
     v_kept = v.gather(1, keep[..., None].expand(-1, -1, v.shape[-1]))  # (H_kv, k, D_v)
     v_gone = v.gather(1, evicted[..., None].expand(-1, -1, v.shape[-1]))
-    numerator = (w_kept[..., None] * v_kept).scatter_add(1, target[..., None].expand_as(v_gone), w_gone[..., None] * v_gone)
+    into = target[..., None].expand_as(v_gone)
+    numerator = (w_kept[..., None] * v_kept).scatter_add(1, into, w_gone[..., None] * v_gone)
     denominator = w_kept.scatter_add(1, target, w_gone)  # (H_kv, k)
     safe = denominator > 0
     merged = torch.where(safe[..., None], numerator / denominator.clamp(min=1e-30)[..., None], v_kept)

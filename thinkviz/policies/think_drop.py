@@ -120,7 +120,8 @@ class ThinkDrop(Policy):
         for span in view.segments.think_blocks():
             code = view.segments.code_after(span) if span.closed else None
             blocks.append(
-                {"index": span.index, "start": span.start, "end": span.end, "closed": span.closed, "code": code_state(code)}
+                {"index": span.index, "start": span.start, "end": span.end, "closed": span.closed,
+                 "code": code_state(code)}
             )
         return blocks
 

@@ -57,7 +57,9 @@ def _thin(n: int, limit: int) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, limit).round().astype(np.int64))
 
 
-def device_series(record: RunRecord, device_stats: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, np.ndarray]:
+def device_series(
+    record: RunRecord, device_stats: Mapping[int, Mapping[str, Any]] | None = None
+) -> dict[str, np.ndarray]:
     """Device memory per step as ``{name: (S,) bytes}`` (NaN where not measured).
 
     ``device_stats`` maps a step to what :func:`thinkviz.memory.device_memory` returned then
