@@ -11,6 +11,8 @@ import torch
 from thinkviz.engine import DecodeSettings, EngineError, Run
 from thinkviz.policies import make_policy
 
+from thought_trace import chat_and_trace
+
 
 def _prompt(loaded, n=12, seed=0):
     vocab = loaded.model.config.vocab_size
@@ -158,3 +160,29 @@ def test_two_threads_sharing_one_model_get_their_own_results(tiny_llama):
     for i, (tokens, scores) in enumerate(alone):
         assert together[i][0] == tokens
         np.testing.assert_allclose(together[i][1], scores, rtol=1e-5, atol=1e-6)
+
+
+def test_the_record_keeps_segments_and_prompt_labels_current_while_the_run_streams(tiny_llama):
+    """What the token view of a streaming run is built from: ``record.segments`` after every step
+    (a think block grows, then closes), the prompt's labels with its template markers."""
+    prompt, trace = chat_and_trace(tiny_llama.tokenizer)
+    run = Run(tiny_llama, make_policy("h2o", budget=64, interval=8, recent=4), prompt, DecodeSettings())
+    assert run.record.prompt_labels == run.segmenter.labels()[: len(prompt.ids)]
+    assert "template" in run.record.prompt_labels and "user" in run.record.prompt_labels
+    assert {s["kind"] for s in run.record.segments} >= {"system", "user"}
+    seen_open = seen_closed = False
+    for event in run.replay(trace):
+        assert run.record.segments == [span.__dict__ for span in run.segmenter.spans()]
+        thinks = [s for s in run.record.segments if s["kind"] == "think"]
+        assert thinks and thinks[0]["end"] <= event.positions[-1] + 1
+        seen_open |= not thinks[-1]["closed"]
+        seen_closed |= thinks[0]["closed"]
+    assert seen_open and seen_closed
+    assert run.record.segments == [span.__dict__ for span in run.segmenter.spans()]
+
+
+def test_a_prompt_of_plain_ids_has_no_segments_or_labels(tiny_llama):
+    run = Run(tiny_llama, make_policy("window", budget=16), list(range(100, 120)),
+              DecodeSettings(max_new_tokens=3, stop_at_eos=False))
+    list(run.generate())
+    assert run.record.segments == [] and run.record.prompt_labels == []

@@ -65,3 +65,18 @@ def test_pickled_npz_is_never_unpickled(record, tmp_path):
     np.savez(npz_path, scores_0=np.array([object()], dtype=object))
     with pytest.raises(RecordingError):
         RunRecord.load(json_path)
+
+
+def test_prompt_labels_round_trip_and_older_recordings_load_without_them(record, tmp_path):
+    labelled = RunRecord(meta=record.meta, prompt_ids=[1, 2], prompt_texts=["<s>", "Hi"],
+                         prompt_labels=["template", "user"])
+    json_path, _ = labelled.save(tmp_path / "labelled")
+    assert RunRecord.load(json_path).prompt_labels == ["template", "user"]
+    doc = json.loads(json_path.read_text())
+    del doc["prompt_labels"]  # a recording made before prompt labels were stored
+    json_path.write_text(json.dumps(doc))
+    assert RunRecord.load(json_path).prompt_labels == []
+    doc["prompt_labels"] = [1, 2]
+    json_path.write_text(json.dumps(doc))
+    with pytest.raises(RecordingError, match="prompt_labels must be a list of str"):
+        RunRecord.load(json_path)

@@ -18,8 +18,8 @@ from test_viz_tokens import SimulatedDom, chat_segmenter, parse
 
 from thinkviz.policies.think_drop import code_parses
 from thinkviz.segments import Segmenter
-from thinkviz.ui.stream import TokenChannel, TokenData
-from thinkviz.viz.tokens import MODES, render_tokens
+from thinkviz.ui.stream import TokenChannel
+from thinkviz.viz.tokens import MODES, TokenData, render_tokens
 
 MARKERS = ["<think>", "</think>", "<think", "think>", "```python\n", "```", "\n\n", "\n", "def f(x):\n",
            "    return x\n", "Step 1:", "<|im_start|>", "\r\n", "\x00", "\u202e", "&amp;", "<script>"]
@@ -76,6 +76,6 @@ def test_streamed_patches_of_hostile_text_stay_text_and_rebuild_the_view(stream,
             if fragment:
                 assert parse(fragment).foreign == []
         dom.apply(patch)
-        full = render_tokens(data.texts, data.scores, data.keep_fraction, data.labels, data.spans, mode)
+        full = render_tokens(data, mode)
         assert dom.same_as(full)
         assert [t["text"] for t in dom.tokens] == texts

@@ -29,7 +29,7 @@ PENDING_CYCLES: list[set[str]] = [
     # dynts imports predictor, whose training code imports the engine (inside functions)
     {"thinkviz.engine", "thinkviz.policies", "thinkviz.policies.dynts", "thinkviz.predictor", "thinkviz.replay"},
 ]
-PENDING_DEFERRED = {"thinkviz.predictor", "thinkviz.commands.train_predictor", "thinkviz.engine"}
+PENDING_DEFERRED = {"thinkviz.predictor", "thinkviz.commands.train_predictor"}
 
 
 def _module_name(path: Path) -> str:

@@ -16,8 +16,9 @@ from thinkviz.ui import explore
 from thinkviz.ui.compare import FIDELITY_COLUMNS, compare_frames
 from thinkviz.ui.live import live_frames
 from thinkviz.ui.runs import RunInput, RunInputError
-from thinkviz.ui.stream import TokenChannel, TokenData
+from thinkviz.ui.stream import TokenChannel
 from thinkviz.ui.throttle import FramePacer
+from thinkviz.viz.tokens import TokenData
 from tiny_models import tiny_model
 
 QUESTION = RunInput(system="Think step by step.", question="What is 2 + 3?")

@@ -11,15 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thinkviz.chat import RoleSpan
+from thinkviz.events import RunRecord, StepEvent
 from thinkviz.segments import Segmenter
 from thinkviz.viz.tokens import (
     MODES,
     TOKEN_CSS,
     TOKEN_PATCH_JS,
+    TokenData,
     heat_levels,
     keep_levels,
     render_tokens,
     token_delta,
+    token_view,
 )
 
 OUR_ATTRS = {"class", "data-pos", "data-start", "title", "style"}
@@ -107,7 +110,7 @@ TWO_BLOCKS = ["Plan", " it", "</think>", "\n", "code", "<think>", "\n", "Check",
 # ---- escaping -------------------------------------------------------------------------
 def test_tags_in_text_show_as_text_and_never_as_markup():
     texts = ["<think>", "<script>window.pwned=1</script>", "a & b", 'say "hi"', "it's", "</span></div>"]
-    markup = render_tokens(texts, None, None, None, [], "importance")
+    markup = render_tokens(TokenData(texts, None, None, None, []), "importance")
     assert "&lt;think&gt;" in markup
     assert "<script" not in markup
     assert "&amp;" in markup
@@ -117,7 +120,7 @@ def test_tags_in_text_show_as_text_and_never_as_markup():
 
 
 def test_newlines_are_kept_for_pre_wrap():
-    markup = render_tokens(["a", "\n\n", "b"], None, None, None, [], "segments")
+    markup = render_tokens(TokenData(["a", "\n\n", "b"], None, None, None, []), "segments")
     assert tokens_of(markup)[1]["text"] == "\n\n"
     assert "white-space: pre-wrap" in TOKEN_CSS
 
@@ -140,7 +143,7 @@ def test_fuzz_render_never_lets_input_become_markup(data, mode, start):
     scores = np.array([d[1] for d in data], dtype=np.float32)
     keep = np.array([d[2] for d in data], dtype=np.float32)
     spans = [{"kind": "think", "index": 0, "start": start + 1, "end": start + 5, "closed": True, "protected": False}]
-    markup = render_tokens(texts, scores, keep, None, spans, mode, start=start)
+    markup = render_tokens(TokenData(texts, scores, keep, None, spans, start=start), mode)
     parsed = parse(markup)
     assert parsed.foreign == []
     assert [t["text"] for t in parsed.tokens] == texts
@@ -173,14 +176,14 @@ def test_evicted_and_partially_kept_tokens_are_marked():
     keep = np.array([1.0, 0.0, 0.5, 1 / 12])
     scores = np.array([0.2, np.nan, 1.0, 0.1])
     for mode in ("evicted", "combined", "importance"):
-        tokens = tokens_of(render_tokens(texts, scores, keep, None, [], mode))
+        tokens = tokens_of(render_tokens(TokenData(texts, scores, keep, None, []), mode))
         assert "tv-gone" in classes(tokens[1])
         assert {"tv-part", "tv-k5"} <= classes(tokens[2])
         assert {"tv-part", "tv-k1"} <= classes(tokens[3])
         assert not classes(tokens[0]) & {"tv-gone", "tv-part"}
         assert "evicted from every layer and head" in tokens[1]["title"]
         assert "kept in 50% of layer×head slots" in tokens[2]["title"]
-    segments_only = tokens_of(render_tokens(texts, scores, keep, None, [], "segments"))
+    segments_only = tokens_of(render_tokens(TokenData(texts, scores, keep, None, []), "segments"))
     assert not any(classes(t) & {"tv-gone", "tv-part"} for t in segments_only)
     assert ".tv-gone {" in TOKEN_CSS and "line-through" in TOKEN_CSS.split(".tv-gone {")[1].split("}")[0]
 
@@ -189,7 +192,7 @@ def test_tooltip_has_text_position_score_keep_and_segment():
     texts, seg = chat_segmenter(["Plan", " it"])
     n = len(texts)
     scores = np.linspace(0.0, 1.0, n)
-    tokens = tokens_of(render_tokens(texts, scores, np.ones(n), seg.labels(), seg.spans(), "combined"))
+    tokens = tokens_of(render_tokens(TokenData(texts, scores, np.ones(n), seg.labels(), seg.spans()), "combined"))
     title = tokens[9]["title"]
     assert title.startswith('"Plan"  pos 9\n')
     assert f"score {scores[9]:.3g}" in title
@@ -202,7 +205,7 @@ def test_tooltip_has_text_position_score_keep_and_segment():
 # ---- segments and think boxes ---------------------------------------------------------------
 def test_segment_classes_and_think_boxes():
     texts, seg = chat_segmenter(TWO_BLOCKS)
-    tokens = tokens_of(render_tokens(texts, None, None, seg.labels(), seg.spans(), "segments"))
+    tokens = tokens_of(render_tokens(TokenData(texts, None, None, seg.labels(), seg.spans()), "segments"))
     by_text = {t["text"]: t for t in tokens}
     assert {"tv-seg-system", "tv-protected"} <= classes(tokens[0])
     assert {"tv-seg-user", "tv-protected"} <= classes(tokens[5])
@@ -226,7 +229,8 @@ def test_segment_classes_and_think_boxes():
 def test_windowed_view_uses_absolute_positions():
     texts, seg = chat_segmenter(TWO_BLOCKS)
     window = texts[10:]
-    tokens = tokens_of(render_tokens(window, None, None, seg.labels()[10:], seg.spans(), "segments", start=10))
+    view = TokenData(window, None, None, seg.labels()[10:], seg.spans(), start=10)
+    tokens = tokens_of(render_tokens(view, "segments"))
     assert [int(t["pos"]) for t in tokens] == list(range(10, len(texts)))
     assert "tv-think-end" in classes(tokens[1])  # position 11 closes block 1
     assert not any("tv-think-start" in classes(t) and "tv-tb0" in classes(t) for t in tokens)
@@ -238,7 +242,7 @@ def test_every_mode_renders_its_own_classes(mode):
     n = len(texts)
     keep = np.ones(n)
     keep[1] = 0.0
-    markup = render_tokens(texts, np.linspace(0, 1, n), keep, seg.labels(), seg.spans(), mode)
+    markup = render_tokens(TokenData(texts, np.linspace(0, 1, n), keep, seg.labels(), seg.spans()), mode)
     parsed = parse(markup)
     assert parsed.foreign == []
     assert parsed.view["class"] == f"tv-view tv-mode-{mode}"
@@ -251,7 +255,7 @@ def test_every_mode_renders_its_own_classes(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_empty_input(mode):
-    markup = render_tokens([], None, None, None, [], mode)
+    markup = render_tokens(TokenData([], None, None, None, []), mode)
     parsed = parse(markup)
     assert parsed.foreign == [] and parsed.tokens == []
     assert parsed.view["class"] == f"tv-view tv-mode-{mode}"
@@ -259,14 +263,14 @@ def test_empty_input(mode):
 
 def test_bad_input_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="unknown token view mode 'heat'"):
-        render_tokens(["a"], None, None, None, [], "heat")
+        render_tokens(TokenData(["a"], None, None, None, []), "heat")
     with pytest.raises(ValueError, match="scores has 2 entries for 1 tokens"):
-        render_tokens(["a"], [0.1, 0.2], None, None, [], "importance")
+        render_tokens(TokenData(["a"], [0.1, 0.2], None, None, []), "importance")
 
 
 def test_unknown_span_kinds_are_ignored():
     spans = [{"kind": 'x" onmouseover="alert(1)', "index": 0, "start": 0, "end": 1}]
-    tokens = tokens_of(render_tokens(["a"], None, None, None, spans, "segments"))
+    tokens = tokens_of(render_tokens(TokenData(["a"], None, None, None, spans), "segments"))
     assert classes(tokens[0]) == {"tv-tok"}
 
 
@@ -320,43 +324,44 @@ def test_patches_reproduce_the_full_render(mode):
     dom, state = SimulatedDom(), None
     resets = 0
     for texts, scores, keep, labels, spans in _frames():
-        state, patch = token_delta(state, texts, scores, keep, labels, spans, mode)
+        state, patch = token_delta(state, TokenData(texts, scores, keep, labels, spans), mode)
         resets += patch["reset"] is not None
         dom.apply(patch)
-        assert dom.same_as(render_tokens(texts, scores, keep, labels, spans, mode))
+        assert dom.same_as(render_tokens(TokenData(texts, scores, keep, labels, spans), mode))
     assert resets == 1
 
 
 def test_patch_sends_only_what_changed():
     texts, seg = chat_segmenter(["Plan"])
     n = len(texts)
-    state, first = token_delta(None, texts, np.ones(n), np.ones(n), seg.labels(), seg.spans(), "evicted")
+    state, first = token_delta(None, TokenData(texts, np.ones(n), np.ones(n), seg.labels(), seg.spans()), "evicted")
     assert first["reset"] is not None
     seg.feed([" it"])
     keep = np.ones(n + 1)
     keep[2] = 0.0
-    state, patch = token_delta(state, texts + [" it"], np.ones(n + 1), keep, seg.labels(), seg.spans(), "evicted")
+    grown = TokenData(texts + [" it"], np.ones(n + 1), keep, seg.labels(), seg.spans())
+    state, patch = token_delta(state, grown, "evicted")
     assert patch["reset"] is None
     assert tokens_of(patch["append"])[0]["text"] == " it"
     assert set(patch["update"]) == {2}
     assert set(patch["update"][2]) == {"cls", "title"}
     assert "tv-gone" in patch["update"][2]["cls"].split()
-    state, same = token_delta(state, texts + [" it"], np.ones(n + 1), keep, seg.labels(), seg.spans(), "evicted")
+    state, same = token_delta(state, grown, "evicted")
     assert same == {"reset": None, "append": "", "update": {}}
 
 
 def test_reset_on_mode_change_restart_and_new_window():
     texts, seg = chat_segmenter(["Plan"])
     args = (None, None, seg.labels(), seg.spans())
-    state, _ = token_delta(None, texts, *args, "segments")
-    _, patch = token_delta(state, texts, *args, "evicted")
+    state, _ = token_delta(None, TokenData(texts, *args), "segments")
+    _, patch = token_delta(state, TokenData(texts, *args), "evicted")
     assert patch["reset"] is not None and 'tv-mode-evicted' in patch["reset"]
     other = ["Different"] + texts[1:]
-    _, patch = token_delta(state, other, *args, "segments")
+    _, patch = token_delta(state, TokenData(other, *args), "segments")
     assert patch["reset"] is not None
-    _, patch = token_delta(state, texts[:-1], None, None, seg.labels()[:-1], seg.spans(), "segments")
+    _, patch = token_delta(state, TokenData(texts[:-1], None, None, seg.labels()[:-1], seg.spans()), "segments")
     assert patch["reset"] is not None
-    _, patch = token_delta(state, texts[2:], None, None, seg.labels()[2:], seg.spans(), "segments", start=2)
+    _, patch = token_delta(state, TokenData(texts[2:], None, None, seg.labels()[2:], seg.spans(), start=2), "segments")
     assert patch["reset"] is not None and 'data-start="2"' in patch["reset"]
 
 
@@ -381,12 +386,12 @@ READ_VIEW = """(id) => {
 def test_patch_script_in_a_browser_matches_the_full_render(page, mode):
     state = None
     for i, (texts, scores, keep, labels, spans) in enumerate(_frames()):
-        state, patch = token_delta(state, texts, scores, keep, labels, spans, mode)
+        state, patch = token_delta(state, TokenData(texts, scores, keep, labels, spans), mode)
         # the script as a function expression (how the UI embeds it), fed objects or JSON strings
         page.evaluate(f"(p) => ({TOKEN_PATCH_JS})(document.getElementById('live'), p)",
                       json.dumps(patch) if i % 2 else patch)
         page.evaluate("(html) => { document.getElementById('full').innerHTML = html; }",
-                      render_tokens(texts, scores, keep, labels, spans, mode))
+                      render_tokens(TokenData(texts, scores, keep, labels, spans), mode))
         assert page.evaluate(READ_VIEW, "live") == page.evaluate(READ_VIEW, "full")
 
 
@@ -396,7 +401,7 @@ def test_browser_shows_tags_as_text_and_runs_no_injected_code(page):
     keep = np.array([1, 1, 1, 1, 0.0, 0.5])
     scores = np.array([0.0, 0.1, 0.2, 1.0, np.nan, 0.5])
     page.evaluate("(html) => { document.getElementById('full').innerHTML = html; }",
-                  render_tokens(texts, scores, keep, None, [], "combined"))
+                  render_tokens(TokenData(texts, scores, keep, None, []), "combined"))
     page.wait_for_timeout(50)
     assert page.evaluate("() => window.pwned") is None
     shown = page.evaluate("() => [...document.querySelectorAll('#full .tv-tok')].map(e => e.textContent)")
@@ -409,3 +414,25 @@ def test_browser_shows_tags_as_text_and_runs_no_injected_code(page):
     assert float(style["half"]) == pytest.approx(0.65)
     assert style["hot"] == "rgb(200, 35, 30)"
     assert style["cold"] == "rgb(255, 255, 255)"
+
+
+def test_token_view_of_a_record_at_a_step():
+    """One builder for a streaming run (the latest step) and a recording (any step)."""
+    def event(step, text, n):
+        return StepEvent(step=step, token_ids=[step], texts=[text], positions=[n - 1],
+                         scores=np.arange(n, dtype=np.float32), keep_fraction=np.ones(n, dtype=np.float32))
+
+    spans = [{"kind": "user", "index": 0, "start": 0, "end": 3, "closed": True, "protected": True}]
+    record = RunRecord(meta={}, prompt_ids=[1, 2, 3], prompt_texts=["<u>", "Hi", "</u>"],
+                       prompt_labels=["template", "user", "template"], segments=spans,
+                       events=[event(0, " a", 4), event(1, " b", 5)])
+    latest = token_view(record)
+    assert list(latest.texts) == ["<u>", "Hi", "</u>", " a", " b"]
+    np.testing.assert_array_equal(latest.scores, np.arange(5))
+    assert latest.labels[:3] == ["template", "user", "template"] and latest.spans == spans
+    first = token_view(record, 0)
+    assert list(first.texts) == ["<u>", "Hi", "</u>", " a"] and len(first.scores) == 4
+    before = token_view(RunRecord(meta={}, prompt_texts=["x"]))
+    assert list(before.texts) == ["x"] and before.scores is None and before.labels is None
+    tokens = tokens_of(render_tokens(latest, "segments"))
+    assert "tv-seg-template" in classes(tokens[0]) and "tv-seg-template" not in classes(tokens[1])

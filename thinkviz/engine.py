@@ -32,6 +32,7 @@ from .events import RunRecord, StepEvent
 from .kvquant import KVQuant, KVQuantError
 from .model import LoadedModel
 from .policies.base import CacheView, Policy
+from .segments import Segmenter
 
 
 class EngineError(ValueError):
@@ -147,8 +148,6 @@ class Run:
         geometry = loaded.geometry
         if isinstance(prompt, ChatPrompt):
             ids, texts = list(prompt.ids), list(prompt.texts)
-            from .segments import Segmenter
-
             self.segmenter = Segmenter(
                 prompt.roles,
                 texts,
@@ -208,6 +207,8 @@ class Run:
             },
             prompt_ids=list(ids),
             prompt_texts=list(texts),
+            prompt_labels=self.segmenter.labels()[: len(ids)] if self.segmenter is not None else [],
+            segments=self._segments(),
         )
 
     # ---- public loops --------------------------------------------------------------
@@ -365,6 +366,7 @@ class Run:
         self.texts.extend(new_texts)
         if self.segmenter is not None:
             self.segmenter.feed(new_texts)
+            self.record.segments = self._segments()  # current while the run streams
         logits = self._forward(ids, logits_to_keep)
         seconds_forward = time.perf_counter() - start
         self.steps_since_compress += len(ids)  # a replayed chunk of `interval` tokens makes a compression due
@@ -439,4 +441,8 @@ class Run:
         )
         if self.segmenter is not None:
             self.segmenter.finish()
-            self.record.segments = [span.__dict__.copy() for span in self.segmenter.spans()]
+            self.record.segments = self._segments()
+
+    def _segments(self) -> list[dict]:
+        """The segmenter's spans now, as the record stores them (none for a prompt without roles)."""
+        return [] if self.segmenter is None else [span.__dict__.copy() for span in self.segmenter.spans()]

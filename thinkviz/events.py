@@ -69,8 +69,10 @@ class RunRecord:
     ``meta`` holds at least ``model``, ``quantization``, ``policy``, ``params``,
     ``budget``, ``interval``, ``geometry`` (``layers``, ``kv_heads``, ``head_dim``,
     ``dtype_bytes``) and ``weights_bytes``.
-    ``prompt_ids`` / ``prompt_texts`` are the prefilled tokens; ``segments`` is a list of
-    ``{"kind", "index", "start", "end", "protected"}`` spans over absolute positions.
+    ``prompt_ids`` / ``prompt_texts`` are the prefilled tokens and ``prompt_labels`` their
+    segmenter labels (``"template"`` marks chat-template markers; empty when the prompt had no
+    roles); ``segments`` is a list of ``{"kind", "index", "start", "end", "protected"}`` spans
+    over absolute positions, current while the run streams.
     ``snapshots`` maps a step to its ``(L, H_kv, T)`` boolean keep mask, stored for a
     bounded number of steps so the Explore view can drill into layers and heads.
     """
@@ -78,6 +80,7 @@ class RunRecord:
     meta: dict[str, Any]
     prompt_ids: list[int] = field(default_factory=list)
     prompt_texts: list[str] = field(default_factory=list)
+    prompt_labels: list[str] = field(default_factory=list)
     segments: list[dict[str, Any]] = field(default_factory=list)
     events: list[StepEvent] = field(default_factory=list)
     snapshots: dict[int, np.ndarray] = field(default_factory=dict)
@@ -134,6 +137,7 @@ class RunRecord:
             "meta": _jsonable(self.meta),
             "prompt_ids": list(map(int, self.prompt_ids)),
             "prompt_texts": list(self.prompt_texts),
+            "prompt_labels": list(self.prompt_labels),
             "segments": _jsonable(self.segments),
             "events": events_meta,
             "snapshot_steps": sorted(int(s) for s in self.snapshots),
@@ -190,6 +194,7 @@ class RunRecord:
                 meta=doc["meta"],
                 prompt_ids=doc["prompt_ids"],
                 prompt_texts=doc["prompt_texts"],
+                prompt_labels=doc.get("prompt_labels", []),
                 segments=doc["segments"],
                 events=events,
                 snapshots=snapshots,
@@ -216,6 +221,9 @@ def _check_document_fields(doc: dict) -> None:
         raise RecordingError("recording field summary must be a dict")
     if not all(isinstance(t, str) for t in doc["prompt_texts"]):
         raise RecordingError("recording field prompt_texts must be a list of str")
+    labels = doc.get("prompt_labels", [])  # absent in recordings made before labels were stored
+    if not (isinstance(labels, list) and all(isinstance(t, str) for t in labels)):
+        raise RecordingError("recording field prompt_labels must be a list of str")
     if not all(isinstance(i, int) for i in doc["prompt_ids"]):
         raise RecordingError("recording field prompt_ids must be a list of int")
     if not all(isinstance(s, dict) for s in doc["segments"]):

@@ -28,8 +28,9 @@ from ..replay import LockstepReplay
 from ..units import format_bytes
 from ..viz.figures import compare_memory_figure
 from ..viz.tables import stats_html
-from .runs import RunInput, RunInputError, prepare, run_token_data
-from .stream import TokenChannel, TokenData
+from ..viz.tokens import TokenData, token_view
+from .runs import RunInput, RunInputError, prepare
+from .stream import TokenChannel
 from .throttle import FIGURE_INTERVAL, FramePacer
 
 MIN_POLICIES, MAX_POLICIES = 2, 6
@@ -99,7 +100,7 @@ class _Columns:
 
     def frame(self, status: str, table: list[list[Any]], done: bool = False) -> CompareFrame:
         """The columns now; the overlay figure only when due (else ``None``) and at the end."""
-        views = [run_token_data(run, run.record.events[-1] if run.record.events else None) for run in self.runs]
+        views = [token_view(run.record) for run in self.runs]
         messages = [c.message(v, reset=done or v.scores is None) for c, v in zip(self.channels, views)]
         headers = [f"<div class='tv-col-title'>{name}</div>{stats_html(run.record)}"
                    for name, run in zip(self.names, self.runs)]

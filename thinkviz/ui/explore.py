@@ -9,7 +9,7 @@ before ``s`` (the engine keeps a bounded, evenly thinned set of them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -17,8 +17,7 @@ import numpy as np
 from ..events import RunRecord
 from ..viz.figures import keep_heatmap
 from ..viz.tables import SEGMENT_TABLE_HEADERS, segment_table
-from ..viz.tokens import render_tokens
-from .stream import TokenData
+from ..viz.tokens import TokenData, render_tokens, token_view
 
 AVERAGE = "all"
 
@@ -95,13 +94,11 @@ def token_data_at(
         scope = f"layer {'all' if layer is None else layer}, kv-head {'all' if head is None else head}" \
                 f" (snapshot at step {snap_step})"
     event = record.events[step]
-    texts = list(record.prompt_texts)
-    for e in record.events[: step + 1]:
-        texts.extend(e.texts)
-    keep = event.keep_fraction if keep is None else keep
-    data = TokenData(texts=texts, scores=event.scores, keep_fraction=keep, labels=None, spans=record.segments)
+    data = token_view(record, step)
+    if keep is not None:
+        data = replace(data, keep_fraction=keep)
     kv = event.kv_tokens
-    caption = (f"Step **{event.step}** of {record.events[-1].step} · {len(texts)} tokens seen · cache holds {kv} "
+    caption = (f"Step **{event.step}** of {record.events[-1].step} · {len(data.texts)} tokens seen · cache holds {kv} "
                f"per layer and head · shading: {scope}")
     return data, step, caption
 
@@ -111,7 +108,7 @@ def explore_view(record: RunRecord, step: int, layer: Any, head: Any, mode: str)
     layers, heads = geometry(record)
     layer_index, head_index = _index(layer, layers, "layer"), _index(head, heads, "kv-head")
     data, shown, caption = token_data_at(record, step, layer_index, head_index)
-    tokens = render_tokens(data.texts, data.scores, data.keep_fraction, data.labels, data.spans, mode)
+    tokens = render_tokens(data, mode)
     heatmap = keep_heatmap(record, layer_index, head_index)
     heatmap.add_hline(y=record.events[shown].step, line_dash="dot", line_color="#1f77b4",
                       annotation_text="this step", annotation_position="bottom right")

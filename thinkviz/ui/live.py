@@ -21,8 +21,9 @@ from ..model import LoadedModel
 from ..policies import Policy
 from ..viz.figures import memory_figure
 from ..viz.tables import stats_html
-from .runs import RunInput, RunInputError, run_token_data, start_run
-from .stream import TokenChannel, TokenData
+from ..viz.tokens import TokenData, token_view
+from .runs import RunInput, RunInputError, start_run
+from .stream import TokenChannel
 from .throttle import FIGURE_INTERVAL, FramePacer
 
 @dataclass
@@ -48,7 +49,7 @@ def status_line(run: Run, event: StepEvent | None, replay: bool, done: bool = Fa
         stopped = record.summary.get("stopped", "finished")
         return f"Done: {generated} tokens {'replayed' if replay else 'generated'} (stopped: {stopped})."
     if event is None:
-        return f"Prefilling {len(run.ids)} prompt tokens…"
+        return f"Prefilling {len(record.prompt_ids)} prompt tokens…"
     verb = "Replaying" if replay else "Generating"
     return f"{verb}… {generated} tokens, cache holds {event.kv_tokens} per layer and head."
 
@@ -88,7 +89,7 @@ def _frames(loaded, policy, run_input, settings, cancel, channel, projection, pa
     def frame(event: StepEvent | None, done: bool = False) -> LiveFrame:
         if event is not None:
             device_stats[event.step] = device_memory(loaded.device)
-        view = run_token_data(run, event)
+        view = token_view(run.record)
         return LiveFrame(
             status=status_line(run, event, run_input.replay, done),
             message=channel.message(view, reset=done or event is None),

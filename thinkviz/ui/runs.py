@@ -1,4 +1,4 @@
-"""Starting runs from what the user typed, and reading a run's token view data.
+"""Starting runs from what the user typed.
 
 Shared by the Live and Compare tabs: a :class:`RunInput` is a chat (system prompt +
 question) and, in replay mode, the assistant text to teacher-force instead of generating.
@@ -16,7 +16,6 @@ from ..events import StepEvent
 from ..model import LoadedModel
 from ..policies import Policy
 from ..replay import TraceError, prepare_trace
-from .stream import TokenData
 
 
 class RunInputError(ValueError):
@@ -63,16 +62,3 @@ def start_run(
     except EngineError as exc:
         raise RunInputError(str(exc)) from None
     return run, events
-
-
-def run_token_data(run: Run, event: StepEvent | None) -> TokenData:
-    """The token view of ``run`` after ``event`` (``None``: before the first step, nothing scored)."""
-    segmenter = run.segmenter
-    n = len(run.texts)
-    return TokenData(
-        texts=list(run.texts),
-        scores=event.scores if event is not None else None,
-        keep_fraction=event.keep_fraction if event is not None else None,
-        labels=segmenter.labels()[:n] if segmenter is not None else None,
-        spans=segmenter.spans() if segmenter is not None else [],
-    )

@@ -6,7 +6,8 @@ import threading
 from dataclasses import dataclass, field
 
 from ..events import RunRecord
-from .stream import TokenChannel, TokenData
+from ..viz.tokens import TokenData
+from .stream import TokenChannel
 
 LIVE_TOKENS_ID = "tv-live-tokens"
 COMPARE_TOKENS_IDS = tuple(f"tv-compare-tokens-{i}" for i in range(6))

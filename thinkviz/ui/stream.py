@@ -26,25 +26,12 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-import numpy as np
-
-from ..viz.tokens import TOKEN_PATCH_JS, TokenViewState, token_delta
+from ..viz.tokens import TOKEN_PATCH_JS, TokenData, TokenViewState, token_delta
 
 TITLE_REFRESH_SECONDS = 2.0
 BACKLOG = 8  # messages each payload repeats: a browser may miss up to 7 in a row (≈1 s of frames)
-
-
-@dataclass
-class TokenData:
-    """Everything one token view frame shows: ``(n,)`` texts, scores, keep fractions, labels, spans."""
-
-    texts: list[str]
-    scores: np.ndarray | None
-    keep_fraction: np.ndarray | None
-    labels: list[str] | None
-    spans: Sequence[Any]
 
 
 @dataclass
@@ -80,9 +67,7 @@ class TokenChannel:
         if reset or self._reset_pending:
             self._reset_pending = False
             previous = None
-        state, patch = token_delta(
-            previous, data.texts, data.scores, data.keep_fraction, data.labels, data.spans, self.mode
-        )
+        state, patch = token_delta(previous, data, self.mode)
         self.state = state
         looks, now = state.looks, self.clock()
         update: dict[str, dict[str, str]] = {}

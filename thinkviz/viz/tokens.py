@@ -1,7 +1,9 @@
 """The token view: every token as an escaped ``<span>``, coloured by importance, segment or eviction.
 
-Pure functions of plain data (token texts, the latest step's ``scores`` and
-``keep_fraction``, the segmenter's ``labels`` and ``spans``); the UI only places the HTML.
+Pure functions of one :class:`TokenData` (token texts, the latest step's ``scores`` and
+``keep_fraction``, the segmenter's ``labels`` and ``spans``) and a view mode; the UI only
+places the HTML.  :func:`token_view` builds the data from a run's record at any step, for a
+run that is streaming and for a finished or loaded one alike.
 
 Appearance is carried by classes (styled once by :data:`TOKEN_CSS`) so that it can be
 patched token by token while a run streams:
@@ -32,6 +34,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from ..events import RunRecord
+
 MODES = ("importance", "segments", "evicted", "combined")
 HEAT_LEVELS = 10  # tv-h0 … tv-h9
 KEEP_LEVELS = 10  # tv-k1 … tv-k9 for partial keeps
@@ -54,6 +58,43 @@ _HEAT_MODES = {"importance", "combined"}
 _KEEP_MODES = {"importance", "evicted", "combined"}
 _SEGMENT_MODES = {"segments", "combined"}
 _BOX_MODES = {"segments", "evicted", "combined"}
+
+
+@dataclass(frozen=True)
+class TokenData:
+    """What one token view shows, for the tokens at absolute positions ``start … start+n-1``.
+
+    ``texts`` ``(n,)`` one decoded piece per token; ``scores`` and ``keep_fraction`` ``(n,)`` the
+    latest step's values for the same tokens (``None``: unknown); ``labels`` ``(n,)`` the
+    segmenter's per-token labels (only ``"template"``, a chat-template marker, changes the
+    view; ``None``: none known); ``spans`` the segments over absolute positions
+    (:class:`~thinkviz.segments.Span` or the ``dict`` form a recording stores).
+    """
+
+    texts: Sequence[str]
+    scores: Sequence[float] | np.ndarray | None = None
+    keep_fraction: Sequence[float] | np.ndarray | None = None
+    labels: Sequence[str] | None = None
+    spans: Sequence[Any] = ()
+    start: int = 0
+
+
+def token_view(record: RunRecord, step: int | None = None) -> TokenData:
+    """The token view of ``record`` after its event number ``step`` (default: the latest).
+
+    The prompt and every token up to that event, with that event's scores and keep fractions
+    (none before the first event), the record's segments and the prompt's labels.
+    """
+    events = record.events if step is None else record.events[: step + 1]
+    texts = list(record.prompt_texts)
+    for event in events:
+        texts.extend(event.texts)
+    last = events[-1] if events else None
+    labels = None
+    if record.prompt_labels:
+        labels = list(record.prompt_labels) + [""] * (len(texts) - len(record.prompt_labels))
+    return TokenData(texts, None if last is None else last.scores, None if last is None else last.keep_fraction,
+                     labels, record.segments)
 
 
 class Look(NamedTuple):
@@ -221,25 +262,17 @@ def _check(mode: str, texts: Sequence[str], **arrays: Any) -> None:
             raise ValueError(f"{name} has {len(values)} entries for {len(texts)} tokens")
 
 
-def token_looks(
-    texts: Sequence[str],
-    scores: Sequence[float] | np.ndarray | None,
-    keep_fraction: Sequence[float] | np.ndarray | None,
-    labels: Sequence[str] | None,
-    spans: Sequence[Any],
-    mode: str,
-    *,
-    start: int = 0,
-) -> list[Look]:
-    """The :class:`Look` of every token (arguments as in :func:`render_tokens`)."""
-    _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=labels)
+def token_looks(data: TokenData, mode: str) -> list[Look]:
+    """The :class:`Look` of every token of ``data`` in ``mode``."""
+    texts, scores, keep_fraction, start = data.texts, data.scores, data.keep_fraction, data.start
+    _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=data.labels)
     n = len(texts)
     heat, kept = heat_levels(scores, n).tolist(), keep_levels(keep_fraction, n).tolist()
     score_list = [None] * n if scores is None else np.asarray(scores, dtype=np.float64).tolist()
     keep_list = [None] * n if keep_fraction is None else np.asarray(keep_fraction, dtype=np.float64).tolist()
     segment_looks: dict[int, tuple[str, str]] = {}
     looks = []
-    for i, segment in enumerate(segment_facts(n, spans, labels, start)):
+    for i, segment in enumerate(segment_facts(n, data.spans, data.labels, start)):
         if id(segment) not in segment_looks:
             segment_looks[id(segment)] = _segment_look(mode, segment)
         cls, style = segment_looks[id(segment)]
@@ -264,26 +297,9 @@ def _view_html(mode: str, start: int, texts: Sequence[str], looks: Sequence[Look
     return f'<div class="tv-view tv-mode-{mode}" data-start="{int(start)}">{body}</div>'
 
 
-def render_tokens(
-    texts: Sequence[str],
-    scores: Sequence[float] | np.ndarray | None,
-    keep_fraction: Sequence[float] | np.ndarray | None,
-    labels: Sequence[str] | None,
-    spans: Sequence[Any],
-    mode: str,
-    *,
-    start: int = 0,
-) -> str:
-    """HTML of the token view.
-
-    ``texts[i]`` is the text of the token at absolute position ``start + i``; ``scores`` and
-    ``keep_fraction`` ``(n,)`` (``None``: unknown) are the latest step's values for the same
-    tokens; ``labels`` ``(n,)`` the segmenter's labels (or ``None``); ``spans`` the
-    segmenter's spans over absolute positions (:class:`~thinkviz.segments.Span` or the
-    ``dict`` form a recording stores).  ``mode``: one of :data:`MODES`.  All text is escaped.
-    """
-    looks = token_looks(texts, scores, keep_fraction, labels, spans, mode, start=start)
-    return _view_html(mode, start, texts, looks)
+def render_tokens(data: TokenData, mode: str) -> str:
+    """HTML of the token view of ``data`` in ``mode`` (one of :data:`MODES`).  All text is escaped."""
+    return _view_html(mode, data.start, data.texts, token_looks(data, mode))
 
 
 # ---- incremental updates -----------------------------------------------------------
@@ -297,18 +313,8 @@ class TokenViewState:
     looks: tuple[Look, ...]
 
 
-def token_delta(
-    prev: TokenViewState | None,
-    texts: Sequence[str],
-    scores: Sequence[float] | np.ndarray | None,
-    keep_fraction: Sequence[float] | np.ndarray | None,
-    labels: Sequence[str] | None,
-    spans: Sequence[Any],
-    mode: str,
-    *,
-    start: int = 0,
-) -> tuple[TokenViewState, dict[str, Any]]:
-    """The new state and the patch turning ``prev``'s view into this frame's.
+def token_delta(prev: TokenViewState | None, data: TokenData, mode: str) -> tuple[TokenViewState, dict[str, Any]]:
+    """The new state and the patch turning ``prev``'s view into the view of ``data`` in ``mode``.
 
     The patch is ``{"reset": html}`` (whole view) when there is no previous state, the mode
     or ``start`` changed, or the earlier tokens are not a prefix of ``texts`` (a new run);
@@ -316,7 +322,8 @@ def token_delta(
     where ``changes`` holds only the fields that differ: ``cls``, ``style``, ``title`` (plain
     text, set through the DOM, never parsed as HTML).
     """
-    looks = tuple(token_looks(texts, scores, keep_fraction, labels, spans, mode, start=start))
+    texts, start = data.texts, data.start
+    looks = tuple(token_looks(data, mode))
     state = TokenViewState(mode, start, tuple(texts), looks)
     old = len(prev.texts) if prev is not None else 0
     if prev is None or (prev.mode, prev.start) != (mode, start) or state.texts[:old] != prev.texts:
