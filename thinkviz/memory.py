@@ -226,7 +226,6 @@ def vram_cap_fraction(cap_gib: float, total_bytes: int) -> float:
 def _cuda_device(device):
     """``device`` as a CUDA ``torch.device`` (the current one for ``None``); :class:`VramCapError`
     when there is no GPU or ``device`` is not a CUDA device."""
-
     if not torch.cuda.is_available():
         raise VramCapError("a VRAM cap needs a CUDA GPU, and this machine has none (it runs on the CPU)")
     dev = torch.device("cuda") if device is None else torch.device(device)
@@ -244,7 +243,6 @@ def set_vram_cap(cap_gib: float | None, device=None) -> int | None:
     :class:`VramCapError` for a size that is not positive or more than the card has, and
     on a machine without CUDA.
     """
-
     if cap_gib is not None:
         check_vram_cap(cap_gib)  # a bad size is named before the missing GPU
     dev = _cuda_device(device)
@@ -255,9 +253,9 @@ def set_vram_cap(cap_gib: float | None, device=None) -> int | None:
 
 
 def vram_cap_bytes(device=None) -> int | None:
-    """The cap :func:`set_vram_cap` holds on ``device`` in bytes, or ``None`` (no cap, or no GPU)."""
-
-    if not torch.cuda.is_available():
+    """The cap :func:`set_vram_cap` holds on ``device`` in bytes, or ``None`` (no cap, no GPU, or
+    ``device`` is not a CUDA device)."""
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
         return None
     dev = _cuda_device(device)
     fraction = torch.cuda.get_per_process_memory_fraction(dev)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -204,3 +205,15 @@ def test_a_recording_downloads_and_opens_again_in_explore(page, tmp_path):
 
 def test_no_errors_in_the_browser_console(page):
     assert page.problems == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_the_vram_cap_setting_is_refused_on_a_cpu_with_a_message(page):
+    page.get_by_role("tab", name="Live").click()
+    page.get_by_text("Model settings").first.click()
+    assert "No VRAM cap" in page.inner_text("#tv-vram-cap-status")
+    page.locator("#tv-vram-cap input").fill("8")
+    page.click("#tv-vram-cap-set")
+    toast = page.locator(".toast-body.error")
+    toast.first.wait_for(timeout=30_000)
+    assert "a VRAM cap needs a CUDA GPU, and this machine has none" in toast.first.inner_text()

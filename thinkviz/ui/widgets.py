@@ -17,15 +17,17 @@ import gradio as gr
 
 from ..chat import REASONING_SYSTEM_PROMPT
 from ..engine import DecodeSettings
+from ..memory import GIB, set_vram_cap, vram_cap_bytes
 from ..model import QUANTIZATIONS
 from ..policies import Policy, policy_names
 from ..policies.base import COMMON_PARAMS
 from ..presets import MAX_NEW_TOKENS_RANGE
+from ..units import format_bytes
 from . import inputs
 from .controls import (Pools, build_policy, collect_params, pool_bounds, pool_choices, pool_sizes,
                        slot_specs)
 from .fields import slider
-from .handlers import MODEL_GROUP, user_error
+from .handlers import MODEL_GROUP, shown, user_error
 from .model_slot import LoadStatus, ModelSlot, ModelUnavailable
 from .runs import RunInput, RunInputError
 from .text import plain_markdown
@@ -267,11 +269,19 @@ def model_settings(slot: ModelSlot, model: str, quantization: str, model_status:
         return
     with gr.Accordion("Model settings", open=False):
         name = gr.Textbox(value=model, label="Model", info="'embedded' (SmolLM2-135M, offline), a Hugging Face "
-                                                          "id or a local folder")
+                                                          "id, a local folder, or random:Qwen3-4B (that geometry "
+                                                          "with random weights: real memory and speed, no text)")
         quant = gr.Radio(list(QUANTIZATIONS), value=quantization, label="Weights",
                          info="4bit: bitsandbytes NF4; none: unquantized (faster on a CPU)")
         load = gr.Button("Load model", size="sm")
         progress = gr.Markdown(elem_classes="tv-status")
+        cap_now = vram_cap_bytes(slot.device)
+        with gr.Row(equal_height=True):
+            cap = gr.Number(value=None if cap_now is None else round(cap_now / GIB, 3),
+                            label="Simulate a card of (GiB)", elem_id="tv-vram-cap",
+                            info="CUDA only: caps this process's GPU memory, weights included; empty: the whole card")
+            set_cap = gr.Button("Set VRAM cap", size="sm", elem_id="tv-vram-cap-set")
+        cap_status = gr.Markdown(vram_cap_line(cap_now), elem_id="tv-vram-cap-status", elem_classes="tv-status")
 
     def load_model(name_value: str, quant_value: str) -> Iterator[tuple[str, str]]:
         if not (name_value or "").strip():
@@ -286,3 +296,18 @@ def model_settings(slot: ModelSlot, model: str, quantization: str, model_status:
 
     load.click(load_model, [name, quant], [progress, model_status], concurrency_limit=1,
                concurrency_id=MODEL_GROUP, api_name="load_model", show_progress="hidden")
+
+    def apply_cap(gib: float | None) -> str:
+        return vram_cap_line(shown(set_vram_cap, gib, slot.device))
+
+    # between runs (the model group), so a run in progress keeps the card it started on
+    set_cap.click(apply_cap, cap, cap_status, concurrency_limit=1, concurrency_id=MODEL_GROUP,
+                  api_name="set_vram_cap", show_progress="hidden")
+
+
+def vram_cap_line(cap: int | None) -> str:
+    """What the settings panel says about the VRAM cap."""
+    if cap is None:
+        return "No VRAM cap: runs may use the whole card."
+    return (f"CUDA memory capped at {format_bytes(cap)}: the memory chart draws the cap and where a full cache "
+            "would reach it.")

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import gradio as gr
 
+from ...faults import RunFault
 from ...memory import CARDS_GB, Projection
 from ...viz.figures import memory_figure, placeholder_figure
 from ...viz.tokens import MODES
@@ -121,11 +122,19 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
 
         def frames(loaded, request, cancel):
             policy, run_input, settings, memory_projection = request
-            for frame in live_frames(loaded, policy, run_input, settings, cancel, s.live_channel, memory_projection):
-                s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
-                source = gr.update(choices=s.sources(), value="Live run") if frame.done else gr.skip()
-                figure = gr.skip() if frame.figure is None else frame.figure
-                yield [frame.status, bus_payload(frame.bus), figure, frame.stats, source]
+            frame = None
+            try:
+                for frame in live_frames(loaded, policy, run_input, settings, cancel, s.live_channel,
+                                         memory_projection):
+                    s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
+                    source = gr.update(choices=s.sources(), value="Live run") if frame.done else gr.skip()
+                    figure = gr.skip() if frame.figure is None else frame.figure
+                    yield [frame.status, bus_payload(frame.bus), figure, frame.stats, source]
+            except RunFault as fault:  # the chart up to the failure stays: an out-of-memory shows where it hit
+                if frame is not None:
+                    figure = memory_figure(frame.record, projection=memory_projection, device_stats=frame.device_stats)
+                    yield [f"Stopped: {fault}", gr.skip(), figure, gr.skip(), gr.skip()]
+                raise
 
         yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, *[gr.skip()] * 4], s)
 
