@@ -62,3 +62,31 @@ def test_profile_accounts_for_the_whole_decode_step(tiny_folder, capsys):
     assert abs(shares - 100) < 1  # the parts add up to the step
     operators = _table_rows(out.split("\n\n")[1])
     assert len(operators) == 5 and all(name.startswith("aten::") for name in operators)
+
+
+def test_overhead_at_long_context_gives_one_ratio_per_length(tiny_folder, capsys):
+    code = main(["bench", "overhead", "--model", tiny_folder, "--quant", "none", "--device", "cpu",
+                 "--context", "64,300", "--new-tokens", "6", "--budget", "40"])
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = _table_rows(out)
+    assert list(rows) == ["64", "300"]
+    for cells in rows.values():
+        engine, baseline, ratio = (float(c) for c in cells[2:5])
+        assert engine > 0 and baseline > 0 and abs(ratio - engine / baseline) < 0.01
+
+
+@pytest.mark.parametrize("args, reason", [
+    (["--context", "2048,abc"], "comma-separated"),
+    (["--context", "8"], "at least 16"),
+    (["--context", "4000", "--new-tokens", "1"], "--new-tokens must be"),
+])
+def test_overhead_context_refuses_bad_lengths_in_one_line(args, reason, capsys):
+    assert main(["bench", "overhead", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and reason in err[0]
+
+
+def test_overhead_context_longer_than_the_model_is_refused(tiny_folder, capsys):
+    assert main(["bench", "overhead", "--model", tiny_folder, "--quant", "none", "--context", "2040"]) == 2
+    assert "exceeds the model's context (2048)" in capsys.readouterr().err

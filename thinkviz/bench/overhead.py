@@ -2,19 +2,29 @@
 
 Both decode the same number of tokens greedily from the same prompt on the same loaded
 model, in the same process, alternating, so machine noise hits both alike.
+
+At long context (:func:`measure_context_overhead`) the prompt is ``L`` tokens of the shipped
+traces, and only the decode steps after the first generated token are timed (the prefill is
+reported apart): the engine holds ``budget`` slots per head while ``generate`` attends to the
+whole ``L``-token cache with the model's fast attention (SDPA), which is where eviction
+should pay off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
+from transformers import StoppingCriteria
 
 from ..chat import REASONING_SYSTEM_PROMPT, build_chat
 from ..engine import DecodeSettings, Run
 from ..model import LoadedModel
 from ..policies import make_policy
+from ..presets import PRESETS_DIR
 
 PROMPT = "Explain step by step why the sum of two odd numbers is always even."
 
@@ -31,14 +41,15 @@ class OverheadResult:
         return self.engine_tokens_per_second / self.generate_tokens_per_second
 
 
-def time_engine(loaded: LoadedModel, new_tokens: int, budget: int, policy: str = "h2o", scoring: bool = True) -> float:
+def time_engine(loaded: LoadedModel, new_tokens: int, budget: int, policy: str = "h2o", scoring: bool = True,
+                interval: int = 1) -> float:
     """Tokens per second of a full engine run (prefill included), nothing stops it early.
 
     ``scoring=False`` leaves out the per-step importance scores (a policy that evicts still
     captures the attention it needs)."""
     prompt = build_chat(loaded.tokenizer, REASONING_SYSTEM_PROMPT, PROMPT)
     settings = DecodeSettings(max_new_tokens=new_tokens, stop_at_eos=False, scoring=scoring)
-    run = Run(loaded, make_policy(policy, budget=budget, interval=1), prompt, settings)
+    run = Run(loaded, make_policy(policy, budget=budget, interval=interval), prompt, settings)
     start = time.perf_counter()
     produced = sum(len(event.token_ids) for event in run.generate())
     return produced / (time.perf_counter() - start)
@@ -61,12 +72,113 @@ def time_generate(loaded: LoadedModel, new_tokens: int) -> float:
     return (out.shape[1] - ids.shape[1]) / (time.perf_counter() - start)
 
 
-def measure_overhead(loaded: LoadedModel, new_tokens: int = 512, budget: int = 128, repeats: int = 2) -> OverheadResult:
+def measure_overhead(loaded: LoadedModel, new_tokens: int = 512, budget: int = 128, repeats: int = 2,
+                     interval: int = 1) -> OverheadResult:
     """Alternate engine and baseline ``repeats`` times after a warm-up; keep each one's best."""
-    time_engine(loaded, 8, budget)
+    time_engine(loaded, 8, budget, interval=interval)
     time_generate(loaded, 8)
     engine, baseline = [], []
     for _ in range(repeats):
-        engine.append(time_engine(loaded, new_tokens, budget))
+        engine.append(time_engine(loaded, new_tokens, budget, interval=interval))
         baseline.append(time_generate(loaded, new_tokens))
     return OverheadResult(new_tokens, max(engine), max(baseline))
+
+
+@dataclass
+class ContextResult:
+    context: int
+    new_tokens: int
+    engine_prefill_seconds: float
+    generate_prefill_seconds: float
+    engine_tokens_per_second: float  # decode steps after the first generated token
+    generate_tokens_per_second: float
+
+    @property
+    def ratio(self) -> float:
+        """Engine decode tok/s ÷ ``generate`` decode tok/s at this context (target ≥ 1.3 at 8k)."""
+        return self.engine_tokens_per_second / self.generate_tokens_per_second
+
+
+def long_prompt(tokenizer, length: int) -> list[int]:
+    """The first ``length`` tokens of the shipped traces, one after another (no chat template)."""
+    texts = [path.read_text(encoding="utf-8") for path in sorted((PRESETS_DIR / "traces").glob("*.md"))]
+    ids = tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"]
+    if len(ids) < length:
+        raise ValueError(f"the shipped traces hold {len(ids)} tokens, fewer than {length}")
+    return list(ids[:length])
+
+
+class _FirstToken(StoppingCriteria):
+    """Records when ``generate`` has produced its first token (prefill done); never stops it."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def __call__(self, input_ids, scores, **kwargs):
+        if self.at is None:
+            self.at = time.perf_counter()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+@contextlib.contextmanager
+def _attention(model, implementation: str):
+    """Run ``model`` with another attention implementation, then restore eager."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def time_engine_context(loaded: LoadedModel, prompt: Sequence[int], new_tokens: int, budget: int,
+                        interval: int = 1, policy: str = "h2o") -> tuple[float, float]:
+    """``(prefill seconds, decode tok/s after the first token)`` of an engine run on ``prompt``."""
+    settings = DecodeSettings(max_new_tokens=new_tokens, stop_at_eos=False, scoring=True)
+    run = Run(loaded, make_policy(policy, budget=budget, interval=interval), list(prompt), settings)
+    start = time.perf_counter()
+    events = run.generate()
+    next(events)
+    first = time.perf_counter()
+    produced = sum(len(event.token_ids) for event in events)
+    return first - start, produced / (time.perf_counter() - first)
+
+
+def time_generate_context(loaded: LoadedModel, prompt: Sequence[int], new_tokens: int) -> tuple[float, float]:
+    """``(prefill seconds, decode tok/s after the first token)`` of ``model.generate`` with SDPA attention."""
+    ids = torch.tensor([list(prompt)], device=loaded.device)
+    first = _FirstToken()
+    with torch.inference_mode(), _attention(loaded.model, "sdpa"):
+        start = time.perf_counter()
+        out = loaded.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=loaded.tokenizer.eos_token_id,
+            stopping_criteria=[first],
+        )
+        end = time.perf_counter()
+    return first.at - start, (out.shape[1] - ids.shape[1] - 1) / (end - first.at)
+
+
+def measure_context_overhead(loaded: LoadedModel, contexts: Sequence[int], new_tokens: int = 128,
+                             budget: int = 512, interval: int = 1, repeats: int = 1) -> list[ContextResult]:
+    """For each context length: engine and ``generate`` alternating ``repeats`` times, best of each."""
+    longest = long_prompt(loaded.tokenizer, max(contexts))
+    time_engine_context(loaded, longest[:64], 4, budget, interval)
+    time_generate_context(loaded, longest[:64], 4)
+    results = []
+    for context in contexts:
+        prompt = longest[:context]
+        engine, baseline = [], []
+        for _ in range(repeats):
+            engine.append(time_engine_context(loaded, prompt, new_tokens, budget, interval))
+            baseline.append(time_generate_context(loaded, prompt, new_tokens))
+        results.append(ContextResult(
+            context, new_tokens,
+            min(e[0] for e in engine), min(b[0] for b in baseline),
+            max(e[1] for e in engine), max(b[1] for b in baseline),
+        ))
+    return results

@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from ..bench.browser import BenchError, launched_app, measure
 from ..bench.gpu import gpu_report, markdown, write_report
-from ..bench.overhead import measure_overhead
+from ..bench.overhead import measure_context_overhead, measure_overhead
 from ..bench.profile import profile_decode
 from ..bench.quant_speed import measure_quant_speed
 from ..bench.replay_cost import measure_replay_cost
@@ -45,22 +45,62 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _overhead_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
-    parser.add_argument("--new-tokens", type=int, default=512)
-    parser.add_argument("--budget", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens decoded (default 512; 128 with --context)")
+    parser.add_argument("--budget", type=int, default=None, help="h2o's budget (default 128; 512 with --context)")
+    parser.add_argument("--repeats", type=int, default=None, help="alternations (default 2; 1 with --context)")
+    parser.add_argument("--context", default=None, metavar="L1,L2,...",
+                        help="prompt lengths in tokens: time decoding after a prompt that long, one ratio each")
+    parser.add_argument("--interval", type=int, default=1, help="compression interval of the engine run")
+
+
+def _parse_contexts(text: str) -> list[int]:
+    try:
+        contexts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise CliError(f"--context takes comma-separated token counts, got {text!r}") from None
+    if not contexts or min(contexts) < 16:
+        raise CliError(f"--context lengths must be at least 16 tokens, got {text!r}")
+    return contexts
 
 
 @bench_kind("overhead", _overhead_args)
 def overhead(args: argparse.Namespace) -> int:
-    """Engine tok/s (h2o, budget 128, interval 1, scoring on) ÷ plain model.generate tok/s."""
-    if args.new_tokens < 1 or args.budget < 8 or args.repeats < 1:
-        raise CliError("--new-tokens and --repeats must be ≥ 1 and --budget ≥ 8")
+    """Engine tok/s (h2o, interval 1, scoring on) ÷ plain model.generate tok/s; --context for long prompts."""
+    contexts = _parse_contexts(args.context) if args.context is not None else None
+    long = contexts is not None
+    new_tokens = args.new_tokens or (128 if long else 512)
+    budget = args.budget or (512 if long else 128)
+    repeats = args.repeats or (1 if long else 2)
+    if new_tokens < 2 or budget < 8 or repeats < 1 or args.interval < 1:
+        raise CliError("--new-tokens must be ≥ 2, --repeats and --interval ≥ 1 and --budget ≥ 8")
+    try:
+        make_policy("h2o", budget=budget, interval=args.interval)
+    except PolicyConfigError as exc:
+        raise CliError(str(exc)) from None
     loaded = load_from_args(args)
-    result = measure_overhead(loaded, args.new_tokens, args.budget, args.repeats)
-    print(f"model: {loaded.name} ({loaded.quantization}, {loaded.device})")
-    print(f"engine   (h2o, budget {args.budget}, interval 1, scoring on): {result.engine_tokens_per_second:7.2f} tok/s")
-    print(f"baseline (model.generate, full cache):                   {result.generate_tokens_per_second:7.2f} tok/s")
-    print(f"overhead ratio (engine / generate, {result.new_tokens} new tokens): {result.ratio:.3f}  (target >= 0.85)")
+    print(f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device})")
+    if not long:
+        result = measure_overhead(loaded, new_tokens, budget, repeats, args.interval)
+        print(f"engine   (h2o, budget {budget}, interval {args.interval}, scoring on): "
+              f"{result.engine_tokens_per_second:7.2f} tok/s")
+        print(f"baseline (model.generate, full cache):                   {result.generate_tokens_per_second:7.2f} tok/s")
+        print(f"overhead ratio (engine / generate, {result.new_tokens} new tokens): {result.ratio:.3f}  (target >= 0.85)")
+        return 0
+    if max(contexts) + new_tokens > loaded.geometry.max_context:
+        raise CliError(f"--context {max(contexts)} + --new-tokens {new_tokens} exceeds the model's context "
+                       f"({loaded.geometry.max_context})")
+    try:
+        results = measure_context_overhead(loaded, contexts, new_tokens, budget, args.interval, repeats)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    print(f"engine: h2o, budget {budget}, interval {args.interval}, scoring on (eager attention); baseline: "
+          f"model.generate, full cache, SDPA attention; {new_tokens} new tokens, decode timed after the first; "
+          f"best of {repeats}")
+    print("| prompt tokens | engine prefill s | generate prefill s | engine decode tok/s | generate decode tok/s | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r.context} | {r.engine_prefill_seconds:.1f} | {r.generate_prefill_seconds:.1f} | "
+              f"{r.engine_tokens_per_second:.2f} | {r.generate_tokens_per_second:.2f} | {r.ratio:.2f} |")
     return 0
 
 
