@@ -90,3 +90,16 @@ def test_overhead_context_refuses_bad_lengths_in_one_line(args, reason, capsys):
 def test_overhead_context_longer_than_the_model_is_refused(tiny_folder, capsys):
     assert main(["bench", "overhead", "--model", tiny_folder, "--quant", "none", "--context", "2040"]) == 2
     assert "exceeds the model's context (2048)" in capsys.readouterr().err
+
+
+def test_quant_kernels_times_every_shape_of_the_model(tiny_folder, capsys):
+    code = main(["bench", "quant-kernels", "--model", tiny_folder, "--rows", "1,4", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    lines = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    shapes = [line.split("|")[1].strip() for line in lines]
+    # q/o, k/v, gate/up, down, then the head; one row per shape and row count
+    assert shapes == [s for s in ("64 × 64", "32 × 64", "128 × 64", "64 × 128", "49152 × 64") for _ in (1, 4)]
+    head = lines[-1].split("|")[3:7]
+    assert head[1].strip() == "–" and head[3].strip() == "–"  # no NF4 head, no float32-input int4 head
+    assert all(float(cell) > 0 for line in lines[:-2] for cell in line.split("|")[3:7])
