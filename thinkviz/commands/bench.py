@@ -132,7 +132,8 @@ def profile(args: argparse.Namespace) -> int:
     print("| part of a decode step | ms / step | share | calls / step |")
     print("|---|---:|---:|---:|")
     for name, seconds, calls in result.parts:
-        print(f"| {name} | {1e3 * seconds:.2f} | {100 * seconds / result.step_seconds:.1f} % | {calls:.3g} |")
+        print(f"| {name} | {1e3 * seconds:.2f} | {100 * seconds / result.step_seconds:.1f} % | "
+              f"{f'{calls:.3g}' if calls else '–'} |")
     if result.operators:
         print("\n| aten operator (torch.profiler, self CPU) | ms / step | calls / step |")
         print("|---|---:|---:|")
