@@ -18,16 +18,22 @@ def tiny_folder(tmp_path_factory):
     return str(folder)
 
 
+def _bench(capsys, *args: str) -> str:
+    """Run ``python -m thinkviz bench ARGS`` in-process; its stdout (the run must succeed)."""
+    code = main(["bench", *args])
+    out = capsys.readouterr().out
+    assert code == 0
+    return out
+
+
 def _table_rows(out: str) -> dict[str, list[str]]:
     rows = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows[1:]}
 
 
 def test_quant_speed_compares_every_backend_with_float(tiny_folder, capsys):
-    code = main(["bench", "quant-speed", "--model", tiny_folder, "--device", "cpu", "--trace-tokens", "40",
-                 "--new-tokens", "4", "--chunk", "8", "--repeats", "1"])
-    out = capsys.readouterr().out
-    assert code == 0
+    out = _bench(capsys, "quant-speed", "--model", tiny_folder, "--device", "cpu", "--trace-tokens", "40",
+                 "--new-tokens", "4", "--chunk", "8", "--repeats", "1")
     rows = _table_rows(out)
     assert list(rows) == ["float", "bitsandbytes", "torch-int4"]
     assert [rows[label][0] for label in rows] == ["none", "bitsandbytes", "torch-int4"]
@@ -45,10 +51,8 @@ def test_quant_speed_refuses_bad_numbers_in_one_line(capsys):
 
 
 def test_profile_accounts_for_the_whole_decode_step(tiny_folder, capsys):
-    code = main(["bench", "profile", "--model", tiny_folder, "--quant", "none", "--device", "cpu",
-                 "--budget", "40", "--new-tokens", "24", "--ops", "5"])
-    out = capsys.readouterr().out
-    assert code == 0
+    out = _bench(capsys, "profile", "--model", tiny_folder, "--quant", "none", "--device", "cpu",
+                 "--budget", "40", "--new-tokens", "24", "--ops", "5")
     parts = _table_rows(out.split("\n\n")[0])
     from thinkviz.bench import profile
 
@@ -65,10 +69,8 @@ def test_profile_accounts_for_the_whole_decode_step(tiny_folder, capsys):
 
 
 def test_overhead_at_long_context_gives_one_ratio_per_length(tiny_folder, capsys):
-    code = main(["bench", "overhead", "--model", tiny_folder, "--quant", "none", "--device", "cpu",
-                 "--context", "64,300", "--new-tokens", "6", "--budget", "40"])
-    out = capsys.readouterr().out
-    assert code == 0
+    out = _bench(capsys, "overhead", "--model", tiny_folder, "--quant", "none", "--device", "cpu",
+                 "--context", "64,300", "--new-tokens", "6", "--budget", "40")
     rows = _table_rows(out)
     assert list(rows) == ["64", "300"]
     for cells in rows.values():
@@ -93,9 +95,7 @@ def test_overhead_context_longer_than_the_model_is_refused(tiny_folder, capsys):
 
 
 def test_quant_kernels_times_every_shape_of_the_model(tiny_folder, capsys):
-    code = main(["bench", "quant-kernels", "--model", tiny_folder, "--rows", "1,4", "--repeats", "1"])
-    out = capsys.readouterr().out
-    assert code == 0
+    out = _bench(capsys, "quant-kernels", "--model", tiny_folder, "--rows", "1,4", "--repeats", "1")
     lines = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line][1:]
     shapes = [line.split("|")[1].strip() for line in lines]
     # q/o, k/v, gate/up, down, then the head; one row per shape and row count

@@ -60,16 +60,22 @@ def time_generate(loaded: LoadedModel, new_tokens: int) -> float:
     prompt = build_chat(loaded.tokenizer, REASONING_SYSTEM_PROMPT, PROMPT)
     ids = torch.tensor([prompt.ids], device=loaded.device)
     start = time.perf_counter()
-    with torch.inference_mode():
-        out = loaded.model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=loaded.tokenizer.eos_token_id,
-        )
+    out = _greedy(loaded, ids, new_tokens)
     return (out.shape[1] - ids.shape[1]) / (time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def _greedy(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int, **options) -> torch.Tensor:
+    """``model.generate``: exactly ``new_tokens`` greedy tokens after ``ids`` ``(1, n)``, EOS ignored."""
+    return loaded.model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=loaded.tokenizer.eos_token_id,
+        **options,
+    )
 
 
 def measure_overhead(loaded: LoadedModel, new_tokens: int = 512, budget: int = 128, repeats: int = 2,
@@ -148,17 +154,9 @@ def time_generate_context(loaded: LoadedModel, prompt: Sequence[int], new_tokens
     """``(prefill seconds, decode tok/s after the first token)`` of ``model.generate`` with SDPA attention."""
     ids = torch.tensor([list(prompt)], device=loaded.device)
     first = _FirstToken()
-    with torch.inference_mode(), _attention(loaded.model, "sdpa"):
+    with _attention(loaded.model, "sdpa"):
         start = time.perf_counter()
-        out = loaded.model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=loaded.tokenizer.eos_token_id,
-            stopping_criteria=[first],
-        )
+        out = _greedy(loaded, ids, new_tokens, stopping_criteria=[first])
         end = time.perf_counter()
     return first.at - start, (out.shape[1] - ids.shape[1] - 1) / (end - first.at)
 

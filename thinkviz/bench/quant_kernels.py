@@ -18,6 +18,7 @@ of these kernels does not depend on the values).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -90,11 +91,12 @@ def measure_kernels(shapes: list[tuple[int, int]], rows: tuple[int, ...] = (1, 3
             x = torch.randn(m, k, generator=generator)
             for call in calls.values():
                 call(x)  # warm-up; bitsandbytes repacks its weight on the first CPU call
-            once = {name: max(1e-6, _best(lambda: call(x), 1, 1) / 1e6) for name, call in calls.items()}
+            bound = {name: functools.partial(call, x) for name, call in calls.items()}
+            once = {name: max(1e-6, _best(call, 1, 1) / 1e6) for name, call in bound.items()}
             times = {name: float("inf") for name in calls}
             for _ in range(repeats):
-                for name, call in calls.items():
+                for name, call in bound.items():
                     number = max(1, int(budget_seconds / once[name]))
-                    times[name] = min(times[name], _best(lambda: call(x), 1, number))
+                    times[name] = min(times[name], _best(call, 1, number))
             results.append(KernelTimes(n, k, m, times))
     return results

@@ -64,6 +64,13 @@ def _parse_contexts(text: str) -> list[int]:
     return contexts
 
 
+def _print_overhead(result, budget: int, interval: int) -> None:
+    engine = result.engine_tokens_per_second
+    print(f"engine   (h2o, budget {budget}, interval {interval}, scoring on): {engine:7.2f} tok/s")
+    print(f"baseline (model.generate, full cache):                   {result.generate_tokens_per_second:7.2f} tok/s")
+    print(f"overhead ratio (engine / generate, {result.new_tokens} new tokens): {result.ratio:.3f}  (target >= 0.85)")
+
+
 @bench_kind("overhead", _overhead_args)
 def overhead(args: argparse.Namespace) -> int:
     """Engine tok/s (h2o, interval 1, scoring on) ÷ plain model.generate tok/s; --context for long prompts."""
@@ -81,11 +88,7 @@ def overhead(args: argparse.Namespace) -> int:
     loaded = load_from_args(args)
     print(f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device})")
     if not long:
-        result = measure_overhead(loaded, new_tokens, budget, repeats, args.interval)
-        print(f"engine   (h2o, budget {budget}, interval {args.interval}, scoring on): "
-              f"{result.engine_tokens_per_second:7.2f} tok/s")
-        print(f"baseline (model.generate, full cache):                   {result.generate_tokens_per_second:7.2f} tok/s")
-        print(f"overhead ratio (engine / generate, {result.new_tokens} new tokens): {result.ratio:.3f}  (target >= 0.85)")
+        _print_overhead(measure_overhead(loaded, new_tokens, budget, repeats, args.interval), budget, args.interval)
         return 0
     if max(contexts) + new_tokens > loaded.geometry.max_context:
         raise CliError(f"--context {max(contexts)} + --new-tokens {new_tokens} exceeds the model's context "
@@ -97,7 +100,8 @@ def overhead(args: argparse.Namespace) -> int:
     print(f"engine: h2o, budget {budget}, interval {args.interval}, scoring on (eager attention); baseline: "
           f"model.generate, full cache, SDPA attention; {new_tokens} new tokens, decode timed after the first; "
           f"best of {repeats}")
-    print("| prompt tokens | engine prefill s | generate prefill s | engine decode tok/s | generate decode tok/s | ratio |")
+    print("| prompt tokens | engine prefill s | generate prefill s | engine decode tok/s | generate decode tok/s "
+          "| ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(f"| {r.context} | {r.engine_prefill_seconds:.1f} | {r.generate_prefill_seconds:.1f} | "
@@ -204,7 +208,8 @@ def quant_speed(args: argparse.Namespace) -> int:
 
 def _quant_kernels_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="embedded", help="whose linear shapes to time (loaded unquantized)")
-    parser.add_argument("--rows", default="1,32", help="activation rows per call: 1 = a decode step, 32 = a replay chunk")
+    parser.add_argument("--rows", default="1,32",
+                        help="activation rows per call: 1 = a decode step, 32 = a replay chunk")
     parser.add_argument("--repeats", type=int, default=5)
 
 
