@@ -19,6 +19,9 @@ PACKAGE = ROOT / "thinkviz"
 # Imports inside a function, each with the reason it is there: (module, imported module).
 DEFERRED = {
     ("thinkviz.bench.browser", "playwright.sync_api"),  # a dev requirement: the CLI runs without it
+    # importing bitsandbytes logs a warning on stderr (its optional hub kernel is missing), which
+    # would come before every CLI command's one-line error; only bench quant-kernels needs it
+    ("thinkviz.bench.quant_kernels", "bitsandbytes"),
     # plotly: the borrowed GPU machines lack it, and `bench gpu` runs there (tests/test_gpu_check.py)
     ("thinkviz.sweep", "thinkviz.viz.pareto"),
     ("thinkviz.commands.bench", "thinkviz.viz.pareto"),

@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import bitsandbytes as bnb
 import torch
 from torch import nn
 
@@ -61,6 +60,8 @@ def _best(call: Callable[[], object], repeats: int, number: int) -> float:
 
 
 def _contenders(linear: nn.Linear, head: bool) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    import bitsandbytes as bnb  # here, not at the top: see tests/test_imports.py (DEFERRED)
+
     calls: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"float32": linear}
     if not head:
         nf4 = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,
