@@ -117,7 +117,8 @@ class PolicyControls:
     def make(self, values: Sequence[Any]) -> Policy:
         """The policy described by this group's values (in :meth:`inputs` order)."""
         name, *rest = values
-        common, slots = rest[:4], rest[4:]
+        shared = len(self.common.inputs())
+        common, slots = rest[:shared], rest[shared:]
         given, start = [], 0
         for pool in self.pools:
             given.append(slots[start : start + len(pool)])
