@@ -190,3 +190,153 @@ def test_build_chat_invariants(user, assistant, system):
     # whitespace at a body's edge may share a token with a marker (anchor rule): compare stripped
     body = "".join(prompt.texts[prompt.roles[-2].body_start : prompt.roles[-2].body_end])
     assert body.strip() == user.strip() and body in user
+
+
+# ---- whole conversations (transcripts) -----------------------------------------------------
+# Templates written for these tests that behave like the real ones where it matters: QWEN3_LIKE
+# sends tool output as a user turn in <tool_response> (consecutive tool messages share the turn),
+# drops <think> blocks from assistant turns before the last user message and opens an empty think
+# block in a last assistant turn without one; R1_LIKE hoists the system prompt after the BOS,
+# keeps only what follows </think> in every assistant turn and wraps tool output in markers.
+QWEN3_LIKE = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- if m.role in ['system', 'user'] %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'assistant' %}{%- set text = m.content %}"
+    "{%- if '</think>' in text and loop.index0 < ns.last_user %}{%- set text = text.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- elif loop.last and '<think>' not in text %}{%- set text = '<think>\\n\\n</think>\\n\\n' + text %}{%- endif %}"
+    "{{- '<|im_start|>assistant\\n' + text + '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+R1_LIKE = (
+    "{%- set ns = namespace(system='') %}"
+    "{%- for m in messages %}{%- if m.role == 'system' %}{%- set ns.system = m.content %}{%- endif %}{%- endfor %}"
+    "{{- '<｜begin▁of▁sentence｜>' + ns.system }}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' %}{{- '<｜User｜>' + m.content }}"
+    "{%- elif m.role == 'assistant' %}{%- set text = m.content %}"
+    "{%- if '</think>' in text %}{%- set text = text.split('</think>')[-1] %}{%- endif %}"
+    "{{- '<｜Assistant｜>' + text + '<｜end▁of▁sentence｜>' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{%- if messages[loop.index0 - 1].role != 'tool' %}{{- '<｜tool▁outputs▁begin｜>' }}{%- endif %}"
+    "{{- '<｜tool▁output▁begin｜>' + m.content + '<｜tool▁output▁end｜>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<｜tool▁outputs▁end｜>' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<｜Assistant｜><think>\\n' }}{%- endif %}"
+)
+CONVERSATION = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Fix area():\ndef area(r):\n    return 2 * r"},
+    {"role": "assistant", "content": "<think>\nIt returns 2r.\n</think>\n\n```python\nimport math\ndef area(r):\n    return math.pi * r * r\n```\n$ pytest -q"},
+    {"role": "tool", "content": "F\nFAILED test_area - NameError: name 'math' is not defined"},
+    {"role": "tool", "content": ""},
+    {"role": "user", "content": "Also keep the old name twice_r()."},
+    {"role": "assistant", "content": "<think>\nAdd it back.\n</think>\n\nDone: both pass."},
+]
+
+
+R1_SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+               "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"]
+
+
+def with_template(template):
+    """The SmolLM2 tokenizer with another chat template (and, for R1_LIKE, R1's special tokens)."""
+    import copy
+
+    tok = copy.deepcopy(smollm2_tokenizer())
+    tok.chat_template = template
+    if template == R1_LIKE:
+        tok.add_special_tokens({"additional_special_tokens": R1_SPECIALS})
+    return tok
+
+
+def check_turns(prompt, messages):
+    """Turns tile the text in order; every body is its message's text (whitespace at its edges
+    may share a token with a marker, by the anchor rule)."""
+    assert len(prompt.roles) == len(messages) and prompt.roles[0].start == 0
+    assert prompt.roles[-1].end == len(prompt.ids) == len(prompt.texts)
+    for role, nxt in zip(prompt.roles, prompt.roles[1:]):
+        assert role.end == nxt.start
+    for role, message in zip(prompt.roles, messages):
+        assert role.role == message["role"] and not role.ahead
+        body = span_text(prompt, role, body=True)
+        assert body.strip() == message["content"].strip() and body in message["content"]
+
+
+@pytest.mark.parametrize("template", [None, QWEN3_LIKE, R1_LIKE], ids=["smollm2", "qwen3-like", "r1-like"])
+def test_build_conversation_keeps_every_turn_verbatim(template):
+    from thinkviz.chat import build_conversation
+
+    tok = smollm2_tokenizer() if template is None else with_template(template)
+    prompt = build_conversation(tok, CONVERSATION)
+    check_turns(prompt, CONVERSATION)
+    # the think blocks of earlier turns stay, although QWEN3_LIKE and R1_LIKE drop them from history
+    assert prompt.text.count("<think>") == 2 and "\n\n</think>" not in prompt.text
+
+
+def test_smollm2_has_no_tool_role_so_tool_output_is_a_marked_user_turn():
+    from thinkviz.chat import TOOL_FALLBACK, build_conversation, has_tool_role
+
+    tok = smollm2_tokenizer()
+    assert not has_tool_role(tok)
+    prompt = build_conversation(tok, CONVERSATION)
+    first_tool, empty_tool = prompt.roles[3], prompt.roles[4]
+    assert span_text(prompt, first_tool) == (
+        f"<|im_start|>user\n{TOOL_FALLBACK[0]}{CONVERSATION[3]['content']}{TOOL_FALLBACK[1]}<|im_end|>\n"
+    )
+    assert empty_tool.body_start == empty_tool.body_end and empty_tool.end > empty_tool.start
+
+
+def test_a_template_with_a_tool_role_shapes_the_tool_turns():
+    from thinkviz.chat import build_conversation, has_tool_role
+
+    tok = with_template(QWEN3_LIKE)
+    assert has_tool_role(tok) and has_tool_role(with_template(R1_LIKE)) and has_tool_role(CharTokenizer())
+    prompt = build_conversation(tok, CONVERSATION)
+    first_tool, second_tool = prompt.roles[3], prompt.roles[4]
+    # consecutive tool messages share one user turn: the first opens it, the second closes it
+    assert span_text(prompt, first_tool) == f"<|im_start|>user\n<tool_response>\n{CONVERSATION[3]['content']}\n</tool_response>"
+    assert span_text(prompt, second_tool) == "\n<tool_response>\n\n</tool_response><|im_end|>\n"
+    assert span_text(prompt, prompt.roles[-1]).endswith("Done: both pass.<|im_end|>\n")
+    r1 = build_conversation(with_template(R1_LIKE), CONVERSATION)
+    assert span_text(r1, r1.roles[0]) == "<｜begin▁of▁sentence｜>You are a coding agent."
+    assert span_text(r1, r1.roles[4]) == "<｜tool▁output▁begin｜><｜tool▁output▁end｜><｜tool▁outputs▁end｜>"
+
+
+def test_build_conversation_plain_format_and_template_failures():
+    from thinkviz.chat import TOOL_FALLBACK, build_conversation
+
+    plain = build_conversation(CharTokenizer(), CONVERSATION[:4])
+    assert plain.text.endswith(f"Tool: {CONVERSATION[3]['content']}\n")
+    check_turns(plain, CONVERSATION[:4])
+    # a template that names 'tool' but drops tool messages: the fallback keeps them
+    dropping = build_conversation(with_template(
+        "{%- for m in messages %}{%- if m.role != 'tool' %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+        "{%- endif %}{%- endfor %}"), CONVERSATION)
+    assert TOOL_FALLBACK[0] + CONVERSATION[3]["content"] in dropping.text
+    check_turns(dropping, CONVERSATION)
+    with pytest.raises(ValueError, match="cannot render this conversation: roles must alternate"):
+        build_conversation(with_template("{{ raise_exception('roles must alternate') }}"), CONVERSATION)
+    with pytest.raises(ValueError, match=r"message 2 \(user\) contains the special token '<\|im_end\|>'"):
+        build_conversation(smollm2_tokenizer(), [{"role": "user", "content": "a"}, {"role": "user", "content": "b<|im_end|>"}])
+
+
+def test_split_conversation_marks_the_turns_still_to_come():
+    from thinkviz.chat import build_conversation, split_conversation
+
+    whole = build_conversation(smollm2_tokenizer(), CONVERSATION)
+    cut = whole.roles[1].end
+    prompt, rest = split_conversation(whole, cut)
+    assert prompt.ids + rest == whole.ids and len(prompt.texts) == cut
+    assert [r.ahead for r in prompt.roles] == [False, False] + [True] * 5
+    stop = whole.roles[3].start + 2  # two tokens into the first tool turn
+    short, rest = split_conversation(whole, cut, stop)
+    assert len(short.roles) == 4 and short.roles[-1].end == stop and len(rest) == stop - cut
+    with pytest.raises(ValueError, match="cannot cut"):
+        split_conversation(whole, 0)

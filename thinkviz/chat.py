@@ -6,6 +6,10 @@ turn with a prefix (``"<think>\\n"`` by default, which induces the reasoning for
 models that were not trained for it) and reports, per role, which tokens hold the turn
 and which hold the message text itself (the rest are template markers).
 
+:func:`build_conversation` does the same for a whole multi-turn conversation (system, user,
+assistant and tool messages, as a transcript holds them); :func:`split_conversation` cuts it
+into the prompt a replay prefills and the ids it teacher-forces after it.
+
 :func:`token_texts` turns ids into per-token text pieces whose concatenation is the
 decoded text, also when a character is split over several byte-level tokens; the
 engine reuses it while streaming.
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -43,6 +49,11 @@ _DECODE_CONTEXT = 4
 _MAX_PENDING = 3
 _PENDING = "\ufffd"  # what decode() shows for an incomplete UTF-8 sequence
 _PROBE = "\ue000probe\ue000"  # stands in for a message's text to find where the template puts it
+# Where a chat template has no tool role, a tool's output is sent as a user message wrapped in
+# these markers (the convention Qwen's templates use for tool responses); the wrapper counts
+# as template markers and the output itself stays labelled ``tool``.
+TOOL_FALLBACK = ("<tool_response>\n", "\n</tool_response>")
+_TOOL_ROLE = re.compile(r"""["']tool["']""")  # a template that handles role "tool" names it in quotes
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,8 @@ class RoleSpan:
     the same as ``start`` / ``end``); tokens of the turn outside the body are template
     markers (``<|im_start|>user\\n``, ``<|im_end|>``...).  For the assistant turn the
     body begins with the assistant prefix and grows as tokens are generated.
+    ``ahead``: the turn lies (partly) after the tokens a prompt holds; its tokens are fed
+    later, as a replay teacher-forces them (see :func:`split_conversation`).
     """
 
     role: str
@@ -60,6 +73,7 @@ class RoleSpan:
     end: int
     body_start: int | None = None
     body_end: int | None = None
+    ahead: bool = False
 
 
 @dataclass
@@ -150,8 +164,11 @@ def _plain_render(messages: list[dict[str, str]], generation: bool) -> str:
     return text + ("Assistant: " if generation else "")
 
 
-def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[list[int], list[str], list[int]]:
-    """Ids of ``text``, their text pieces and their anchors as offsets into ``text``.
+def _tokenize(
+    tokenizer: PreTrainedTokenizerBase, text: str
+) -> tuple[list[int], list[str], list[int], list[tuple[int, int]]]:
+    """Ids of ``text``, their text pieces, their anchors and their ``(start, end)`` character
+    offsets into ``text``.
 
     Fast tokenizers report exact character offsets; otherwise offsets accumulate the
     decoded pieces (exact whenever decoding reproduces the text).
@@ -165,7 +182,7 @@ def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[list[int],
         texts = token_texts(tokenizer, ids)
         ends = list(itertools.accumulate(map(len, texts)))
         offsets = list(zip([0, *ends[:-1]], ends))
-    return ids, texts, [anchor(text[s:e], s) for s, e in offsets]
+    return ids, texts, [anchor(text[s:e], s) for s, e in offsets], [(int(s), int(e)) for s, e in offsets]
 
 
 def _body(
@@ -198,7 +215,7 @@ def build_chat(
     render = _template_render(tokenizer) if getattr(tokenizer, "chat_template", None) else _plain_render
     prompt = render(messages, True)
     text = prompt if prompt.endswith(assistant) else prompt + assistant
-    ids, texts, anchors = _tokenize(tokenizer, text)
+    ids, texts, anchors, _ = _tokenize(tokenizer, text)
 
     def at(char: int) -> int:
         return token_boundary(anchors, char)
@@ -214,3 +231,162 @@ def build_chat(
     assistant_start = len(text) - len(assistant)
     roles.append(RoleSpan("assistant", at(turn_start), len(ids), at(assistant_start), None))
     return ChatPrompt(ids=ids, texts=texts, roles=roles, assistant_prefix=assistant)
+
+
+def has_tool_role(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer's chat template renders ``tool`` messages itself.
+
+    A template that handles the role compares it with the string ``'tool'`` (Qwen, DeepSeek,
+    Llama 3, Mistral templates do); SmolLM2's template writes any role name it is given, which
+    the model never saw for tools, so it has none.  The plain format (no template) writes
+    ``Tool: ...`` lines.
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return True
+    sources = template.values() if isinstance(template, Mapping) else [template]
+    return any(_TOOL_ROLE.search(str(source)) for source in sources)
+
+
+def build_conversation(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str] | object]) -> ChatPrompt:
+    """Tokenize a whole conversation, one :class:`RoleSpan` per message, in order.
+
+    ``messages`` are mappings or objects with ``role`` (system, user, assistant, tool) and
+    ``content``.  Every message's text is kept verbatim, also where a template rewrites
+    history (Qwen3 and the R1 distills drop ``<think>`` blocks from earlier assistant turns):
+    the conversation is what the KV cache held while the turns were appended one by one.  To
+    get that, the template renders the conversation with every content replaced by a unique
+    placeholder (and a trailing user placeholder, so no assistant turn is the last one a
+    template treats specially), then the texts go back in.  Turn ``k`` runs from the end of
+    turn ``k - 1`` to the end of the markers the template closes message ``k`` with; tool
+    messages on a template without a tool role use :data:`TOOL_FALLBACK`.  Raises
+    ``ValueError`` (naming the message) when the template drops or reorders a message or a
+    text holds one of the tokenizer's special tokens.
+    """
+    turns = [(_field(m, "role"), _field(m, "content")) for m in messages]
+    if not turns:
+        raise ValueError("the conversation has no messages")
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+    for k, (role, content) in enumerate(turns, 1):
+        found = next((t for t in specials if t in content), None)
+        if found is not None:
+            raise ValueError(f"message {k} ({role}) contains the special token {found!r} of the model's tokenizer")
+    render = _template_render(tokenizer) if getattr(tokenizer, "chat_template", None) else _plain_render
+    text, spans = _render_verbatim(render, turns, has_tool_role(tokenizer))
+    ids, texts, anchors, offsets = _tokenize(tokenizer, text)
+
+    def at(char: int) -> int:
+        return token_boundary(anchors, char)
+
+    def turn_end(char: int, body_end: int) -> int:
+        """Like ``at``, but a token the boundary falls inside goes to the next turn (a marker
+        both turns' texts begin alike, e.g. ``<tool_output_end>`` vs ``<tool_output_begin>``)."""
+        end = at(char)
+        if end and offsets[end - 1][0] < char < offsets[end - 1][1]:
+            end -= 1
+        return max(end, body_end)
+
+    roles, start = [], 0
+    for (role, _), (_, body_start, body_end, end) in zip(turns, spans):
+        lo, hi = at(body_start), at(body_end)
+        roles.append(RoleSpan(role, start, turn_end(end, hi), max(lo, start), hi))
+        start = roles[-1].end
+    return ChatPrompt(ids=ids, texts=texts, roles=roles, assistant_prefix="")
+
+
+def split_conversation(chat: ChatPrompt, cut: int, stop: int | None = None) -> tuple[ChatPrompt, list[int]]:
+    """The prompt to prefill (``chat``'s first ``cut`` tokens) and the ids after it, up to ``stop``.
+
+    Every role span is kept, cut at ``stop``; those reaching past ``cut`` are marked ``ahead``,
+    so a :class:`~thinkviz.segments.Segmenter` built from the prompt knows every turn the
+    replay will feed.  Spans starting at or after ``stop`` are dropped.
+    """
+    stop = len(chat.ids) if stop is None else min(stop, len(chat.ids))
+    if not 0 < cut <= stop:
+        raise ValueError(f"cannot cut a conversation of {len(chat.ids)} tokens at {cut} (stop {stop})")
+    roles = []
+    for role in chat.roles:
+        if role.start >= stop:
+            break
+        roles.append(replace(
+            role, end=min(role.end, stop), ahead=role.end > cut,
+            body_start=None if role.body_start is None else min(role.body_start, stop),
+            body_end=None if role.body_end is None else min(role.body_end, stop),
+        ))
+    prompt = ChatPrompt(ids=chat.ids[:cut], texts=chat.texts[:cut], roles=roles, assistant_prefix="")
+    return prompt, chat.ids[cut:stop]
+
+
+def _field(message: Mapping[str, str] | object, name: str) -> str:
+    value = message.get(name) if isinstance(message, Mapping) else getattr(message, name, None)
+    if not isinstance(value, str):
+        raise ValueError(f"a message's {name} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _render_verbatim(
+    render: Render, turns: list[tuple[str, str]], tool_role: bool
+) -> tuple[str, list[tuple[int, int, int, int]]]:
+    """The conversation's text and, per message, ``(turn start, body start, body end, turn end)``
+    in characters (method in :func:`build_conversation`)."""
+    probes = [f"\ue000{k}\ue001" for k in range(len(turns))]
+    skeleton = []
+    for (role, _), probe in zip(turns, probes):
+        if role == "tool" and not tool_role:
+            skeleton.append({"role": "user", "content": TOOL_FALLBACK[0] + probe + TOOL_FALLBACK[1]})
+        else:
+            skeleton.append({"role": role, "content": probe})
+    tail = "\ue000tail\ue001"
+    whole = _try_render(render, [*skeleton, {"role": "user", "content": tail}], [*probes, tail])
+    if whole is not None:
+        limit = whole.index(tail)
+    elif (whole := _try_render(render, skeleton, probes)) is not None:
+        limit = len(whole)
+    elif tool_role and any(role == "tool" for role, _ in turns):
+        return _render_verbatim(render, turns, False)  # the template drops tool messages after all
+    else:
+        try:
+            text = render(skeleton, False)
+        except Exception as exc:  # noqa: BLE001 - jinja's raise_exception() and friends
+            raise ValueError(f"the chat template cannot render this conversation: {exc}") from None
+        missing = next((k for k, p in enumerate(probes) if text.count(p) != 1), None)
+        if missing is None:
+            raise ValueError("the chat template reorders the conversation's messages")
+        raise ValueError(f"the chat template does not render message {missing + 1} ({turns[missing][0]}) once")
+    bodies = []
+    for probe in probes:
+        start = whole.index(probe)
+        bodies.append((start, start + len(probe)))
+    ends = []
+    for k, (_, body_end) in enumerate(bodies):
+        gap = whole[body_end : bodies[k + 1][0] if k + 1 < len(bodies) else limit]
+        ends.append(body_end + len(os.path.commonprefix([_closing(render, skeleton[: k + 1], probes[k]), gap])))
+    # put the texts back: a skeleton offset moves by what the probes before it grew by
+    pieces, cursor, shift, spans = [], 0, 0, []
+    for k, ((_, content), (lo, hi)) in enumerate(zip(turns, bodies)):
+        turn_start = 0 if k == 0 else ends[k - 1] + shift
+        pieces += [whole[cursor:lo], content]
+        body_start = lo + shift
+        shift += len(content) - (hi - lo)
+        spans.append((turn_start, body_start, body_start + len(content), ends[k] + shift))
+        cursor = hi
+    pieces.append(whole[cursor : ends[-1]])
+    return "".join(pieces), spans
+
+
+def _try_render(render: Render, messages: list[dict[str, str]], probes: list[str]) -> str | None:
+    """The rendering of ``messages`` when it holds every probe once, in order; else ``None``."""
+    try:
+        text = render(messages, False)
+    except Exception:  # noqa: BLE001 - a template may refuse a message order (jinja raises anything)
+        return None
+    places = [text.find(p) for p in probes]
+    if any(text.count(p) != 1 for p in probes) or places != sorted(places):
+        return None
+    return text
+
+
+def _closing(render: Render, messages: list[dict[str, str]], probe: str) -> str:
+    """The markers the template closes the last of ``messages`` with ("" if it cannot tell)."""
+    text = _try_render(render, messages, [probe])
+    return "" if text is None else text[text.index(probe) + len(probe) :]
