@@ -18,7 +18,7 @@ from thinkviz.engine import DecodeSettings, Run, causal_mask
 from thinkviz.kvquant import KVQuant, q4_0_decode, q4_0_encode, q8_0_decode, q8_0_encode
 from thinkviz.policies import make_policy
 
-from thought_trace import chat_and_trace
+from thought_trace import chat_and_trace, conversation_and_trace
 
 TOLERANCE = 1e-4
 # 4-bit weights on the CPU take bfloat16 activations, so two runs whose float32 attention
@@ -107,6 +107,25 @@ def test_thought_aware_eviction_matches_masked_full_cache(tiny_llama, name, para
     budget = 160 if name == "think_drop" else len(prompt.ids) + 24
     policy = make_policy(name, budget=budget, interval=4, **params)
     events, logits, visible, _ = replay_with_visibility(tiny_llama, policy, prompt, trace)
+    assert sum(len(e.evicted) for e in events) >= 30, "the test must exercise real evictions"
+    reference = reference_logits(tiny_llama, prompt.ids, trace, policy.interval, visible)
+    for got, want in zip(logits, reference, strict=True):
+        assert (got - want).abs().max().item() <= TOLERANCE
+
+
+# The same on a multi-turn transcript (tool output, a second user turn): every turn after the
+# first user message is teacher-forced, with its role known up front.
+@pytest.mark.parametrize(
+    "name, params",
+    [("think_drop", {}), ("h2o", {"recent": 4}), ("tam", {"recent": 4, "window": 8, "l_min": 4}),
+     ("entropy", {"max_capacity_tokens": 8, "retention_threshold": 0.15})],
+)
+def test_eviction_on_a_multi_turn_transcript_matches_masked_full_cache(tiny_llama, name, params):
+    prompt, trace = conversation_and_trace(tiny_llama)
+    assert any(role.role == "tool" for role in prompt.roles) and sum(r.role == "user" for r in prompt.roles) == 2
+    budget = 96 if name == "think_drop" else len(prompt.ids) + 24
+    policy = make_policy(name, budget=budget, interval=4, **params)
+    events, logits, visible = replay_with_visibility(tiny_llama, policy, prompt, trace)
     assert sum(len(e.evicted) for e in events) >= 30, "the test must exercise real evictions"
     reference = reference_logits(tiny_llama, prompt.ids, trace, policy.interval, visible)
     for got, want in zip(logits, reference, strict=True):

@@ -120,3 +120,55 @@ def test_code_is_parsed_never_executed(tmp_path):
     assert not code_parses("x = 1\x00")  # ValueError or SyntaxError, depending on the Python
     assert not code_parses("(" * 200_000)  # nesting too deep: an error, not a crash
     assert code_parses("print('\\d')")  # an invalid escape warns, it is still valid syntax
+
+
+# ---- a multi-turn transcript: tool output and a second user request between the loops -------
+def _replay_transcript(loaded, budget, interval=1, **params):
+    from thought_trace import conversation_and_trace
+
+    prompt, trace = conversation_and_trace(loaded)
+    run = Run(loaded, make_policy("think_drop", budget=budget, interval=interval, **params), prompt, DecodeSettings())
+    return run, list(run.replay(trace))
+
+
+@pytest.fixture(scope="module")
+def transcript_probe():
+    return _replay_transcript(tiny_model("llama"), budget=4096)
+
+
+def test_transcript_blocks_are_settled_by_the_code_of_their_own_turn(transcript_probe):
+    run, events = transcript_probe
+    blocks = events[-1].info["blocks"]
+    assert [(b["index"], b["turn"], b["code"]) for b in blocks] == [(0, 2, "parsed"), (1, 4, "syntax error"), (2, 7, "parsed")]
+    # block 1 is settled by its own draft (no colon), not by block 2's fixed one in a later turn
+    settled = _first_event(events, lambda e: len(e.info["blocks"]) > 1 and e.info["blocks"][1]["code"] != "pending")
+    assert settled.info["blocks"][1]["code"] == "syntax error"
+    assert settled.positions[-1] < blocks[2]["start"]  # settled before block 2 was even written
+
+
+def test_transcript_drops_completed_blocks_oldest_first_keeps_the_unparsable_one(tiny_llama, transcript_probe):
+    ready = _first_event(transcript_probe[1], lambda e: len(e.info["blocks"]) == 3 and e.info["blocks"][2]["code"] == "parsed")
+    budget = ready.positions[-1] + 1  # one over budget at the next token: both verified blocks are there
+    run, events = _replay_transcript(tiny_llama, budget=budget)
+    first = _first_event(events, lambda e: e.evicted)
+    block0, block1, block2 = first.info["blocks"]
+    assert first.evicted == list(range(block0["start"], block0["end"]))  # the oldest, whole, alone
+    assert block0["evicted"] and not block1["evicted"] and not block2["evicted"]
+    tight, tight_events = _replay_transcript(tiny_llama, budget=64)
+    last = tight_events[-1]
+    assert [(b["index"], b["evicted"]) for b in last.info["blocks"]] == [(0, True), (1, False), (2, True)]
+    assert last.info["over_budget"]  # only whole verified blocks may go; the rest stays
+
+
+@pytest.mark.parametrize("protect", [True, False])
+def test_transcript_never_evicts_a_user_turn_or_tool_output(tiny_llama, protect):
+    run, events = _replay_transcript(tiny_llama, budget=64, interval=4, protect_system=protect, protect_question=protect)
+    labels = run.segmenter.labels()
+    keep = events[-1].keep_fraction
+    gone = keep == 0
+    assert gone.any()
+    turns = [s for s in run.segmenter.spans() if s.kind in ("user", "tool")]
+    assert [s.kind for s in turns] == ["user", "tool", "tool", "user", "tool"]
+    for span in turns:
+        assert not gone[span.start : span.end].any(), (span.kind, span.turn)
+    assert {labels[p] for p in np.flatnonzero(gone)} <= {"think", "tag", "code"}

@@ -227,3 +227,83 @@ def test_load_trace_from_a_preset_or_a_file(tmp_path):
         load_trace("generate_muffins")
     with pytest.raises(TraceError, match="unknown preset"):
         load_trace("no_such_preset")
+
+
+# ---- multi-turn transcripts -------------------------------------------------------------------
+@pytest.mark.parametrize("name, params", [("think_drop", {}), ("h2o", {"recent": 8}), ("tam", {"recent": 4, "window": 8, "l_min": 4})])
+def test_transcript_replay_equals_step_by_step_decoding(tiny_llama, monkeypatch, name, params):
+    """The transcript's tokens forced one per decoding step (the live loop, compressing every k
+    steps) and replayed k per forward give the same keep sets, logits and segments, tool and
+    user turns included."""
+    import thinkviz.engine as engine
+
+    from thought_trace import conversation_and_trace
+
+    loaded, k = tiny_llama, 4
+    prompt, trace = conversation_and_trace(loaded)
+    # over budget first after 6 chunks of k, where the live loop (which compresses as soon as it
+    # is over budget) and the replay (which can only compress between chunks) both compress
+    budget = 64 if name == "think_drop" else len(prompt.ids) + 6 * k - 1
+    settings = DecodeSettings(max_new_tokens=len(trace), stop_at_eos=False, prefill_chunk=256)  # one prefill forward
+    forced = iter(trace)
+    monkeypatch.setattr(engine, "pick_token", lambda logits, settings, generator: next(forced))
+
+    live_policy = make_policy(name, budget=budget, interval=k, **params)
+    live_kept = _recording_compress(live_policy)
+    live_logits = []
+    hook = loaded.model.register_forward_hook(lambda m, a, out: live_logits.append(out.logits[0, -1].float().clone()))
+    try:
+        live = Run(loaded, live_policy, prompt, settings)
+        assert [t for event in live.generate() for t in event.token_ids] == trace
+    finally:
+        hook.remove()
+
+    replay_policy = make_policy(name, budget=budget, interval=k, **params)
+    replay_kept = _recording_compress(replay_policy)
+    replay_logits = []
+    replay = Run(loaded, replay_policy, prompt, settings)
+    list(replay.replay(trace, on_logits=lambda positions, logits: replay_logits.extend(logits)))
+
+    assert len(live_kept) >= 10 and len(replay_kept) == len(live_kept)
+    for live_set, replay_set in zip(live_kept, replay_kept):
+        assert torch.equal(live_set, replay_set)
+    for a, b in zip(live_logits, replay_logits, strict=True):
+        assert (a - b).abs().max().item() <= TOLERANCE
+    assert live.record.segments == replay.record.segments
+    assert {s["kind"] for s in replay.record.segments} >= {"system", "user", "tool", "assistant", "think", "code"}
+    if name == "think_drop":
+        assert any(b["evicted"] for b in replay.record.events[-1].info["blocks"])
+
+
+def test_prepare_transcript_prefills_the_first_user_turn_and_forces_the_rest(tiny_llama):
+    from thinkviz.chat import build_conversation
+    from thinkviz.replay import prepare_transcript
+    from thinkviz.transcript import Message
+
+    from thought_trace import MESSAGES
+
+    messages = [Message(role, content) for role, content in MESSAGES]
+    prompt, ids = prepare_transcript(tiny_llama, messages)
+    whole = build_conversation(tiny_llama.tokenizer, messages)
+    assert prompt.ids + ids == whole.ids and len(prompt.ids) == whole.roles[1].end
+    assert [r.ahead for r in prompt.roles] == [False, False] + [True] * (len(messages) - 2)
+    short_prompt, short = prepare_transcript(tiny_llama, messages, max_tokens=50)
+    assert short == ids[:50] and short_prompt.roles[-1].end == len(prompt.ids) + 50
+    with pytest.raises(TraceError, match="nothing after its first user message"):
+        prepare_transcript(tiny_llama, messages[:2])
+    long = [*messages, Message("tool", "x " * tiny_llama.geometry.max_context), Message("assistant", "ok")]
+    with pytest.raises(TraceError, match=r"context is 2,048: message 11 \(tool\) ends at token"):
+        prepare_transcript(tiny_llama, long)
+    with pytest.raises(TraceError, match=r"message 2 \(user\) contains the special token"):
+        prepare_transcript(tiny_llama, [Message("system", "s"), Message("user", "<|im_start|>"), Message("assistant", "a")])
+
+
+def test_lockstep_fidelity_on_a_transcript_reports_tool_tokens(tiny_llama):
+    from thought_trace import conversation_and_trace
+
+    prompt, ids = conversation_and_trace(tiny_llama)
+    replay = LockstepReplay(tiny_llama, [make_policy("window", budget=48, interval=8)], prompt, ids).run()
+    summary = replay.runs[0].record.summary["fidelity"]
+    assert summary["all"]["tokens"] == len(ids)
+    assert summary["tool"]["tokens"] > 0 and summary["think"]["tokens"] > 0
+    assert summary["tool"]["kl"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import itertools
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -111,7 +112,7 @@ def test_roles_are_validated():
     with pytest.raises(ValueError, match="beyond"):
         Segmenter([RoleSpan("user", 0, 5)], ["a"])
     with pytest.raises(ValueError, match="unknown role"):
-        Segmenter([RoleSpan("tool", 0, 1)], ["a"])
+        Segmenter([RoleSpan("bot", 0, 1)], ["a"])  # "tool" became a role with transcripts (#14)
 
 
 # ---- think blocks, steps, code -------------------------------------------------------------
@@ -432,3 +433,102 @@ def test_think_blocks_match_a_plain_string_search(texts):
     for block, (start, end) in zip(blocks, reference):
         assert block.start == sum(a < start for a in anchors)
         assert block.end == (len(texts) if end is None else sum(a < end for a in anchors))
+
+
+# ---- multi-turn transcripts -------------------------------------------------------------------
+def transcript_segmenter(**kwargs):
+    """A segmenter built the way a replay builds it (prompt + ahead roles), fed the replayed
+    tokens one by one as the engine decodes them; returns it and all token texts."""
+    from thinkviz.model import tiny_model
+
+    from thought_trace import conversation_and_trace
+
+    loaded = tiny_model("llama")
+    prompt, ids = conversation_and_trace(loaded)
+    seg = Segmenter(prompt.roles, prompt.texts, **kwargs)
+    texts = list(prompt.texts)
+    everything = prompt.ids + ids
+    for i in range(len(prompt.ids), len(everything)):
+        piece = token_texts(loaded.tokenizer, everything[i : i + 1], prefix_ids=everything[max(0, i - 8) : i])
+        texts += piece
+        seg.feed(piece)
+    seg.finish()
+    return seg, texts, prompt.roles
+
+
+def test_transcript_turns_tool_spans_and_blocks_numbered_across_turns():
+    seg, texts, roles = transcript_segmenter(min_step_tokens=2)
+    assert seg.n_tokens == len(texts) == roles[-1].end
+    turns = [s for s in seg.spans() if s.kind in ("system", "user", "tool", "assistant")]
+    assert [(s.kind, s.turn) for s in turns] == [(r.role, k) for k, r in enumerate(roles)]
+    assert [(s.start, s.end) for s in turns] == [(r.start, r.end) for r in roles]
+    assert [s.index for s in turns if s.kind == "tool"] == [0, 1, 2]
+    tools = [s for s in turns if s.kind == "tool"]
+    assert "1 failed, 1 passed" in text_of(texts, tools[0]) and not any(s.protected for s in tools)
+    labels = seg.labels()
+    for role in roles:
+        if role.role == "tool":
+            assert set(labels[role.body_start : role.body_end]) == {"tool"}
+            assert set(labels[role.start : role.body_start]) == {"template"}
+    blocks = seg.think_blocks()
+    assert [(b.index, b.turn, b.closed) for b in blocks] == [(0, 2, True), (1, 4, True), (2, 7, True)]
+    steps = of_kind(seg, "step")
+    assert {s.parent for s in steps} == {0, 1, 2} and all(s.turn == blocks[s.parent].turn for s in steps)
+    codes = of_kind(seg, "code")
+    assert [(c.index, c.turn) for c in codes] == [(0, 2), (1, 4), (2, 7)]
+    answers = of_kind(seg, "answer")
+    assert [a.turn for a in answers] == [2, 4, 7, 9] and all(a.closed for a in answers)
+    assert text_of(texts, answers[-1]) == "All tests pass now."
+    # a block's code is the draft in its own turn, never a later turn's
+    assert [seg.code_after(b) for b in blocks][1].startswith("def area(r: float) -> float\n")
+    assert "circumference" in seg.code_after(blocks[2]) and "circumference" not in seg.code_after(blocks[0])
+
+
+@pytest.mark.parametrize("protect_question", [True, False])
+def test_every_user_turn_and_its_signatures_protected_tool_output_never(protect_question):
+    seg, texts, roles = transcript_segmenter(protect_question=protect_question)
+    mask = seg.protected_mask()
+    signatures = of_kind(seg, "signature")
+    assert [text_of(texts, s) for s in signatures] == [
+        "def area(r: float) -> float:", "def circumference(r: float) -> float:"]
+    assert [s.turn for s in signatures] == [1, 6] and all(mask[s.start : s.end].all() for s in signatures)
+    for turn, role in enumerate(roles):
+        span = mask[role.start : role.end]
+        if role.role == "user":
+            signature_tokens = sum(s.end - s.start for s in signatures if s.turn == turn)
+            assert span.all() if protect_question else span.sum() == signature_tokens
+        elif role.role == "system":
+            assert span.all()
+        else:
+            assert not span.any()
+
+
+def test_transcript_streamed_equals_batch():
+    seg, texts, roles = transcript_segmenter(min_step_tokens=3)
+    batch = Segmenter([replace(r, ahead=False) for r in roles], texts, min_step_tokens=3)
+    batch.finish()
+    assert snapshot(batch) == snapshot(seg)
+
+
+def test_a_turn_boundary_ends_an_open_block_and_fence():
+    texts = ["<think>", "a", "```", "x", "<end>", "\n", "<u>", "q", "<end>", "<a>", "b", "</think>"]
+    roles = [RoleSpan("assistant", 0, 6, 0, 4), RoleSpan("user", 6, 9, 7, 8), RoleSpan("assistant", 9, 12, 10, 12)]
+    seg = Segmenter(roles, texts, min_step_tokens=0)
+    (block,) = seg.think_blocks()  # the stray </think> of turn 3 closes nothing from turn 1
+    assert (block.start, block.end, block.closed, block.turn) == (0, 4, False, 0)
+    (code,) = of_kind(seg, "code")
+    assert (code.end, code.closed) == (4, False)
+    assert seg.labels()[9:] == ["template", "answer", "answer"] and seg.code_after(block) is None
+
+
+def test_ahead_roles_may_lie_beyond_the_tokens_given():
+    roles = [RoleSpan("user", 0, 3, 1, 2), RoleSpan("assistant", 3, 9, 4, 8, ahead=True)]
+    seg = Segmenter(roles, ["<u>", "q", "<e>"])
+    assert seg.labels() == ["template", "user", "template"] and seg.think_blocks() == []
+    seg.feed(["<a>", "<think>", "x", "</think>"])
+    assert seg.labels()[3:] == ["template", "tag", "think", "tag"]
+    assert seg.think_blocks()[0].turn == 1
+    seg.feed(["y", "<e>", "extra"])  # after the last turn: the assistant's, as for a chat
+    assert seg.labels()[-3:] == ["answer", "template", "answer"]
+    with pytest.raises(ValueError, match="beyond"):
+        Segmenter([replace(roles[1], ahead=False)], ["a"] * 3)

@@ -12,7 +12,8 @@ Per token (all in nats):
 - ``kl``        ``KL(p_full ‖ p_policy)`` of the two next-token distributions;
 - ``top1``      whether both distributions put their maximum on the same token.
 
-The sweep and the UI summarise them overall and per segment kind (think / answer / code).
+The sweep and the UI summarise them overall and per segment kind (think / answer / code; a
+run's summary also has tool output, which only transcripts have).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-SEGMENT_KINDS = ("think", "answer", "code")
+SEGMENT_KINDS = ("think", "answer", "code")  # the sweep's per-kind columns
+FIDELITY_KINDS = (*SEGMENT_KINDS, "tool")  # a run's fidelity summary
 # Fidelity metric of a sweep row -> (axis title, higher is better).
 METRICS: dict[str, tuple[str, bool]] = {
     "kl": ("mean KL(full ‖ policy), nats/token", False),

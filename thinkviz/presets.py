@@ -3,6 +3,9 @@
 A preset is one YAML file in ``presets/`` (schema in ``presets/README.md``).  Loading checks
 the structure and types, reads the trace file (which must stay inside the presets folder,
 even when the preset file itself comes from elsewhere) and returns a frozen :class:`Preset`.
+A trace file holds the assistant's text, or a transcript that continues the preset's chat
+(``ASSISTANT:`` / ``TOOL:`` / ``USER:`` lines, or JSON; :mod:`thinkviz.transcript`): the preset's
+system prompt and question come first, then its messages.
 Policy names are only checked to be non-empty strings here; the policy registry and the UI
 decide whether they exist.
 """
@@ -16,6 +19,7 @@ from typing import Any, Callable
 import yaml
 
 from .chat import REASONING_SYSTEM_PROMPT
+from .transcript import Message, TraceError, is_transcript, parse_transcript
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
@@ -39,7 +43,8 @@ Fail = Callable[[str], PresetError]
 
 @dataclass(frozen=True)
 class Preset:
-    """One loaded preset.  ``trace`` is the trace file's text (replay mode), not its path."""
+    """One loaded preset.  ``trace`` is the trace file's text (replay mode), not its path;
+    ``messages`` the whole conversation when that file is a transcript (else ``None``)."""
 
     name: str
     title: str
@@ -53,6 +58,7 @@ class Preset:
     max_new_tokens: int
     compare: tuple[str, ...]
     path: Path
+    messages: tuple[Message, ...] | None = None
 
     @property
     def system_prompt(self) -> str:
@@ -106,10 +112,15 @@ def load_preset(name_or_path: str | Path, directory: Path | str = PRESETS_DIR) -
     max_new_tokens = _max_new_tokens(data.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS), fail)
 
     trace_ref = data.get("trace")
+    messages = None
     if mode == "replay":
         if trace_ref is None:
             raise fail("replay mode needs a 'trace' file (path relative to the presets folder)")
         trace = _read_trace(trace_ref, directory, fail)
+        if is_transcript(trace, trace_ref):
+            system_prompt = REASONING_SYSTEM_PROMPT if system is None else system
+            messages = (Message("system", system_prompt), Message("user", question),
+                        *_continuation(trace, trace_ref, fail))
     else:
         if trace_ref is not None:
             raise fail("'trace' is only for replay mode; a generate preset decodes from the question")
@@ -128,6 +139,7 @@ def load_preset(name_or_path: str | Path, directory: Path | str = PRESETS_DIR) -
         max_new_tokens=max_new_tokens,
         compare=compare,
         path=path,
+        messages=messages,
     )
 
 
@@ -230,3 +242,17 @@ def _read_trace(ref: Any, directory: Path, fail: Fail) -> str:
     if not text.strip():
         raise fail(f"trace file {ref!r} is empty")
     return text
+
+
+def _continuation(text: str, ref: str, fail: Fail) -> tuple[Message, ...]:
+    """The messages of a transcript trace file, which continue the preset's question."""
+    try:
+        messages = parse_transcript(text, continues=True)
+    except TraceError as exc:
+        raise fail(f"trace file {ref!r}: {exc}") from None
+    if messages[0].role in ("system", "user"):
+        raise fail(
+            f"trace file {ref!r} starts with a {messages[0].role} message, but a preset's transcript continues "
+            "the preset's system prompt and question: start it with its first ASSISTANT: message"
+        )
+    return messages

@@ -1,8 +1,13 @@
 """Replay a fixed reasoning trace through policies and measure fidelity against the full cache.
 
-A *trace* is a chat (system prompt + question) and the assistant's text, taken from a preset
-or a UTF-8 file.  :func:`prepare_trace` tokenizes it into the prompt the engine prefills and
-the ids it teacher-forces.
+A *trace* is either a single-turn chat (system prompt + question) with the assistant's text,
+or a *transcript*: a whole conversation with tool output and several user and assistant
+turns (:mod:`thinkviz.transcript`).  Both come from a preset or a UTF-8 file
+(:func:`load_trace`).  :func:`prepare` tokenizes one into the prompt the engine prefills and
+the ids it teacher-forces: for a single-turn trace the prompt opens the assistant's
+``<think>`` turn (:func:`prepare_trace`); for a transcript it ends with the first user turn
+and every later token — assistant turns, tool output, later user turns — is teacher-forced,
+with every turn's role known up front (:func:`prepare_transcript`).
 
 :class:`LockstepReplay` runs the trace through the full cache and through any number of
 policies *in lockstep*, one chunk of ``interval`` tokens at a time.  After each chunk the
@@ -23,10 +28,11 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .chat import REASONING_SYSTEM_PROMPT, ChatPrompt, build_chat
+from .chat import REASONING_SYSTEM_PROMPT, ChatPrompt, build_chat, build_conversation, split_conversation
 from .engine import DecodeSettings, EngineError, Run
 from .kvquant import KVQuant
 from .metrics import (
+    FIDELITY_KINDS,
     TokenFidelity,
     kl_divergence,
     log_probs,
@@ -37,60 +43,47 @@ from .metrics import (
 from .model import LoadedModel
 from .policies import REFERENCE_POLICY, Policy, make_policy
 from .presets import PresetError, load_preset
+from .transcript import Message, TraceError, is_transcript, parse_transcript, read_trace_file
 
 ASSISTANT_PREFIX = "<think>\n"
 DEFAULT_QUESTION = "Think it through step by step."
-MAX_TRACE_FILE_BYTES = 4 * 1024 * 1024
-
-
-class TraceError(ValueError):
-    """A trace cannot be replayed (empty, not UTF-8 text, too long); the message says why."""
 
 
 @dataclass(frozen=True)
 class Trace:
-    """A chat to replay: ``system`` prompt, user ``question`` and the assistant's ``text``."""
+    """A chat to replay: ``system`` prompt, user ``question`` and the assistant's ``text``, or,
+    for a transcript, the whole conversation in ``messages`` (``system`` / ``question`` are then
+    its first system and user messages, and ``text`` is empty)."""
 
     name: str
     system: str | None
     question: str
     text: str
+    messages: tuple[Message, ...] | None = None
 
-
-def read_trace_file(path: str | Path) -> str:
-    """The text of a UTF-8 trace file; :class:`TraceError` for missing, binary, non-UTF-8 or empty files."""
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"trace file {path} does not exist")
-    if path.stat().st_size > MAX_TRACE_FILE_BYTES:
-        raise TraceError(f"trace file {path} is larger than {MAX_TRACE_FILE_BYTES // 2**20} MiB")
-    data = path.read_bytes()
-    if b"\x00" in data:
-        raise TraceError(f"trace file {path} is binary (it contains NUL bytes), not text")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise TraceError(
-            f"trace file {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-            "save it as UTF-8"
-        ) from None
-    if not text.strip():
-        raise TraceError(f"trace file {path} is empty")
-    return text
+    @classmethod
+    def of_transcript(cls, name: str, messages: Sequence[Message]) -> "Trace":
+        system = messages[0].content if messages and messages[0].role == "system" else None
+        question = next((m.content for m in messages if m.role == "user"), "")
+        return cls(name, system, question, "", tuple(messages))
 
 
 def load_trace(spec: str, question: str | None = None, system: str | None = None) -> Trace:
-    """A trace from a preset (a name in ``presets/`` or a ``.yaml`` path) or a text file path.
+    """A trace from a preset (a name in ``presets/`` or a ``.yaml`` path) or a file path.
 
-    A file holds only the assistant's text; its chat is ``system`` (default: the reasoning
-    prompt) and ``question`` (default: a generic instruction).  A preset brings its own
-    system prompt (``null`` there means the reasoning prompt, as in the app) and question;
-    ``question`` / ``system`` override them when given.
+    A file holds the assistant's text, or a transcript (JSON, JSONL or ``ROLE:`` lines, see
+    :func:`~thinkviz.transcript.is_transcript`).  An assistant-text file's chat is ``system``
+    (default: the reasoning prompt) and ``question`` (default: a generic instruction).  A
+    preset brings its own system prompt (``null`` there means the reasoning prompt, as in the
+    app) and question, a transcript its own messages; ``question`` / ``system`` override them
+    when given (in a transcript: its first user message, and its leading system message).
     """
     path = Path(spec)
     is_preset = path.suffix in (".yaml", ".yml") or not (path.suffix or path.exists() or "/" in spec)
     if not is_preset:
         text = read_trace_file(path)
+        if is_transcript(text, path.name):
+            return _override(Trace.of_transcript(path.stem, parse_transcript(text)), question, system)
         return Trace(path.stem, REASONING_SYSTEM_PROMPT if system is None else system,
                      question or DEFAULT_QUESTION, text)
     try:
@@ -99,8 +92,32 @@ def load_trace(spec: str, question: str | None = None, system: str | None = None
         raise TraceError(str(exc)) from None
     if not preset.trace or not preset.trace.strip():
         raise TraceError(f"preset {spec!r} has no trace to replay")
+    if preset.messages is not None:
+        return _override(Trace.of_transcript(preset.name, preset.messages), question, system)
     return Trace(preset.name, preset.system_prompt if system is None else system,
                  question or preset.question, preset.trace)
+
+
+def _override(trace: Trace, question: str | None, system: str | None) -> Trace:
+    """``trace`` with its first user message replaced by ``question`` and its system prompt by
+    ``system`` (inserted first when it has none)."""
+    messages = list(trace.messages or ())
+    if question:
+        first = next(k for k, m in enumerate(messages) if m.role == "user")
+        messages[first] = Message("user", question)
+    if system is not None:
+        if messages[0].role == "system":
+            messages[0] = Message("system", system)
+        else:
+            messages.insert(0, Message("system", system))
+    return Trace.of_transcript(trace.name, messages) if question or system is not None else trace
+
+
+def prepare(loaded: LoadedModel, trace: Trace, max_tokens: int | None = None) -> tuple[ChatPrompt, list[int]]:
+    """The prompt to prefill and the ids to teacher-force for ``trace``, single-turn or transcript."""
+    if trace.messages is not None:
+        return prepare_transcript(loaded, trace.messages, max_tokens)
+    return prepare_trace(loaded, trace.system, trace.question, trace.text, max_tokens)
 
 
 def prepare_trace(
@@ -128,6 +145,39 @@ def prepare_trace(
             f"the model's context is {context}"
         )
     return prompt, ids
+
+
+def prepare_transcript(
+    loaded: LoadedModel, messages: Sequence[Message], max_tokens: int | None = None
+) -> tuple[ChatPrompt, list[int]]:
+    """The prompt to prefill (the chat up to the end of the first user turn) and every later
+    token of the conversation, cut to the first ``max_tokens``.
+
+    The prompt's role spans cover the whole conversation (those of later turns marked
+    ``ahead``), so the run's segmenter labels each replayed token with its turn.  Raises
+    :class:`TraceError` when the chat template cannot render the conversation, when nothing
+    follows the first user message, or when the conversation does not fit the model's
+    context (naming the first message that does not).
+    """
+    first_user = next((k for k, m in enumerate(messages) if m.role == "user"), None)
+    if first_user is None:
+        raise TraceError("the transcript has no user message")
+    if first_user == len(messages) - 1:
+        raise TraceError("the transcript has nothing after its first user message to replay")
+    try:
+        chat = build_conversation(loaded.tokenizer, messages)
+    except ValueError as exc:
+        raise TraceError(str(exc)) from None
+    cut = chat.roles[first_user].end
+    stop = len(chat.ids) if max_tokens is None else min(len(chat.ids), cut + max_tokens)
+    context = loaded.geometry.max_context
+    if stop > context:
+        k, role = next((k, r) for k, r in enumerate(chat.roles) if r.end > context)
+        raise TraceError(
+            f"the conversation is {stop:,} tokens and the model's context is {context:,}: message {k + 1} "
+            f"({role.role}) ends at token {role.end:,}; replay fewer tokens or shorten the transcript"
+        )
+    return split_conversation(chat, cut, stop)
 
 
 class LockstepReplay:
@@ -231,4 +281,5 @@ class LockstepReplay:
                 }
             # a cancelled run has also predicted the token after its last chunk; count only its own
             replayed = run.processed - start
-            run.record.summary["fidelity"] = summarize_by_kind(fidelity.first(replayed), run.record.segments)
+            run.record.summary["fidelity"] = summarize_by_kind(fidelity.first(replayed), run.record.segments,
+                                                               FIDELITY_KINDS)

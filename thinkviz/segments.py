@@ -1,9 +1,12 @@
 """Token → segment labels for a chat whose assistant reasons inside ``<think>`` blocks.
 
-The prompt part comes from the chat's role spans: system and user message text,
-template markers around them, and *signatures* (``def``/``class`` headers of code the
-user supplied, always protected).  The assistant part is parsed incrementally as
-tokens stream in:
+A chat is a sequence of turns given by its role spans (:class:`~thinkviz.chat.RoleSpan`): a
+single system + question + assistant turn, or a whole multi-turn conversation with tool
+output and several user and assistant turns.  Every turn is a segment of its role
+(``system``, ``user``, ``tool``, ``assistant``) carrying its turn index; the tokens around a
+message's text are template markers; *signatures* (``def``/``class`` headers of code in any
+user turn) are always protected.  Each assistant turn's text is parsed incrementally as
+tokens stream in, and numbered across the whole conversation:
 
 - ``<think>…</think>`` blocks, numbered in order (reflection loops).  Blocks do not
   nest: an inner ``<think>`` is text; a ``</think>`` with no open block is text; a
@@ -14,6 +17,10 @@ tokens stream in:
 - fenced code (```` ``` ````…```` ``` ````), in the answer or inside thinking.  Tags win over
   fences: a ``<think>`` (or, inside thinking, ``</think>``) ends an open fence unclosed.
 - answer text: everything in the assistant turn outside think blocks.
+
+Nothing spans two turns: a block or fence left open at the end of its assistant turn ends
+there (still ``closed=False``), and the code that settles a block (:meth:`Segmenter.code_after`)
+is looked for in the block's own turn only.
 
 Detection runs on the concatenated text, so tags split over tokens (``<th`` +
 ``ink>``) are found; character offsets map back to tokens with the anchor rule of
@@ -44,7 +51,8 @@ _HOLD = len(_CLOSE) - 1  # longest partial match a scan may have to wait on
 _SIGNATURE = re.compile(
     r"^[^\S\n]*((?:async[^\S\n]+)?(?:def[^\S\n]+\w+[^\S\n]*\(|class[^\S\n]+\w+[^\S\n]*[(:]))", re.MULTILINE
 )
-_KINDS = ["system", "user", "signature", "think", "tag", "step", "answer", "code"]
+ROLES = ("system", "user", "assistant", "tool")
+_KINDS = ["system", "user", "tool", "assistant", "signature", "think", "tag", "step", "answer", "code"]
 _ORDER = {kind: i for i, kind in enumerate(_KINDS)}  # ties in spans(): the outer kind first
 
 
@@ -56,6 +64,8 @@ class Span:
     think block).  ``closed``: for think/code, the closing tag/fence has been seen;
     for the other kinds, the span will not grow any more.  ``parent``: for
     step/code/tag, the index of the think block containing it, else ``None``.
+    ``turn``: the index of the chat turn (role span) it lies in; tokens after the last
+    role span form one more turn.
     """
 
     kind: str
@@ -65,6 +75,7 @@ class Span:
     closed: bool
     protected: bool
     parent: int | None = None
+    turn: int | None = None
 
     @property
     def inside_think(self) -> bool:
@@ -198,13 +209,36 @@ def signature_ranges(text: str) -> list[tuple[int, int]]:
     return ranges
 
 
-class Segmenter:
-    """Labels every token of a chat; the assistant part grows with :meth:`feed`.
+@dataclass
+class _Region:
+    """A stretch of tokens with one meaning: a turn's text (``role`` set), or template markers.
 
-    ``roles`` are the prompt's role spans (at most one assistant span, last); ``texts``
-    one decoded piece per token so far.  Tokens from the assistant body on (or after
-    the last role when there is no assistant span) are the assistant's: the initial
-    ones (e.g. ``"<think>\\n"``) and every fed one.  Call :meth:`finish` when the
+    Tokens ``[lo, hi)`` (``hi=None``: open, it takes every later token).  A text region keeps
+    its pieces; an assistant region also parses them.
+    """
+
+    lo: int
+    hi: int | None
+    role: str | None = None
+    turn: int | None = None
+    text: _Text = field(default_factory=_Text)
+    parser: _Parser | None = None
+    signatures: tuple[int, list[tuple[int, int]]] = (-1, [])  # (pieces seen, ranges) cache
+
+    def tok(self, char: int | None) -> int:
+        """Absolute token boundary for a region-text offset (``None``: the end so far)."""
+        return self.lo + (len(self.text.pieces) if char is None else self.text.token(char))
+
+
+class Segmenter:
+    """Labels every token of a chat; tokens arrive with :meth:`feed`.
+
+    ``roles`` are the chat's role spans in order; ``texts`` one decoded piece per token so
+    far.  An assistant span without ``body_end`` is *open* (it must be the last): it takes
+    every token from its body start on, e.g. the ``"<think>\\n"`` prefix and every generated
+    token.  Spans marked ``ahead`` may lie beyond ``texts``: their tokens come later, as a
+    replay teacher-forces a transcript, and are labelled as they arrive.  Tokens after the
+    last span (when it is not open) are the assistant's.  Call :meth:`finish` when the
     assistant turn has ended, so the last answer counts as complete.
     """
 
@@ -219,51 +253,49 @@ class Segmenter:
     ) -> None:
         _check_roles(roles, len(texts))
         self.min_step_tokens = min_step_tokens
-        prompt_roles = [r for r in roles if r.role != "assistant"]
-        if len(prompt_roles) < len(roles):
-            self._a0 = _body(roles[-1])[0]
-        else:
-            self._a0 = roles[-1].end if roles else 0
-        protect = {"system": protect_system, "user": protect_question}
-        self._prompt_spans = self._prompt_segments(prompt_roles, texts, protect)
-        self._prompt_labels = ["template"] * self._a0
-        self._prompt_mask = np.zeros(self._a0, dtype=bool)
-        for role in prompt_roles:
+        self._roles = list(roles)
+        self._protect = protect = {"system": protect_system, "user": protect_question}
+        self._regions: list[_Region] = []
+        self._guards: list[tuple[int, int | None]] = []  # protected token ranges of whole turns
+        edge = 0
+        for turn, role in enumerate(roles):
             lo, hi = _body(role)
-            self._prompt_labels[lo:hi] = [role.role] * (hi - lo)
-        for span in self._prompt_spans:
-            self._prompt_mask[span.start : span.end] |= span.protected
-            if span.kind == "signature":
-                self._prompt_labels[span.start : span.end] = ["signature"] * (span.end - span.start)
-        self._text = _Text()
-        self._parser = _Parser()
+            is_open = role.role == "assistant" and role.body_end is None
+            for a, b, meaning in ((edge, role.start, None), (role.start, lo, None),
+                                  (lo, None if is_open else hi, role.role), (hi, role.end, None)):
+                if meaning is not None or (b is not None and b > a):
+                    self._regions.append(_Region(a, b, meaning, turn))
+                if is_open and meaning is not None:
+                    break
+            if protect.get(role.role):
+                self._guards.append((role.start, None if is_open else role.end))
+            edge = role.end
+        if not roles or roles[-1].body_end is not None or roles[-1].role != "assistant":
+            self._regions.append(_Region(edge, None, "assistant", len(roles)))
+        for region in self._regions:
+            if region.role == "assistant":
+                region.parser = _Parser()
+        self._labels: list[str] = []
+        self._cursor = 0  # the region the next token falls in
         self._finished = False
-        self.feed(texts[self._a0 :])
-
-    @staticmethod
-    def _prompt_segments(
-        roles: Sequence[RoleSpan], texts: Sequence[str], protect: dict[str, bool]
-    ) -> list[Span]:
-        """System and user turns, and the signatures in the user's text."""
-        spans, seen = [], {"system": 0, "user": 0, "signature": 0}
-        for role in roles:
-            spans.append(Span(role.role, seen[role.role], role.start, role.end, True, protect[role.role]))
-            seen[role.role] += 1
-            if role.role != "user":
-                continue
-            lo, hi = _body(role)
-            body = _Text(texts[lo:hi])
-            for a, b in signature_ranges("".join(body.pieces)):
-                start, end = lo + body.token(a), lo + body.token(b)
-                if end > start:
-                    spans.append(Span("signature", seen["signature"], start, end, True, True))
-                    seen["signature"] += 1
-        return spans
+        self.feed(texts)
 
     def feed(self, texts: Sequence[str]) -> None:
-        """Append the text pieces of newly generated (or replayed) tokens."""
-        self._text.append(texts)
-        self._parser.feed("".join(texts))
+        """Append the text pieces of the next tokens (prompt, generated or replayed)."""
+        i, n = 0, len(texts)
+        while i < n:
+            region = self._regions[self._cursor]
+            while region.hi is not None and self.n_tokens >= region.hi:
+                self._cursor += 1
+                region = self._regions[self._cursor]
+            take = n - i if region.hi is None else min(n - i, region.hi - self.n_tokens)
+            group = texts[i : i + take]
+            self._labels += [_BASE.get(region.role, region.role) if region.role else "template"] * take
+            if region.role is not None:
+                region.text.append(group)
+                if region.parser is not None:
+                    region.parser.feed("".join(group))
+            i += take
 
     def finish(self) -> None:
         """Mark the end of the assistant turn: an open answer or fence is complete."""
@@ -271,50 +303,92 @@ class Segmenter:
 
     @property
     def n_tokens(self) -> int:
-        return self._a0 + len(self._text.pieces)
+        return len(self._labels)
 
-    def _tok(self, char: int | None) -> int:
-        """Absolute token boundary for an assistant-text offset (``None``: the end so far)."""
-        return self.n_tokens if char is None else self._a0 + self._text.token(char)
+    def _complete(self, region: _Region) -> bool:
+        """The region's text will not grow: finished, or all its tokens are in."""
+        return self._finished or (region.hi is not None and self.n_tokens >= region.hi)
+
+    def _assistant_regions(self) -> list[_Region]:
+        return [r for r in self._regions if r.parser is not None and r.lo <= self.n_tokens]
 
     def spans(self) -> list[Span]:
         """All current spans sorted by start (outer spans first); nested ones included."""
-        spans = self._prompt_spans + self.think_blocks() + self._tags() + self._answers() + self._codes()
-        for i, block in enumerate(self._parser.blocks):
-            spans += self._steps(i, block)
+        spans = self._turns() + self._signatures() + self.think_blocks() + self._tags() + self._answers() + self._codes()
+        for i, (region, block) in enumerate(self._blocks()):
+            spans += self._steps(i, region, block)
         return sorted(spans, key=lambda s: (s.start, -s.end, _ORDER[s.kind]))
+
+    def _turns(self) -> list[Span]:
+        """One span per turn that has begun, markers included.  An open assistant turn (the one
+        being generated) has none: its think, answer and code spans are all there is to it."""
+        n, spans, seen = self.n_tokens, [], dict.fromkeys(ROLES, 0)
+        for turn, role in enumerate(self._roles):
+            end = min(role.end, n)
+            if end <= role.start or (role.role == "assistant" and role.body_end is None):
+                continue
+            protected = self._protect.get(role.role, False)
+            spans.append(Span(role.role, seen[role.role], role.start, end, role.end <= n, protected, turn=turn))
+            seen[role.role] += 1
+        return spans
+
+    def _signatures(self) -> list[Span]:
+        """``def``/``class`` headers in the user turns' text so far (complete headers only)."""
+        spans = []
+        for region in self._regions:
+            if region.role != "user":
+                continue
+            pieces = len(region.text.pieces)
+            if region.signatures[0] != pieces:
+                region.signatures = (pieces, signature_ranges("".join(region.text.pieces)))
+            for a, b in region.signatures[1]:
+                start, end = region.tok(a), region.tok(b)
+                if end > start:
+                    spans.append(Span("signature", len(spans), start, end, True, True, turn=region.turn))
+        return spans
+
+    def _blocks(self) -> list[tuple[_Region, _Block]]:
+        """Every think block with its region, numbered across the conversation by position."""
+        return [(region, block) for region in self._assistant_regions() for block in region.parser.blocks]
 
     def think_blocks(self) -> list[Span]:
         """Think blocks in order, tags included, the last one possibly still open."""
         return [
-            Span("think", i, self._tok(b.start), self._tok(b.end), b.end is not None, False)
-            for i, b in enumerate(self._parser.blocks)
+            Span("think", i, r.tok(b.start), r.tok(b.end), b.end is not None, False, turn=r.turn)
+            for i, (r, b) in enumerate(self._blocks())
         ]
 
     def _tags(self) -> list[Span]:
         ranges = []
-        for i, block in enumerate(self._parser.blocks):
-            ranges.append((i, block.start, block.body))
+        for i, (region, block) in enumerate(self._blocks()):
+            ranges.append((region.tok(block.start), region.tok(block.body), True, i, region.turn))
             if block.end is not None:
-                ranges.append((i, block.close, block.end))
-        return _numbered("tag", [(self._tok(a), self._tok(b), True, i) for i, a, b in ranges])
+                ranges.append((region.tok(block.close), region.tok(block.end), True, i, region.turn))
+        return _numbered("tag", ranges)
 
     def _answers(self) -> list[Span]:
-        blocks = self._parser.blocks
-        ranges = [(0, blocks[0].start if blocks else None)]
-        ranges += [(b.end, nxt.start) for b, nxt in zip(blocks, blocks[1:])]
-        if blocks and blocks[-1].end is not None:
-            ranges.append((blocks[-1].end, None))
-        return _numbered(
-            "answer", [(self._tok(a), self._tok(b), b is not None or self._finished, None) for a, b in ranges]
-        )
+        ranges = []
+        for region in self._assistant_regions():
+            blocks = region.parser.blocks
+            pairs = [(0, blocks[0].start if blocks else None)]
+            pairs += [(b.end, nxt.start) for b, nxt in zip(blocks, blocks[1:])]
+            if blocks and blocks[-1].end is not None:
+                pairs.append((blocks[-1].end, None))
+            complete = self._complete(region)
+            ranges += [(region.tok(a), region.tok(b), b is not None or complete, None, region.turn) for a, b in pairs]
+        return _numbered("answer", ranges)
 
     def _codes(self) -> list[Span]:
-        fences = self._parser.fences
-        return _numbered("code", [(self._tok(f.start), self._tok(f.end), f.closed, f.parent) for f in fences])
+        ranges, first = [], 0
+        for region in self._assistant_regions():
+            for fence in region.parser.fences:
+                parent = None if fence.parent is None else first + fence.parent
+                ranges.append((region.tok(fence.start), region.tok(fence.end), fence.closed, parent, region.turn))
+            first += len(region.parser.blocks)
+        return _numbered("code", ranges)
 
-    def _steps(self, i: int, block: _Block) -> list[Span]:
-        bounds = [self._tok(c) for c in [block.body, *block.breaks, block.close]]
+    def _steps(self, i: int, region: _Region, block: _Block) -> list[Span]:
+        bounds = [region.tok(c) for c in [block.body, *block.breaks, block.close]]
         steps: list[list[int]] = []
         for lo, hi in zip(bounds, bounds[1:]):
             if steps and hi - lo < self.min_step_tokens:
@@ -324,46 +398,60 @@ class Segmenter:
         if len(steps) > 1 and steps[0][1] - steps[0][0] < self.min_step_tokens:
             first = steps.pop(0)
             steps[0][0] = first[0]
-        complete = block.end is not None or self._finished
-        return _numbered("step", [(lo, hi, complete or hi < bounds[-1], i) for lo, hi in steps])
+        complete = block.end is not None or self._complete(region)
+        return _numbered("step", [(lo, hi, complete or hi < bounds[-1], i, region.turn) for lo, hi in steps])
 
     def labels(self) -> list[str]:
-        """One label per token; the most specific wins (code > tag > think > answer)."""
-        labels = self._prompt_labels + ["answer"] * (self.n_tokens - self._a0)
-        for kind, spans in (("think", self.think_blocks()), ("tag", self._tags()), ("code", self._codes())):
+        """One label per token; the most specific wins (code > tag > think > answer, signature > user)."""
+        labels = list(self._labels)
+        overlays = (("signature", self._signatures()), ("think", self.think_blocks()), ("tag", self._tags()),
+                    ("code", self._codes()))
+        for kind, spans in overlays:
             for span in spans:
                 labels[span.start : span.end] = [kind] * (span.end - span.start)
         return labels
 
     def protected_mask(self) -> np.ndarray:
         """``(T,)`` bool: tokens no policy may evict."""
-        return np.concatenate([self._prompt_mask, np.zeros(self.n_tokens - self._a0, dtype=bool)])
+        n = self.n_tokens
+        mask = np.zeros(n, dtype=bool)
+        for a, b in self._guards:
+            mask[a : n if b is None else min(b, n)] = True
+        for span in self._signatures():
+            mask[span.start : span.end] = True
+        return mask
 
     def code_after(self, block: Span) -> str | None:
-        """Source of the first complete code after a closed think block, else ``None``.
+        """Source of the first complete code after a closed think block in its turn, else ``None``.
 
-        Looks between the block and the next one: the first fenced block there
-        (complete once its closing fence, the next block or :meth:`finish` is seen),
-        or, with no fence, the whole answer text there once complete (unfenced code).
+        Looks between the block and the next one of the same assistant turn (or the turn's
+        end): the first fenced block there (complete once its closing fence, the next block
+        or the end of the turn is seen), or, with no fence, the whole answer text there once
+        complete (unfenced code).
         """
-        blocks = self._parser.blocks
-        this = blocks[block.index]
+        region, this = self._blocks()[block.index]
         if this.end is None:
             return None
-        nxt = blocks[block.index + 1].start if block.index + 1 < len(blocks) else None
-        complete = nxt is not None or self._finished
-        for fence in self._parser.fences:
+        blocks = region.parser.blocks
+        k = blocks.index(this)
+        nxt = blocks[k + 1].start if k + 1 < len(blocks) else None
+        complete = nxt is not None or self._complete(region)
+        for fence in region.parser.fences:
             if fence.parent is None and this.end <= fence.start and (nxt is None or fence.start < nxt):
-                return self._fence_source(fence) if fence.end is not None or complete else None
-        answer = self._text.slice(this.end, self._text.n_chars if nxt is None else nxt)
+                return _fence_source(region.text, fence) if fence.end is not None or complete else None
+        answer = region.text.slice(this.end, region.text.n_chars if nxt is None else nxt)
         return answer if complete and answer.strip() else None
 
-    def _fence_source(self, fence: _Fence) -> str:
-        """The code inside a fence: after the info-string line, before the closing fence."""
-        end = self._text.n_chars if fence.end is None else fence.end - (len(_FENCE) if fence.closed else 0)
-        inner = self._text.slice(fence.start + len(_FENCE), end)
-        newline = inner.find("\n")
-        return inner[newline + 1 :] if newline >= 0 else inner
+
+_BASE = {"assistant": "answer"}  # the label of a turn's text before any overlay; else its role
+
+
+def _fence_source(text: _Text, fence: _Fence) -> str:
+    """The code inside a fence: after the info-string line, before the closing fence."""
+    end = text.n_chars if fence.end is None else fence.end - (len(_FENCE) if fence.closed else 0)
+    inner = text.slice(fence.start + len(_FENCE), end)
+    newline = inner.find("\n")
+    return inner[newline + 1 :] if newline >= 0 else inner
 
 
 def _body(role: RoleSpan) -> tuple[int, int]:
@@ -373,26 +461,28 @@ def _body(role: RoleSpan) -> tuple[int, int]:
     )
 
 
-def _numbered(kind: str, ranges: Iterable[tuple[int, int, bool, int | None]]) -> list[Span]:
-    """Unprotected spans of ``kind`` from ``(start, end, closed, parent)``, numbered, empty ones dropped."""
+def _numbered(kind: str, ranges: Iterable[tuple[int, int, bool, int | None, int | None]]) -> list[Span]:
+    """Unprotected spans of ``kind`` from ``(start, end, closed, parent, turn)``, numbered, empty ones dropped."""
     spans: list[Span] = []
-    for start, end, closed, parent in ranges:
+    for start, end, closed, parent, turn in ranges:
         if end > start:
-            spans.append(Span(kind, len(spans), start, end, closed, False, parent))
+            spans.append(Span(kind, len(spans), start, end, closed, False, parent, turn))
     return spans
 
 
 def _check_roles(roles: Sequence[RoleSpan], n_tokens: int) -> None:
-    """Role spans must be known roles, in order, disjoint, inside the text, assistant last."""
+    """Role spans must be known roles, in order, disjoint and inside the text (unless ``ahead``);
+    an open assistant span must be the last."""
     previous_end = 0
     for i, role in enumerate(roles):
         lo, hi = _body(role)
-        if role.role not in ("system", "user", "assistant"):
-            raise ValueError(f"unknown role {role.role!r}")
-        if role.role == "assistant" and i != len(roles) - 1:
-            raise ValueError("the assistant span must be the last role span")
+        is_open = role.role == "assistant" and role.body_end is None
+        if role.role not in ROLES:
+            raise ValueError(f"unknown role {role.role!r} (known: {', '.join(ROLES)})")
+        if is_open and i != len(roles) - 1:
+            raise ValueError("an open assistant span (no body end) must be the last role span")
         if not previous_end <= role.start <= lo <= hi <= role.end:
             raise ValueError(f"role span {role} overlaps or is out of order")
-        if (role.role != "assistant" and role.end > n_tokens) or lo > n_tokens:
+        if not role.ahead and ((not is_open and role.end > n_tokens) or lo > n_tokens):
             raise ValueError(f"role span {role} lies beyond the {n_tokens} tokens given")
         previous_end = role.end

@@ -6,12 +6,15 @@ it produced is sound, its reasoning is the cheapest thing to forget.  The rules:
 
 - only *completed* think blocks (``</think>`` seen) are ever evicted, each as a whole, tags
   included, and in the order they were written;
-- a block is evictable only once the code that follows it parses (:func:`code_parses`: Python's
-  ``ast.parse``, never compiled or run).  No complete code after it yet → ``"pending"``, code that
+- a block is evictable only once the code that follows it *in its own assistant turn* parses
+  (:func:`code_parses`: Python's ``ast.parse``, never compiled or run).  No complete code after it yet → ``"pending"``, code that
   does not parse → ``"syntax error"``: either way the reasoning stays, it may be needed to debug;
 - protected tokens (system prompt, question, file signatures, per the protection toggles) are
   never evicted, even inside a block; nothing outside think blocks is ever evicted;
 - blocks are dropped only while the cache exceeds the budget, as few as bring it within it.
+
+In a multi-turn transcript (agent loops with tool output and further user requests) the blocks
+of all turns form one queue, oldest first; tool output and user turns are never dropped.
 
 When dropping every evictable block still leaves the cache over budget, nothing else is
 evicted: the cache stays over budget and :meth:`ThinkDrop.step_info` says so
@@ -119,10 +122,8 @@ class ThinkDrop(Policy):
         blocks = []
         for span in view.segments.think_blocks():
             code = view.segments.code_after(span) if span.closed else None
-            blocks.append(
-                {"index": span.index, "start": span.start, "end": span.end, "closed": span.closed,
-                 "code": code_state(code)}
-            )
+            blocks.append({"index": span.index, "turn": span.turn, "start": span.start, "end": span.end,
+                           "closed": span.closed, "code": code_state(code)})
         return blocks
 
     @staticmethod
