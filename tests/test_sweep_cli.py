@@ -154,3 +154,60 @@ def test_pareto_figure_has_one_panel_per_trace_and_one_legend_entry_per_policy()
     assert list(front.x) == [10.0, 100.0] and list(front.y) == [0.4, 0.0]
     with pytest.raises(ValueError, match="metric must be"):
         pareto_figure(rows, metric="speed")
+
+
+# ---- transcripts -------------------------------------------------------------------------------
+def _transcript_file(tmp_path, messages=None):
+    from thought_trace import MESSAGES
+
+    path = tmp_path / "agent.json"
+    rows = messages if messages is not None else [{"role": r, "content": c} for r, c in MESSAGES]
+    path.write_text(json.dumps({"messages": rows}), encoding="utf-8")
+    return path
+
+
+def test_sweep_and_replay_cost_on_a_transcript(tiny_llama, tmp_path):
+    from thinkviz.bench.replay_cost import measure_replay_cost
+    from thinkviz.replay import load_trace, prepare
+
+    trace = load_trace(str(_transcript_file(tmp_path)))
+    rows, replay = sweep_trace(tiny_llama, trace, ["window", "think_drop"], [Budget(0.25, True)], interval=8)
+    prompt, ids = prepare(tiny_llama, trace)
+    assert [r["trace"] for r in rows] == ["agent"] * 3
+    assert rows[0]["prompt_tokens"] == len(prompt.ids) and rows[0]["trace_tokens"] == len(ids)
+    window = rows[1]
+    assert window["kv_fraction"] < 0.6 and window["kl"] > 0 and not math.isnan(window["kl_code"])
+    assert replay.runs[0].record.summary["fidelity"]["tool"]["tokens"] > 0
+    assert {s["kind"] for s in replay.runs[1].record.segments} >= {"tool", "user", "think"}
+    cost = measure_replay_cost(tiny_llama, prompt, ids[:64], "h2o", budget=64, interval=8, repeats=1)
+    assert cost.tokens == 64 and cost.replay_seconds > 0 and cost.ratio > 0
+
+
+@pytest.mark.parametrize(
+    "messages, reason",
+    [
+        ([{"role": "user", "content": "q"}, {"role": "narrator", "content": "x"}], "message 2 of 2: unknown role 'narrator'"),
+        ([{"role": "assistant", "content": "x"}], "message 1 is an assistant message"),
+        ([{"role": "user", "content": "q"}, {"role": "assistant", "content": ["a"]}, {"role": "user", "content": {}}],
+         "message 3 of 3: 'content' must be a string"),
+    ],
+)
+def test_bad_transcripts_exit_non_zero_before_loading(tmp_path, messages, reason):
+    path = _transcript_file(tmp_path, messages)
+    _one_line_error(_cli("--trace", str(path), "--policies", "h2o", "--budgets", "128"), reason)
+
+
+@pytest.mark.integration
+def test_cli_sweep_and_replay_cost_on_a_transcript_file(tmp_path):
+    path = _transcript_file(tmp_path)
+    out = tmp_path / "o"
+    result = _cli("--trace", str(path), "--policies", "window,think_drop", "--budgets", "0.5",
+                  "--max-trace-tokens", "96", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((out / "sweep.json").read_text(encoding="utf-8"))["rows"]
+    assert [(r["trace"], r["policy"], r["trace_tokens"]) for r in rows] == [
+        ("agent", "full", 96), ("agent", "window", 96), ("agent", "think_drop", 96)]
+    cost = subprocess.run([sys.executable, "-m", "thinkviz", "bench", "replay-cost", "--trace", str(path),
+                           "--repeats", "1", "--interval", "16"], capture_output=True, text=True, timeout=300)
+    assert cost.returncode == 0, cost.stderr
+    assert "trace agent:" in cost.stdout and "ratio" in cost.stdout

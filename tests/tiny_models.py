@@ -24,12 +24,14 @@ def tiny_model(
     kv_heads: int = 2,
     dtype: torch.dtype = torch.float32,
     quantization: str = "none",
+    max_context: int = 2048,
 ) -> LoadedModel:
     """A small randomly initialised Llama or Qwen3 with the SmolLM2 tokenizer.
 
     Deterministic for a given ``seed`` (the global RNG is left untouched); eager attention,
     on the CPU; ``quantization="4bit"`` packs it with the ``torch-int4`` backend.
-    ``kv_heads < q_heads`` gives grouped-query attention.
+    ``kv_heads < q_heads`` gives grouped-query attention.  ``max_context`` is its context
+    length (the embedded model's is 8192).
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {sorted(ARCHS)}, not {arch!r}")
@@ -45,7 +47,7 @@ def tiny_model(
         num_attention_heads=q_heads,
         num_key_value_heads=kv_heads,
         head_dim=hidden // q_heads,
-        max_position_embeddings=2048,
+        max_position_embeddings=max_context,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -1,4 +1,4 @@
-"""Command line: ``python -m thinkviz generate|bench|policies|train-predictor …`` (or ``thinkviz …``).
+"""Command line: ``python -m thinkviz generate|bench|inspect|policies|train-predictor …`` (or ``thinkviz …``).
 
 Every user error ends with one line ``thinkviz: error: <reason>`` on stderr and exit code 2;
 a run that fails mid-way (the model or a policy raised, device out of memory) with one line
@@ -15,7 +15,7 @@ from typing import Sequence
 # train_predictor still imports add_model_args, command and load_from_args from here; the
 # names are imported before the subcommands so that it finds them.
 from .commands.common import COMMANDS, CliError, add_model_args, command, load_from_args  # noqa: F401
-from .commands import bench, generate, policies, train_predictor  # noqa: F401  (each registers itself)
+from .commands import bench, generate, inspect, policies, train_predictor  # noqa: F401  (each registers itself)
 from .faults import RunFault
 
 

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GgufConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GgufConfig
 
 from . import cpu_int4
 
@@ -93,6 +93,15 @@ class LoadedModel:
         )
         weights = sum(_tensor_bytes(t) for t in itertools.chain(model.parameters(), model.buffers()))
         return cls(model, tokenizer, name, quantization, device, geometry, weights, backend)
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A model's tokenizer and context length, without its weights: all that reading a trace needs."""
+
+    tokenizer: transformers.PreTrainedTokenizerBase
+    name: str
+    max_context: int
 
 
 def embedded_gguf_path() -> pathlib.Path:
@@ -172,6 +181,34 @@ def load_model(
         raise ModelLoadError(f"Could not load {name!r}: {_first_line(exc)}") from exc
     report(1.0, f"Ready: {display}")
     return LoadedModel.wrap(model, tokenizer, display, quantization, target, chosen)
+
+
+def load_tokenizer(name: str = EMBEDDED) -> LoadedTokenizer:
+    """The tokenizer and context length of ``name`` (as for :func:`load_model`), weights untouched.
+
+    The embedded model's come from its converted folder, or straight from the GGUF before the
+    first conversion.  Raises :class:`ModelLoadError`.
+    """
+    name = name.strip()
+    if not name:
+        raise ModelLoadError("No model given; use 'embedded', a Hugging Face id or a local folder")
+    try:
+        if name == EMBEDDED:
+            tokenizer, display = embedded_tokenizer(), _EMBEDDED_DISPLAY
+            folder = cache_dir() / _CACHE_FOLDER
+            if folder.is_dir():
+                config = AutoConfig.from_pretrained(folder)
+            else:
+                gguf = embedded_gguf_path()
+                config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        else:
+            source, display = _resolve(name), name
+            tokenizer, config = AutoTokenizer.from_pretrained(source), AutoConfig.from_pretrained(source)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # a boundary, as in load_model
+        raise ModelLoadError(f"Could not load the tokenizer of {name!r}: {_first_line(exc)}") from exc
+    return LoadedTokenizer(tokenizer, display, config.get_text_config().max_position_embeddings)
 
 
 def _device(device: str | None) -> torch.device:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
@@ -44,6 +44,9 @@ from .model import LoadedModel
 from .policies import REFERENCE_POLICY, Policy, make_policy
 from .presets import PresetError, load_preset
 from .transcript import Message, TraceError, is_transcript, parse_transcript, read_trace_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ASSISTANT_PREFIX = "<think>\n"
 DEFAULT_QUESTION = "Think it through step by step."
@@ -115,9 +118,17 @@ def _override(trace: Trace, question: str | None, system: str | None) -> Trace:
 
 def prepare(loaded: LoadedModel, trace: Trace, max_tokens: int | None = None) -> tuple[ChatPrompt, list[int]]:
     """The prompt to prefill and the ids to teacher-force for ``trace``, single-turn or transcript."""
+    return tokenize_trace(loaded.tokenizer, loaded.geometry.max_context, trace, max_tokens)
+
+
+def tokenize_trace(
+    tokenizer: PreTrainedTokenizerBase, max_context: int, trace: Trace, max_tokens: int | None = None
+) -> tuple[ChatPrompt, list[int]]:
+    """:func:`prepare` with a tokenizer and a context length instead of a loaded model (nothing
+    here needs the weights): :func:`prepare_trace` or :func:`prepare_transcript`."""
     if trace.messages is not None:
-        return prepare_transcript(loaded, trace.messages, max_tokens)
-    return prepare_trace(loaded, trace.system, trace.question, trace.text, max_tokens)
+        return _tokenize_transcript(tokenizer, max_context, trace.messages, max_tokens)
+    return _tokenize_single_turn(tokenizer, max_context, trace, max_tokens)
 
 
 def prepare_trace(
@@ -131,20 +142,8 @@ def prepare_trace(
     :class:`TraceError` when the question or trace is empty or the whole does not fit the
     model's context.
     """
-    if not question.strip():
-        raise TraceError("the question is empty")
-    body = assistant_text[len(ASSISTANT_PREFIX):] if assistant_text.startswith(ASSISTANT_PREFIX) else assistant_text
-    if not body.strip():
-        raise TraceError("the trace is empty")
-    prompt = build_chat(loaded.tokenizer, system, question, assistant=ASSISTANT_PREFIX)
-    ids = list(loaded.tokenizer(body, add_special_tokens=False)["input_ids"])[:max_tokens]
-    total, context = len(prompt.ids) + len(ids), loaded.geometry.max_context
-    if total > context:
-        raise TraceError(
-            f"prompt + trace is {total} tokens ({len(prompt.ids)} + {len(ids)}); "
-            f"the model's context is {context}"
-        )
-    return prompt, ids
+    trace = Trace("trace", system, question, assistant_text)
+    return _tokenize_single_turn(loaded.tokenizer, loaded.geometry.max_context, trace, max_tokens)
 
 
 def prepare_transcript(
@@ -159,18 +158,43 @@ def prepare_transcript(
     follows the first user message, or when the conversation does not fit the model's
     context (naming the first message that does not).
     """
+    return _tokenize_transcript(loaded.tokenizer, loaded.geometry.max_context, messages, max_tokens)
+
+
+def _tokenize_single_turn(
+    tokenizer: PreTrainedTokenizerBase, context: int, trace: Trace, max_tokens: int | None
+) -> tuple[ChatPrompt, list[int]]:
+    if not trace.question.strip():
+        raise TraceError("the question is empty")
+    text = trace.text
+    body = text[len(ASSISTANT_PREFIX):] if text.startswith(ASSISTANT_PREFIX) else text
+    if not body.strip():
+        raise TraceError("the trace is empty")
+    prompt = build_chat(tokenizer, trace.system, trace.question, assistant=ASSISTANT_PREFIX)
+    ids = list(tokenizer(body, add_special_tokens=False)["input_ids"])[:max_tokens]
+    total = len(prompt.ids) + len(ids)
+    if total > context:
+        raise TraceError(
+            f"prompt + trace is {total} tokens ({len(prompt.ids)} + {len(ids)}); "
+            f"the model's context is {context}"
+        )
+    return prompt, ids
+
+
+def _tokenize_transcript(
+    tokenizer: PreTrainedTokenizerBase, context: int, messages: Sequence[Message], max_tokens: int | None
+) -> tuple[ChatPrompt, list[int]]:
     first_user = next((k for k, m in enumerate(messages) if m.role == "user"), None)
     if first_user is None:
         raise TraceError("the transcript has no user message")
     if first_user == len(messages) - 1:
         raise TraceError("the transcript has nothing after its first user message to replay")
     try:
-        chat = build_conversation(loaded.tokenizer, messages)
+        chat = build_conversation(tokenizer, messages)
     except ValueError as exc:
         raise TraceError(str(exc)) from None
     cut = chat.roles[first_user].end
     stop = len(chat.ids) if max_tokens is None else min(len(chat.ids), cut + max_tokens)
-    context = loaded.geometry.max_context
     if stop > context:
         k, role = next((k, r) for k, r in enumerate(chat.roles) if r.end > context)
         raise TraceError(

@@ -21,7 +21,7 @@ from .engine import DecodeSettings
 from .metrics import SEGMENT_KINDS
 from .model import LoadedModel
 from .policies import REFERENCE_POLICY, PolicyConfigError, make_policy, policy_names, policy_params
-from .replay import LockstepReplay, Trace, prepare_trace
+from .replay import LockstepReplay, Trace, prepare
 from .viz.tables import cell
 
 Progress = Callable[[str, int, int], None]  # (trace name, tokens done, tokens in the trace)
@@ -109,7 +109,8 @@ def sweep_trace(
     progress: Progress | None = None,
     max_trace_tokens: int | None = None,
 ) -> tuple[list[dict[str, Any]], LockstepReplay]:
-    """Replay ``trace`` through every (policy, budget) in lockstep with the full cache.
+    """Replay ``trace`` (single-turn or a transcript) through every (policy, budget) in lockstep
+    with the full cache.
 
     ``params`` holds policy knobs (``recent``, ``n_sink``, ``protect_system`` ...), each given to
     the policies that declare it; ``max_trace_tokens`` replays only the trace's first tokens
@@ -118,7 +119,7 @@ def sweep_trace(
     :class:`~thinkviz.replay.TraceError` / :class:`~thinkviz.policies.PolicyConfigError`.
     """
     params = dict(params or {})
-    prompt, ids = prepare_trace(loaded, trace.system, trace.question, trace.text, max_trace_tokens)
+    prompt, ids = prepare(loaded, trace, max_trace_tokens)
     total = len(prompt.ids) + len(ids)
     pairs = [(name, budget) for name in policies for budget in budgets]
     built = []

@@ -20,7 +20,7 @@ from ..bench.summary import SummaryError, load_sweep_rows, summary_table
 from ..model import ModelLoadError, choose_backend, load_model
 from ..policies import PolicyConfigError, make_policy
 from ..presets import MAX_NEW_TOKENS_RANGE
-from ..replay import TraceError, load_trace, prepare_trace
+from ..replay import TraceError, load_trace, prepare
 from ..sweep import check_params, markdown_table, parse_budgets, parse_policies, sweep_trace, write_rows
 from .common import CliError, add_model_args, command, load_from_args, parse_param
 
@@ -243,8 +243,8 @@ def quant_kernels(args: argparse.Namespace) -> int:
 def _sweep_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--trace", action="extend", nargs="+", required=True, metavar="PRESET_OR_FILE",
-                        help="a preset name (its system prompt, question and trace; not its knobs) "
-                             "or a UTF-8 trace file; repeatable")
+                        help="a preset name (its system prompt, question and trace; not its knobs), "
+                             "a UTF-8 trace file or a transcript (.json, .jsonl, ROLE: lines); repeatable")
     parser.add_argument("--policies", default="all", help="comma-separated policy names, or 'all'")
     parser.add_argument("--budgets", default="0.1,0.25,0.5",
                         help="fractions of the sequence's tokens (0.25) and/or token counts (256)")
@@ -253,8 +253,10 @@ def _sweep_args(parser: argparse.ArgumentParser) -> None:
                         help="a policy knob, given to every selected policy that declares it (repeatable)")
     parser.add_argument("--no-protect-system", action="store_true", help="allow evicting the system prompt")
     parser.add_argument("--no-protect-question", action="store_true", help="allow evicting the question")
-    parser.add_argument("--question", default=None, help="the question for trace files (presets bring their own)")
-    parser.add_argument("--system", default=None, help="system prompt for trace files (default: the reasoning prompt)")
+    parser.add_argument("--question", default=None, help="the question for trace files (presets bring their own; "
+                                                         "for a transcript it replaces the first user message)")
+    parser.add_argument("--system", default=None, help="system prompt for trace files (default: the reasoning prompt; "
+                                                       "for a transcript it replaces its system message)")
     parser.add_argument("--max-trace-tokens", type=int, default=None, metavar="N",
                         help="replay only the first N tokens of each trace (a cheaper subset)")
     parser.add_argument("--out", default="sweep-out", help="folder for sweep.csv, sweep.json and pareto.html")
@@ -338,7 +340,7 @@ def summary(args: argparse.Namespace) -> int:
 def _replay_cost_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--trace", default="math_h2o_vs_window", metavar="PRESET_OR_FILE",
-                        help="the trace to replay (default: the ~2k-token math derivation)")
+                        help="the trace or transcript to replay (default: the ~2k-token math derivation)")
     parser.add_argument("--policy", default="h2o", help="the policy whose replay is timed")
     parser.add_argument("--budget", default="0.25", help="a fraction of the sequence (0.25) or a token count")
     parser.add_argument("--interval", type=int, default=32, help="tokens per forward = compression interval")
@@ -363,7 +365,7 @@ def replay_cost(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     loaded = load_from_args(args)
     try:
-        prompt, ids = prepare_trace(loaded, trace.system, trace.question, trace.text)
+        prompt, ids = prepare(loaded, trace)
         tokens = budget.tokens(len(prompt.ids) + len(ids))
         make_policy(policy, budget=tokens, interval=args.interval)
     except (TraceError, PolicyConfigError) as exc:

@@ -27,12 +27,15 @@ from __future__ import annotations
 import ast
 import functools
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .base import CacheView, Policy, keep_top
 from .registry import register
+
+if TYPE_CHECKING:
+    from ..segments import Segmenter
 
 
 @functools.lru_cache(maxsize=256)
@@ -52,6 +55,17 @@ def code_state(code: str | None) -> str:
     if code is None:
         return "pending"
     return "parsed" if code_parses(code) else "syntax error"
+
+
+def block_states(segments: Segmenter) -> list[dict[str, Any]]:
+    """Every think block of ``segments`` in order: ``index``, ``turn``, token range
+    ``start``/``end``, ``closed`` and ``code``, the :func:`code_state` of the code after it."""
+    blocks = []
+    for span in segments.think_blocks():
+        code = segments.code_after(span) if span.closed else None
+        blocks.append({"index": span.index, "turn": span.turn, "start": span.start, "end": span.end,
+                       "closed": span.closed, "code": code_state(code)})
+    return blocks
 
 
 def _verified(block: dict[str, Any]) -> bool:
@@ -116,15 +130,7 @@ class ThinkDrop(Policy):
 
     @staticmethod
     def _blocks(view: CacheView) -> list[dict[str, Any]]:
-        """Every think block in order with its code verification state."""
-        if view.segments is None:
-            return []
-        blocks = []
-        for span in view.segments.think_blocks():
-            code = view.segments.code_after(span) if span.closed else None
-            blocks.append({"index": span.index, "turn": span.turn, "start": span.start, "end": span.end,
-                           "closed": span.closed, "code": code_state(code)})
-        return blocks
+        return [] if view.segments is None else block_states(view.segments)
 
     @staticmethod
     def _present(view: CacheView) -> torch.Tensor:
