@@ -7,7 +7,8 @@ model's hidden state to spot them while they are generated.  Here:
 
 - labels: replay a trace through the engine with the ``full`` policy; a token's label is the
   attention it receives from the *answer* (the tokens after the last ``</think>``), mean over
-  answer queries, layers and kv-heads (:func:`collect_examples`);
+  answer queries, layers and kv-heads (:func:`collect_examples`; for a transcript,
+  :func:`collect_transcript_examples`);
 - model: ``d → 64 → 1`` (standardised input, GELU) predicting ``log`` of that attention, so
   ``exp`` of the output is a predicted attention share (:class:`ImportancePredictor`);
 - files: safetensors (tensors only, never pickle) with metadata naming the model and its
@@ -16,6 +17,7 @@ model's hidden state to spot them while they are generated.  Here:
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -169,8 +171,6 @@ def collect_examples(loaded, name: str, system: str | None, question: str, trace
     the one after the prefill.  Hidden states come from a hook on the model's final norm.
     """
     from .chat import build_chat
-    from .engine import DecodeSettings, Run
-    from .policies import make_policy
     from .replay import ASSISTANT_PREFIX as opening
 
     trace = trace.removeprefix(opening)  # the prompt opens the think block already
@@ -183,6 +183,38 @@ def collect_examples(loaded, name: str, system: str | None, question: str, trace
     answer = loaded.tokenizer(trace[cut:], add_special_tokens=False)["input_ids"]
     if not answer:
         raise ValueError(f"trace {name!r} has nothing after its last </think>")
+    thinking = torch.zeros(len(prompt.ids), dtype=torch.bool)
+    thinking[prompt.roles[-1].start :] = True
+    return _label(loaded, name, prompt, answer, thinking)
+
+
+def collect_transcript_examples(loaded, name: str, messages) -> Examples:
+    """:func:`collect_examples` for a transcript: the conversation up to its last ``</think>``
+    is prefilled and the rest (the last answer, and any tool and later turns) is replayed; the
+    assistant turns before the cut are the thinking positions."""
+    from .chat import anchor, build_conversation, split_conversation, token_boundary
+
+    chat = build_conversation(loaded.tokenizer, messages)
+    close = chat.text.rfind("</think>")
+    if close < 0:
+        raise ValueError(f"transcript {name!r} has no </think>: it has no answer to label with")
+    starts = [0, *itertools.accumulate(map(len, chat.texts))]
+    cut = token_boundary([anchor(p, a) for p, a in zip(chat.texts, starts)], close + len("</think>"))
+    if cut >= len(chat.ids):
+        raise ValueError(f"transcript {name!r} has nothing after its last </think>")
+    prompt, answer = split_conversation(chat, cut)
+    thinking = torch.zeros(cut, dtype=torch.bool)
+    for role in prompt.roles:
+        if role.role == "assistant":
+            thinking[role.start : min(role.end, cut)] = True
+    return _label(loaded, name, prompt, answer, thinking)
+
+
+def _label(loaded, name: str, prompt, answer: Sequence[int], thinking: torch.Tensor) -> Examples:
+    """Prefill ``prompt``, replay ``answer`` with the full cache; the examples of the prompt's positions."""
+    from .engine import DecodeSettings, Run
+    from .policies import make_policy
+
     hidden: list[torch.Tensor] = []
     norm = loaded.model.model.norm
     handle = norm.register_forward_hook(lambda module, args, output: hidden.append(output[0].detach().float().cpu()))
@@ -202,8 +234,6 @@ def collect_examples(loaded, name: str, system: str | None, question: str, trace
     from_answer = (run.received[:, :, :n] - after_prefill[0]).mean(dim=(0, 1)) / len(answer)  # (n,)
     queries_seen = n - torch.arange(n)  # (n,) queries of the prefill that could see each position
     so_far = after_prefill[0].mean(dim=(0, 1)) / queries_seen
-    thinking = torch.zeros(n, dtype=torch.bool)
-    thinking[prompt.roles[-1].start :] = True
     return Examples(name, torch.cat(hidden)[:n], from_answer.clamp(min=0), thinking, so_far)
 
 

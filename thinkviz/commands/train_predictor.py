@@ -22,8 +22,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def reasoning_traces() -> dict[str, object]:
-    """Each shipped trace with a ``</think>`` (an answer to label with), as replayed by its first
-    preset: ``{trace file stem: thinkviz.replay.Trace}``."""
+    """Each shipped trace or transcript with a ``</think>`` (an answer to label with), as replayed
+    by its first preset: ``{trace file stem: thinkviz.replay.Trace}``."""
     from ..presets import PRESETS_DIR, list_presets, load_preset
     from ..replay import load_trace
 
@@ -35,7 +35,10 @@ def reasoning_traces() -> dict[str, object]:
     traces = {}
     for path in sorted((PRESETS_DIR / "traces").glob("*.md")):
         trace = by_text.get(path.read_text(encoding="utf-8"))
-        if trace is not None and "</think>" in trace.text:
+        if trace is None:
+            continue
+        texts = [trace.text] if trace.messages is None else [m.content for m in trace.messages]
+        if any("</think>" in text for text in texts):
             traces[path.stem] = trace
     return traces
 
@@ -59,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
     examples = {}
     for stem in tqdm(traces, desc="replaying traces (full cache)", unit="trace", file=sys.stderr):
         trace = traces[stem]
-        examples[stem] = P.collect_examples(loaded, stem, trace.system, trace.question, trace.text)
+        if trace.messages is not None:
+            examples[stem] = P.collect_transcript_examples(loaded, stem, trace.messages)
+        else:
+            examples[stem] = P.collect_examples(loaded, stem, trace.system, trace.question, trace.text)
     training = [e for stem, e in examples.items() if stem != args.holdout]
     with tqdm(total=args.epochs, desc="training", unit="epoch", file=sys.stderr) as bar:
         def progress(epoch: int, loss: float) -> None:
