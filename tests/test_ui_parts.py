@@ -231,3 +231,22 @@ def test_a_new_page_does_not_replace_the_model_chosen_in_settings(tiny_llama):
     slot.start("other", "none")  # still the model in use: nothing to load
     assert asked == ["embedded", "other", "broken"]
     assert (slot.status.name, slot.status.ready) == ("other", True)
+
+
+def test_a_transcript_in_the_trace_box_replays_as_a_conversation(tiny_llama):
+    from thinkviz.replay import load_trace, prepare
+    from thinkviz.ui.runs import RunInput
+    from thinkviz.ui.runs import prepare as prepare_input
+
+    loaded = tiny_model("llama", max_context=8192)
+    choice = inputs.choose_preset("think_drop_syntax_error")
+    prompt, ids = prepare_input(loaded, inputs.run_input("replay", choice.system, choice.preset.question, choice.trace))
+    want_prompt, want_ids = prepare(loaded, load_trace("think_drop_syntax_error"))
+    assert (prompt.ids, ids, prompt.roles) == (want_prompt.ids, want_ids, want_prompt.roles)
+    standalone = "SYSTEM: Be brief.\nUSER: Add 2 and 3.\nASSISTANT: <think>\n2 + 3 = 5\n</think>\n5\nTOOL: ok"
+    prompt, ids = prepare_input(tiny_llama, RunInput(None, "", standalone))  # its own question: the box may be empty
+    assert [r.role for r in prompt.roles] == ["system", "user", "assistant", "tool"]
+    with pytest.raises(RunInputError, match="question is empty"):
+        prepare_input(tiny_llama, RunInput(None, " ", "ASSISTANT: hi"))
+    with pytest.raises(RunInputError, match="unknown role 'bot'"):
+        prepare_input(tiny_llama, RunInput(None, "q", '[{"role": "bot", "content": "x"}]'))

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import yaml
 
 from .chat import REASONING_SYSTEM_PROMPT
-from .transcript import Message, TraceError, is_transcript, parse_transcript
+from .transcript import Message, TraceError, is_transcript, join_chat, parse_transcript
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
@@ -119,8 +119,7 @@ def load_preset(name_or_path: str | Path, directory: Path | str = PRESETS_DIR) -
         trace = _read_trace(trace_ref, directory, fail)
         if is_transcript(trace, trace_ref):
             system_prompt = REASONING_SYSTEM_PROMPT if system is None else system
-            messages = (Message("system", system_prompt), Message("user", question),
-                        *_continuation(trace, trace_ref, fail))
+            messages = join_chat(system_prompt, question, _continuation(trace, trace_ref, fail))
     else:
         if trace_ref is not None:
             raise fail("'trace' is only for replay mode; a generate preset decodes from the question")

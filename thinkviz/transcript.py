@@ -117,6 +117,23 @@ def parse_transcript(text: str, *, continues: bool = False) -> tuple[Message, ..
     return _check(tuple(_message(item, where(i, raw)) for i, item in enumerate(raw)), continues)
 
 
+def join_chat(system: str | None, question: str, messages: Sequence[Message]) -> tuple[Message, ...]:
+    """``messages`` as one whole conversation.
+
+    A transcript that starts with its own system or user message is one already; one that
+    starts with an assistant or tool message continues the chat of ``system`` (``None``: no
+    system message) and ``question``, which are put before it.  :class:`TraceError` when that
+    question is needed and empty.
+    """
+    if messages and messages[0].role in ("system", "user"):
+        return tuple(messages)
+    if not question.strip():
+        raise TraceError("the question is empty: a transcript that starts with an assistant or tool message "
+                         "continues the question")
+    head = () if system is None else (Message("system", system),)
+    return (*head, Message("user", question), *messages)
+
+
 def _item(index: int, raw: Sequence[Any]) -> str:
     return f"message {index + 1} of {len(raw)}"
 

@@ -1,7 +1,8 @@
 """Starting runs from what the user typed.
 
 Shared by the Live and Compare tabs: a :class:`RunInput` is a chat (system prompt +
-question) and, in replay mode, the assistant text to teacher-force instead of generating.
+question) and, in replay mode, the assistant text — or a transcript — to teacher-force
+instead of generating.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from ..engine import DecodeSettings, EngineError, Run
 from ..events import StepEvent
 from ..model import LoadedModel
 from ..policies import Policy
-from ..replay import TraceError, prepare_trace
+from ..replay import TraceError, prepare_trace, prepare_transcript
+from ..transcript import is_transcript, join_chat, parse_transcript
 
 
 class RunInputError(ValueError):
@@ -36,12 +38,22 @@ class RunInput:
 
 
 def prepare(loaded: LoadedModel, run_input: RunInput) -> tuple[ChatPrompt, list[int] | None]:
-    """The prompt to prefill and, in replay mode, the trace ids to teacher-force."""
-    if not run_input.question.strip():
+    """The prompt to prefill and, in replay mode, the trace ids to teacher-force.
+
+    A trace that is a transcript (:func:`~thinkviz.transcript.is_transcript`) is replayed as a
+    conversation; one that starts with an assistant or tool message continues the system
+    prompt and question given, one with its own system or user message stands alone.
+    """
+    trace = run_input.trace or ""
+    transcript = run_input.replay and is_transcript(trace)
+    if not transcript and not run_input.question.strip():
         raise RunInputError("The question is empty: type a prompt or pick a preset.")
     try:
+        if transcript:
+            messages = join_chat(run_input.system, run_input.question, parse_transcript(trace, continues=True))
+            return prepare_transcript(loaded, messages)
         if run_input.replay:
-            return prepare_trace(loaded, run_input.system, run_input.question, run_input.trace or "")
+            return prepare_trace(loaded, run_input.system, run_input.question, trace)
         return build_chat(loaded.tokenizer, run_input.system, run_input.question), None
     except TraceError as exc:
         raise RunInputError(str(exc)) from None
