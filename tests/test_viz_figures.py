@@ -262,3 +262,31 @@ def test_placeholder_figure_shows_only_its_hint():
     assert len(fig.data) == 0
     assert [a.text for a in fig.layout.annotations] == ["Each policy's KV cache appears here"]
     assert fig.layout.xaxis.visible is False and fig.layout.yaxis.visible is False
+
+
+def test_keep_heatmap_marks_where_each_turn_of_a_transcript_begins(loaded, tmp_path):
+    from thinkviz.engine import DecodeSettings, Run
+    from thinkviz.events import RunRecord
+    from thinkviz.policies import make_policy
+    from thinkviz.viz.figures import turn_starts
+
+    from thought_trace import conversation_and_trace
+
+    prompt, ids = conversation_and_trace(loaded)
+    run = Run(loaded, make_policy("window", budget=64, interval=8), prompt, DecodeSettings(snapshot_limit=8))
+    for _ in run.replay(ids):
+        pass
+    record = run.record
+    starts = turn_starts(record.segments)
+    assert starts == [(r.start, r.role) for r in prompt.roles]
+    fig = keep_heatmap(record)
+    (turns,) = [t for t in fig.data if t.name == "turns"]
+    assert [x for x in turns.x if x is not None][::2] == [start - 0.5 for start, _ in starts[1:]]
+    assert [t for t in turns.text if t] == [role for _, role in starts[1:]]
+    record.save(tmp_path / "run")  # a recording keeps the turns and the tool spans
+    again = RunRecord.load(tmp_path / "run")
+    assert again.segments == record.segments and turn_starts(again.segments) == starts
+    assert {s["kind"] for s in again.segments} >= {"tool", "assistant"}
+    # a single-turn chat: system, user, then the open assistant turn after them
+    single = turn_starts(replayed(loaded, "window").record.segments)
+    assert [role for _, role in single] == ["system", "user", "assistant"]

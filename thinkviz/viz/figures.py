@@ -11,7 +11,7 @@ generation (one token per step) and replay (a chunk per step) read the same way.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -300,9 +300,27 @@ def _downsample(matrix: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, n
     return binned, row_idx, starts
 
 
+_TURN_KINDS = ("system", "user", "tool", "assistant")
+
+
+def turn_starts(segments: Sequence[dict]) -> list[tuple[int, str]]:
+    """``(position, role)`` where each chat turn of a recording begins, from its turn spans; an
+    assistant turn without a span of its own (the open one of a single-turn chat) begins where
+    the turns before it end, when anything follows them."""
+    turns = sorted((int(s["start"]), int(s["end"]), s["kind"]) for s in segments if s.get("kind") in _TURN_KINDS)
+    last = max((int(s["end"]) for s in segments), default=0)
+    starts = []
+    for i, (start, end, kind) in enumerate(turns):
+        starts.append((start, kind))
+        following = turns[i + 1][0] if i + 1 < len(turns) else last
+        if following > end:
+            starts.append((end, "assistant"))
+    return starts
+
+
 def keep_heatmap(record: RunRecord, layer: int | None = None, head: int | None = None) -> go.Figure:
     """Step × position heatmap: kept (blue), partly kept (orange), evicted (dark), not yet seen
-    (white); think blocks outlined."""
+    (white); think blocks outlined, chat turns begin at the dotted lines."""
     matrix = keep_matrix(record, layer, head)
     z, rows, cols = _downsample(matrix, MAX_ROWS, MAX_COLS)
     steps = np.array([e.step for e in record.events], dtype=np.int64)[rows]
@@ -318,6 +336,15 @@ def keep_heatmap(record: RunRecord, layer: int | None = None, head: int | None =
             fig.add_vrect(x0=span["start"] - 0.5, x1=span["end"] - 0.5, line=dict(color="#e0a100", width=1),
                           annotation_text=f"think {int(span.get('index', 0)) + 1}", annotation_position="top left",
                           annotation_font_size=10)
+    bounds = [(start, role) for start, role in turn_starts(record.segments) if start > 0]
+    if bounds and len(steps):
+        xs = [x for start, _ in bounds for x in (start - 0.5, start - 0.5, None)]
+        ys = [y for _ in bounds for y in (steps[-1], steps[0], None)]
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="lines+text", text=[t for _, role in bounds for t in ("", role, "")],
+            textposition="bottom right", textfont=dict(size=9, color="#3b4ba8"), hoverinfo="skip",
+            line=dict(color="#3b4ba8", width=1, dash="dot"), showlegend=False, name="turns",
+        ))
     fig.update_layout(height=420, margin=dict(l=60, r=20, t=50, b=40), title=f"Keep / evict — {scope}",
                       xaxis_title="position", yaxis_title="step", plot_bgcolor="white")  # white: not seen yet
     fig.update_yaxes(autorange="reversed")

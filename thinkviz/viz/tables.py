@@ -19,7 +19,7 @@ from ..units import format_bytes
 SEGMENT_TABLE_HEADERS = ["segment", "tokens", "kept %", "mean importance"]
 FIDELITY_TABLE_HEADERS = ["segment", "tokens", "NLL Δ (nats)", "KL(full‖policy)", "top-1 agree %"]
 # Kinds listed in the segment table; steps and tags are too fine-grained for a table.
-TABLE_KINDS = ("system", "user", "signature", "think", "code", "answer")
+TABLE_KINDS = ("system", "user", "tool", "signature", "think", "code", "answer")
 
 
 def cell(value: Any, spec: str) -> str:

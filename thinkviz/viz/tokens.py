@@ -13,7 +13,7 @@ patched token by token while a run streams:
 - eviction: ``tv-gone`` (no layer or head holds the token: greyed and struck through),
   ``tv-part tv-k1 … tv-k9`` (kept in that many tenths of the (layer, kv-head) slots:
   faded in proportion and hatched);
-- segments: ``tv-seg-<kind>`` (system, user, template, signature, think, step, tag,
+- segments: ``tv-seg-<kind>`` (system, user, tool, template, signature, think, step, tag,
   answer, code), ``tv-protected``; think blocks are boxed by per-token classes
   (``tv-think tv-tb<n mod 4>`` with ``tv-think-start`` / ``tv-think-end`` drawing the
   left / right edge), which survive appends, unlike a nested container.  The start
@@ -41,12 +41,13 @@ HEAT_LEVELS = 10  # tv-h0 … tv-h9
 KEEP_LEVELS = 10  # tv-k1 … tv-k9 for partial keeps
 
 # Which covering span names a token's colour: the most specific one.
-_RANK = {"system": 0, "user": 0, "answer": 0, "think": 1, "signature": 2, "step": 2, "tag": 3, "code": 3}
+_RANK = {"system": 0, "user": 0, "tool": 0, "answer": 0, "think": 1, "signature": 2, "step": 2, "tag": 3, "code": 3}
 _THINK_PALETTE = ("#fff4d6", "#fde4ec", "#dcf4f7", "#ecf5dc")
 _THINK_BORDER = ("#e0a100", "#d0578a", "#2a9aa8", "#6f9a2a")
 _SEGMENT_COLOURS = {
     "system": "#e6e8f6",
     "user": "#dcecfb",
+    "tool": "#f5e6d3",
     "template": "#f3f3f3",
     "signature": "#ffd9a8",
     "tag": "#d9cdf0",
