@@ -88,6 +88,15 @@ def test_attention_free_eviction_matches_masked_full_cache(arch_fixture, name, r
     assert heads_differ, f"{name} should keep different tokens in different kv-heads"
 
 
+def _check_chat(loaded, policy, prompt, trace):
+    """Replay a chat's trace through ``policy``; every chunk must match the masked full cache."""
+    events, logits, visible, _ = replay_with_visibility(loaded, policy, prompt, trace)
+    assert sum(len(e.evicted) for e in events) >= 30, "the test must exercise real evictions"
+    reference = reference_logits(loaded, prompt.ids, trace, policy.interval, visible)
+    for got, want in zip(logits, reference, strict=True):
+        assert (got - want).abs().max().item() <= TOLERANCE
+
+
 # The thought-aware policies on a chat whose assistant reasons in three <think> blocks, so their
 # segments, blocks and protected spans are real.  merge is not here: it rewrites kept values,
 # so a step after merging is *meant* to differ from the masked full cache (its fold rule is
@@ -106,11 +115,7 @@ def test_thought_aware_eviction_matches_masked_full_cache(tiny_llama, name, para
     prompt, trace = chat_and_trace(tiny_llama.tokenizer)
     budget = 160 if name == "think_drop" else len(prompt.ids) + 24
     policy = make_policy(name, budget=budget, interval=4, **params)
-    events, logits, visible, _ = replay_with_visibility(tiny_llama, policy, prompt, trace)
-    assert sum(len(e.evicted) for e in events) >= 30, "the test must exercise real evictions"
-    reference = reference_logits(tiny_llama, prompt.ids, trace, policy.interval, visible)
-    for got, want in zip(logits, reference, strict=True):
-        assert (got - want).abs().max().item() <= TOLERANCE
+    _check_chat(tiny_llama, policy, prompt, trace)
 
 
 # The same on a multi-turn transcript (tool output, a second user turn): every turn after the
@@ -125,11 +130,7 @@ def test_eviction_on_a_multi_turn_transcript_matches_masked_full_cache(tiny_llam
     assert any(role.role == "tool" for role in prompt.roles) and sum(r.role == "user" for r in prompt.roles) == 2
     budget = 96 if name == "think_drop" else len(prompt.ids) + 24
     policy = make_policy(name, budget=budget, interval=4, **params)
-    events, logits, visible = replay_with_visibility(tiny_llama, policy, prompt, trace)
-    assert sum(len(e.evicted) for e in events) >= 30, "the test must exercise real evictions"
-    reference = reference_logits(tiny_llama, prompt.ids, trace, policy.interval, visible)
-    for got, want in zip(logits, reference, strict=True):
-        assert (got - want).abs().max().item() <= TOLERANCE
+    _check_chat(tiny_llama, policy, prompt, trace)
 
 
 @pytest.mark.integration
