@@ -66,8 +66,8 @@ def format_report(name: str, model: str, report: dict[str, Any]) -> str:
     turns = report["turns"]
     total = turns[-1]["end"] if turns else 0
     prefilled = sum(t["tokens"] for t in turns if t["prefilled"])
-    lines = [f"{name}: {total:,} tokens with the {model} tokenizer ({prefilled:,} prefilled, "
-             f"{total - prefilled:,} teacher-forced)", "turns:"]
+    head = f"{name}: {total:,} tokens with the {model} tokenizer ({prefilled:,} prefilled, "
+    lines = [head + f"{total - prefilled:,} teacher-forced)", "turns:"]
     for t in turns:
         where = "prefilled" if t["prefilled"] else "replayed"
         lines.append(f"  {t['turn'] + 1:3d}  {t['role']:<9} {t['tokens']:6,} tokens "

@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_TRACE_FILE_BYTES = 4 * 1024 * 1024
