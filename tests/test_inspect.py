@@ -9,7 +9,7 @@ import pytest
 
 from thinkviz.cli import main
 from thinkviz.engine import DecodeSettings, Run
-from thinkviz.model import tiny_model
+from tiny_models import tiny_model
 from thinkviz.policies import make_policy
 from thinkviz.policies.think_drop import block_states
 from thinkviz.replay import load_trace, prepare

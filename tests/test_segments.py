@@ -439,7 +439,7 @@ def test_think_blocks_match_a_plain_string_search(texts):
 def transcript_segmenter(**kwargs):
     """A segmenter built the way a replay builds it (prompt + ahead roles), fed the replayed
     tokens one by one as the engine decodes them; returns it and all token texts."""
-    from thinkviz.model import tiny_model
+    from tiny_models import tiny_model
 
     from thought_trace import conversation_and_trace
 
