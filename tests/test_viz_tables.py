@@ -86,3 +86,24 @@ def test_fidelity_table_from_metric_summaries(run):
     assert think[2] == pytest.approx(0.5 * in_first / think_tokens, abs=1e-4)
     assert by_name["answer"][2] == 0.0
     assert 0 <= by_name["all tokens"][4] <= 100
+
+
+def test_turn_preview_lists_every_message_with_its_tokens_and_blocks():
+    from thinkviz.inspection import inspect_trace
+    from thinkviz.replay import Trace
+    from thinkviz.transcript import Message
+    from thinkviz.viz.tables import TURN_PREVIEW_HEADERS, turn_preview
+
+    from thought_trace import MESSAGES
+    from tiny_models import tiny_model
+
+    messages = [Message(role, content) for role, content in MESSAGES] + [Message("tool", "")]
+    report = inspect_trace(tiny_model().tokenizer, 2048, Trace.of_transcript("t", messages))
+    rows = turn_preview(messages, report, width=20)
+    assert len(rows[0]) == len(TURN_PREVIEW_HEADERS) and [r[0] for r in rows] == list(range(1, len(messages) + 1))
+    assert [r[1] for r in rows] == [m.role for m in messages]
+    assert [r[2] for r in rows] == [t["tokens"] for t in report["turns"]]
+    assert [r[3] for r in rows] == [1 if k in (2, 4, 7) else 0 for k in range(len(messages))]
+    assert rows[2][4] == "<think>" and rows[3][4] == "F." and rows[-1][4] == "(empty)"
+    assert rows[1][4].endswith("…") and len(rows[1][4]) == 20
+    assert turn_preview(messages[:2])[0][2:4] == [None, None]  # no model yet: no token counts

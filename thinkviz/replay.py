@@ -43,7 +43,7 @@ from .metrics import (
 from .model import LoadedModel
 from .policies import REFERENCE_POLICY, Policy, make_policy
 from .presets import PresetError, load_preset
-from .transcript import Message, TraceError, is_transcript, parse_transcript, read_trace_file
+from .transcript import Message, TraceError, is_transcript, join_chat, parse_transcript, read_trace_file
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -65,10 +65,26 @@ class Trace:
     messages: tuple[Message, ...] | None = None
 
     @classmethod
-    def of_transcript(cls, name: str, messages: Sequence[Message]) -> "Trace":
+    def of_transcript(cls, name: str, messages: Sequence[Message]) -> Trace:
         system = messages[0].content if messages and messages[0].role == "system" else None
         question = next((m.content for m in messages if m.role == "user"), "")
         return cls(name, system, question, "", tuple(messages))
+
+    @property
+    def conversation(self) -> tuple[Message, ...]:
+        """Its messages: a transcript's own, or the system prompt, question and assistant text."""
+        if self.messages is not None:
+            return self.messages
+        head = () if self.system is None else (Message("system", self.system),)
+        return (*head, Message("user", self.question), Message("assistant", self.text))
+
+
+def trace_from_text(text: str, system: str | None, question: str, name: str = "pasted") -> Trace:
+    """A trace typed, pasted or uploaded in the app: a transcript (one that starts with an
+    assistant or tool message continues ``system`` and ``question``) or the assistant's text."""
+    if is_transcript(text):
+        return Trace.of_transcript(name, join_chat(system, question, parse_transcript(text, continues=True)))
+    return Trace(name, system, question, text)
 
 
 def load_trace(spec: str, question: str | None = None, system: str | None = None) -> Trace:

@@ -16,8 +16,9 @@ from ..engine import DecodeSettings, EngineError, Run
 from ..events import StepEvent
 from ..model import LoadedModel
 from ..policies import Policy
-from ..replay import TraceError, prepare_trace, prepare_transcript
-from ..transcript import is_transcript, join_chat, parse_transcript
+from ..replay import TraceError, trace_from_text
+from ..replay import prepare as prepare_replay
+from ..transcript import is_transcript
 
 
 class RunInputError(ValueError):
@@ -45,15 +46,11 @@ def prepare(loaded: LoadedModel, run_input: RunInput) -> tuple[ChatPrompt, list[
     prompt and question given, one with its own system or user message stands alone.
     """
     trace = run_input.trace or ""
-    transcript = run_input.replay and is_transcript(trace)
-    if not transcript and not run_input.question.strip():
+    if not (run_input.replay and is_transcript(trace)) and not run_input.question.strip():
         raise RunInputError("The question is empty: type a prompt or pick a preset.")
     try:
-        if transcript:
-            messages = join_chat(run_input.system, run_input.question, parse_transcript(trace, continues=True))
-            return prepare_transcript(loaded, messages)
         if run_input.replay:
-            return prepare_trace(loaded, run_input.system, run_input.question, trace)
+            return prepare_replay(loaded, trace_from_text(trace, run_input.system, run_input.question))
         return build_chat(loaded.tokenizer, run_input.system, run_input.question), None
     except TraceError as exc:
         raise RunInputError(str(exc)) from None
