@@ -250,3 +250,31 @@ def test_a_transcript_in_the_trace_box_replays_as_a_conversation(tiny_llama):
         prepare_input(tiny_llama, RunInput(None, " ", "ASSISTANT: hi"))
     with pytest.raises(RunInputError, match="unknown role 'bot'"):
         prepare_input(tiny_llama, RunInput(None, "q", '[{"role": "bot", "content": "x"}]'))
+
+
+def test_uploads_and_the_turn_preview_of_the_replay_panel(tmp_path):
+    import json
+
+    from thought_trace import MESSAGES
+
+    path = tmp_path / "agent.jsonl"
+    path.write_text("\n".join(json.dumps({"role": r, "content": c}) for r, c in MESSAGES), encoding="utf-8")
+    text = inputs.read_upload(str(path))
+    assert text.startswith('{"role": "system"')
+    loaded = tiny_model("llama")
+    caption, rows = inputs.trace_preview(loaded, "replay", None, "", text)
+    assert [r[1] for r in rows] == [role for role, _ in MESSAGES]
+    assert caption.startswith(f"{len(MESSAGES)} turns (a transcript):") and "3 think blocks" in caption
+    assert all(isinstance(r[2], int) for r in rows) and rows[3][4].startswith("F.")
+    caption, rows = inputs.trace_preview(None, "replay", "S", "Why?", "<think>\nhm\n</think>\nBecause.")
+    assert [r[1] for r in rows] == ["system", "user", "assistant"] and "once the model is loaded" in caption
+    assert inputs.trace_preview(loaded, "generate", None, "q", text) == ("", [])
+    caption, rows = inputs.trace_preview(loaded, "replay", None, "q", '[{"role": "bot", "content": "x"}]')
+    assert rows == [] and "Cannot replay this" in caption and "unknown role 'bot'" in caption
+    for content, reason in [(b"\x00\x01", "binary"), ("\u00e9t\u00e9".encode("latin-1"), "not UTF-8"), (b"", "empty")]:
+        bad = tmp_path / "bad.json"
+        bad.write_bytes(content)
+        with pytest.raises(RunInputError, match=f"the uploaded file bad.json is .*{reason}"):
+            inputs.read_upload(str(bad))
+    with pytest.raises(RunInputError, match="No file"):
+        inputs.read_upload(None)

@@ -104,6 +104,6 @@ def test_turn_preview_lists_every_message_with_its_tokens_and_blocks():
     assert [r[1] for r in rows] == [m.role for m in messages]
     assert [r[2] for r in rows] == [t["tokens"] for t in report["turns"]]
     assert [r[3] for r in rows] == [1 if k in (2, 4, 7) else 0 for k in range(len(messages))]
-    assert rows[2][4] == "<think>" and rows[3][4] == "F." and rows[-1][4] == "(empty)"
+    assert rows[2][4] == "The function return…" and rows[3][4] == "F." and rows[-1][4] == "(empty)"
     assert rows[1][4].endswith("…") and len(rows[1][4]) == 20
     assert turn_preview(messages[:2])[0][2:4] == [None, None]  # no model yet: no token counts

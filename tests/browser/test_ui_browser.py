@@ -203,6 +203,29 @@ def test_a_recording_downloads_and_opens_again_in_explore(page, tmp_path):
     wait_for_text(page, "#tv-explore-caption", rf"Step {LIVE_TOKENS - 1} of {LIVE_TOKENS - 1}", 60)
 
 
+def test_an_uploaded_transcript_previews_its_turns_and_replays_with_tool_segments(page, tmp_path):
+    import json
+
+    from thought_trace import MESSAGES
+
+    path = tmp_path / "agent.jsonl"
+    path.write_text("\n".join(json.dumps({"role": r, "content": c}) for r, c in MESSAGES), encoding="utf-8")
+    page.get_by_role("tab", name="Live").click()
+    page.get_by_text("System prompt and replay trace or transcript").first.click()
+    page.set_input_files("#tv-live-upload input[type=file]", str(path))
+    wait_for_text(page, "#tv-live-turns-caption", rf"{len(MESSAGES)} turns \(a transcript\): [\d,]+ tokens", 60)
+    assert page.locator("#tv-live-run-mode input[value=replay]").is_checked()
+    assert table_rows(page, "#tv-live-turns") == len(MESSAGES)
+    assert [cell(page, "#tv-live-turns", r, 1) for r in range(len(MESSAGES))] == [role for role, _ in MESSAGES]
+    set_number(page, "#tv-live-budget", 128)
+    page.click("#tv-live-run")
+    wait_for_text(page, "#tv-live-status", r"Done: \d+ tokens replayed", RUN_TIMEOUT)
+    assert page.locator("#tv-live-tokens .tv-seg-tool").count() > 20
+    assert "1 failed, 1 passed" in page.inner_text("#tv-live-tokens")
+    page.fill("#tv-live-trace textarea", '[{"role": "robot", "content": "x"}]')
+    wait_for_text(page, "#tv-live-turns-caption", r"Cannot replay this: .*unknown role 'robot'", 60)
+
+
 def test_no_errors_in_the_browser_console(page):
     assert page.problems == []
 

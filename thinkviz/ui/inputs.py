@@ -7,11 +7,17 @@ show them are built in :mod:`thinkviz.ui.app`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..engine import DecodeSettings, EngineError
+from ..inspection import inspect_trace
 from ..memory import TARGETS, Projection
+from ..model import LoadedModel
 from ..presets import Preset, PresetError, list_presets, load_preset
+from ..replay import trace_from_text
+from ..transcript import MAX_TRACE_FILE_BYTES, TraceError, decode_trace
+from ..viz.tables import turn_preview
 from .runs import RunInput, RunInputError
 from .text import no_markup
 
@@ -71,7 +77,8 @@ def run_input(mode: str, system: str | None, question: str | None, trace: str | 
     if mode not in RUN_MODES:
         raise RunInputError(f"Unknown run mode {mode!r}; choose generate or replay.")
     if mode == "replay" and not (trace or "").strip():
-        raise RunInputError("Replay mode needs a trace: pick a replay preset or paste the assistant's text.")
+        raise RunInputError("Replay mode needs a trace: pick a replay preset, paste the assistant's text or a "
+                            "transcript, or upload one.")
     return RunInput(
         system=(system or "").strip() or None,
         question=question or "",
@@ -98,3 +105,44 @@ def projection(target: str | None, card_gb: Any) -> Projection | None:
         return Projection.named(target, float(card_gb))
     except (TypeError, ValueError) as exc:
         raise RunInputError(f"Bad projection: {exc}") from None
+
+
+def read_upload(path: str | None) -> str:
+    """The text of an uploaded trace or transcript file (what the trace box then holds);
+    :class:`RunInputError` for a file that is too large, binary, not UTF-8 or empty."""
+    if not path:
+        raise RunInputError("No file was uploaded.")
+    file = Path(path)
+    what = f"the uploaded file {file.name}"
+    try:
+        if file.stat().st_size > MAX_TRACE_FILE_BYTES:
+            raise RunInputError(f"{what} is larger than {MAX_TRACE_FILE_BYTES // 2**20} MiB")
+        return decode_trace(file.read_bytes(), what)
+    except TraceError as exc:
+        raise RunInputError(str(exc)) from None
+    except OSError as exc:
+        raise RunInputError(f"cannot read {what} ({exc.strerror})") from None
+
+
+def trace_preview(loaded: LoadedModel | None, mode: str, system: str | None, question: str | None,
+                  trace: str | None) -> tuple[str, list[list]]:
+    """A caption and one row per turn (:func:`~thinkviz.viz.tables.turn_preview`) for what the
+    replay would run; token counts need ``loaded`` (its tokenizer only, no forward pass).  A
+    trace that cannot be replayed gets the reason as its caption, never an exception: the
+    preview follows the trace box as it is typed."""
+    if mode != "replay" or not (trace or "").strip():
+        return "", []
+    try:
+        chosen = trace_from_text(trace or "", (system or "").strip() or None, question or "")
+        report = None if loaded is None else inspect_trace(loaded.tokenizer, loaded.geometry.max_context, chosen)
+    except TraceError as exc:
+        return f"**Cannot replay this:** {no_markup(str(exc))}", []
+    rows = turn_preview(chosen.conversation, report)
+    form = "a transcript" if chosen.messages is not None else "the assistant's text after the question"
+    if report is None:
+        return f"{len(rows)} turns ({form}); token counts appear once the model is loaded.", rows
+    turns = report["turns"]
+    prefilled = sum(t["tokens"] for t in turns if t["prefilled"])
+    total = turns[-1]["end"]
+    return (f"{len(rows)} turns ({form}): {total:,} tokens, {prefilled:,} prefilled and {total - prefilled:,} "
+            f"teacher-forced; {len(report['think_blocks'])} think blocks."), rows

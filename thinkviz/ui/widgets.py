@@ -23,6 +23,7 @@ from ..policies import Policy, policy_names
 from ..policies.base import COMMON_PARAMS
 from ..presets import MAX_NEW_TOKENS_RANGE
 from ..units import format_bytes
+from ..viz.tables import TURN_PREVIEW_HEADERS
 from . import inputs
 from .controls import (Pools, build_policy, collect_params, pool_bounds, pool_choices, pool_sizes,
                        slot_specs)
@@ -176,7 +177,8 @@ def policy_controls(default: str) -> PolicyControls:
 # ---- what to run ------------------------------------------------------------------------------
 @dataclass
 class InputControls:
-    """Preset picker and the chat to run (system, question, generate / replay, trace)."""
+    """Preset picker and the chat to run (system, question, generate / replay, trace), with the
+    replay panel: a trace or transcript file to upload and a preview of its turns."""
 
     preset: gr.Dropdown
     notice: gr.Markdown
@@ -184,6 +186,9 @@ class InputControls:
     system: gr.Textbox
     question: gr.Textbox
     trace: gr.Textbox
+    upload: gr.File
+    preview_caption: gr.Markdown
+    preview: gr.Dataframe
 
     def inputs(self) -> list:
         return [self.mode, self.system, self.question, self.trace]
@@ -197,7 +202,8 @@ class InputControls:
         return [self.notice, self.mode, self.system, self.question, self.trace]
 
 
-def input_controls(choices: list[tuple[str, str]], tab: str) -> InputControls:
+def input_controls(choices: list[tuple[str, str]], tab: str, slot: ModelSlot) -> InputControls:
+    """The chat controls; the turn preview follows them, counted with ``slot``'s tokenizer once loaded."""
     preset = gr.Dropdown(choices, value=None, label="Preset", elem_id=f"tv-{tab}-preset",
                          info="a question, a policy and, for replay, a hand-written reasoning trace")
     notice = gr.Markdown("", elem_classes="tv-notice")
@@ -205,10 +211,35 @@ def input_controls(choices: list[tuple[str, str]], tab: str) -> InputControls:
                           elem_id=f"tv-{tab}-question")
     mode = gr.Radio(list(inputs.RUN_MODES), value="generate", label="Run mode", elem_id=f"tv-{tab}-run-mode",
                     info="generate: the model writes; replay: teacher-force the trace")
-    with gr.Accordion("System prompt and replay trace", open=False):
+    with gr.Accordion("System prompt and replay trace or transcript", open=False):
         system = gr.Textbox(label="System prompt (empty: none)", lines=3, value=REASONING_SYSTEM_PROMPT)
-        trace = gr.Textbox("", label="Trace to replay (the assistant's text; replay mode)", lines=6, max_lines=12)
-    return InputControls(preset, notice, mode, system, question, trace)
+        trace = gr.Textbox("", label="Trace to replay: the assistant's text, or a transcript (lines starting "
+                           "SYSTEM:, USER:, ASSISTANT:, TOOL:, or JSON / JSONL messages)", lines=6, max_lines=12,
+                           elem_id=f"tv-{tab}-trace")
+        upload = gr.File(label="…or upload one (.json, .jsonl, .txt, .md)", type="filepath", height=90,
+                         file_types=[".json", ".jsonl", ".txt", ".md"], elem_id=f"tv-{tab}-upload")
+        caption = gr.Markdown("", elem_id=f"tv-{tab}-turns-caption")
+        preview = gr.Dataframe(headers=TURN_PREVIEW_HEADERS, value=[], label="Turns of the replay (blocks: think blocks)",
+                               interactive=False, wrap=True, column_widths=["10%", "21%", "15%", "14%", "40%"],
+                               elem_id=f"tv-{tab}-turns")
+    panel = InputControls(preset, notice, mode, system, question, trace, upload, caption, preview)
+
+    def uploaded(path: str | None) -> list:
+        try:
+            return [inputs.read_upload(path), "replay"]
+        except RunInputError as exc:
+            raise user_error(exc) from None
+
+    upload.upload(uploaded, upload, [trace, mode], show_progress="hidden", api_visibility="private")
+
+    def preview_turns(*values: Any) -> list:
+        caption_text, rows = inputs.trace_preview(slot.loaded, *values)
+        return [caption_text, gr.Dataframe(value=rows, visible=bool(rows))]
+
+    for control in panel.inputs():
+        control.change(preview_turns, panel.inputs(), [caption, preview], show_progress="hidden",
+                       trigger_mode="always_last", api_visibility="private")
+    return panel
 
 
 def preset_values(name: str | None) -> tuple[inputs.PresetChoice | None, list]:

@@ -18,7 +18,8 @@ from ..units import format_bytes
 
 SEGMENT_TABLE_HEADERS = ["segment", "tokens", "kept %", "mean importance"]
 FIDELITY_TABLE_HEADERS = ["segment", "tokens", "NLL Δ (nats)", "KL(full‖policy)", "top-1 agree %"]
-TURN_PREVIEW_HEADERS = ["turn", "role", "tokens", "think blocks", "begins with"]
+TURN_PREVIEW_HEADERS = ["turn", "role", "tokens", "blocks", "begins with"]  # blocks: think blocks
+_BARE_TAGS = ("<think>", "</think>")
 # Kinds listed in the segment table; steps and tags are too fine-grained for a table.
 TABLE_KINDS = ("system", "user", "tool", "signature", "think", "code", "answer")
 
@@ -133,20 +134,20 @@ def stats_html(record: RunRecord) -> str:
     return f"<div class='tv-stats'>{cells}</div>"
 
 
-def turn_preview(messages: Sequence[Any], report: Mapping[str, Any] | None = None, width: int = 60) -> list[list]:
+def turn_preview(messages: Sequence[Any], report: Mapping[str, Any] | None = None, width: int = 40) -> list[list]:
     """Rows ``[turn, role, tokens, think blocks, begins with]``, one per message of a conversation.
 
     ``messages`` have ``role`` and ``content``; ``report`` is an inspection of the same
     conversation (:func:`thinkviz.inspection.inspect_trace`), whose turns give the token counts
     and think blocks (``None`` without one, e.g. before a model is loaded).  The last column is
-    the message's first non-blank line, cut to ``width`` characters (an empty tool output
-    shows as "(empty)").
+    the message's first line of text (blank lines and bare ``<think>`` / ``</think>`` lines
+    skipped), cut to ``width`` characters (an empty tool output shows as "(empty)").
     """
     turns = list(report["turns"]) if report else []
     blocks = [b["turn"] for b in report["think_blocks"]] if report else []
     rows = []
     for k, message in enumerate(messages):
-        line = next((ln.strip() for ln in message.content.splitlines() if ln.strip()), "")
+        line = next((ln.strip() for ln in message.content.splitlines() if ln.strip() not in ("", *_BARE_TAGS)), "")
         begins = line if len(line) <= width else line[: width - 1] + "…"
         tokens = turns[k]["tokens"] if k < len(turns) else None
         rows.append([k + 1, message.role, tokens, blocks.count(k) if report else None, begins or "(empty)"])

@@ -60,7 +60,7 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
     """Lay out the Compare tab; returns the function that wires Compare once Explore's run picker exists."""
     with gr.Row():
         with gr.Column(scale=2, min_width=300):
-            panel = input_controls(app.presets, "compare")
+            panel = input_controls(app.presets, "compare", app.slot)
             chosen = policy_set_controls()
             decode = decode_controls("compare")
             with gr.Row():

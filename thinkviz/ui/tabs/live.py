@@ -54,7 +54,7 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
     """Lay out the Live tab; returns the function that wires Generate once Explore's run picker exists."""
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
-            panel = input_controls(app.presets, "live")
+            panel = input_controls(app.presets, "live", app.slot)
             with gr.Row():
                 generate = gr.Button("Generate", variant="primary", elem_id="tv-live-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="tv-live-stop")
