@@ -204,7 +204,8 @@ QWEN3_LIKE = (
     "{%- for m in messages %}"
     "{%- if m.role in ['system', 'user'] %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
     "{%- elif m.role == 'assistant' %}{%- set text = m.content %}"
-    "{%- if '</think>' in text and loop.index0 < ns.last_user %}{%- set text = text.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- if '</think>' in text and loop.index0 < ns.last_user %}"
+    "{%- set text = text.split('</think>')[-1].lstrip('\\n') %}"
     "{%- elif loop.last and '<think>' not in text %}{%- set text = '<think>\\n\\n</think>\\n\\n' + text %}{%- endif %}"
     "{{- '<|im_start|>assistant\\n' + text + '<|im_end|>\\n' }}"
     "{%- elif m.role == 'tool' %}"
@@ -233,7 +234,9 @@ R1_LIKE = (
 CONVERSATION = [
     {"role": "system", "content": "You are a coding agent."},
     {"role": "user", "content": "Fix area():\ndef area(r):\n    return 2 * r"},
-    {"role": "assistant", "content": "<think>\nIt returns 2r.\n</think>\n\n```python\nimport math\ndef area(r):\n    return math.pi * r * r\n```\n$ pytest -q"},
+    {"role": "assistant",
+     "content": "<think>\nIt returns 2r.\n</think>\n\n```python\nimport math\ndef area(r):\n"
+                "    return math.pi * r * r\n```\n$ pytest -q"},
     {"role": "tool", "content": "F\nFAILED test_area - NameError: name 'math' is not defined"},
     {"role": "tool", "content": ""},
     {"role": "user", "content": "Also keep the old name twice_r()."},
@@ -301,7 +304,8 @@ def test_a_template_with_a_tool_role_shapes_the_tool_turns():
     prompt = build_conversation(tok, CONVERSATION)
     first_tool, second_tool = prompt.roles[3], prompt.roles[4]
     # consecutive tool messages share one user turn: the first opens it, the second closes it
-    assert span_text(prompt, first_tool) == f"<|im_start|>user\n<tool_response>\n{CONVERSATION[3]['content']}\n</tool_response>"
+    opened = f"<|im_start|>user\n<tool_response>\n{CONVERSATION[3]['content']}\n</tool_response>"
+    assert span_text(prompt, first_tool) == opened
     assert span_text(prompt, second_tool) == "\n<tool_response>\n\n</tool_response><|im_end|>\n"
     assert span_text(prompt, prompt.roles[-1]).endswith("Done: both pass.<|im_end|>\n")
     r1 = build_conversation(with_template(R1_LIKE), CONVERSATION)
@@ -317,14 +321,16 @@ def test_build_conversation_plain_format_and_template_failures():
     check_turns(plain, CONVERSATION[:4])
     # a template that names 'tool' but drops tool messages: the fallback keeps them
     dropping = build_conversation(with_template(
-        "{%- for m in messages %}{%- if m.role != 'tool' %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+        "{%- for m in messages %}{%- if m.role != 'tool' %}"
+        "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
         "{%- endif %}{%- endfor %}"), CONVERSATION)
     assert TOOL_FALLBACK[0] + CONVERSATION[3]["content"] in dropping.text
     check_turns(dropping, CONVERSATION)
     with pytest.raises(ValueError, match="cannot render this conversation: roles must alternate"):
         build_conversation(with_template("{{ raise_exception('roles must alternate') }}"), CONVERSATION)
     with pytest.raises(ValueError, match=r"message 2 \(user\) contains the special token '<\|im_end\|>'"):
-        build_conversation(smollm2_tokenizer(), [{"role": "user", "content": "a"}, {"role": "user", "content": "b<|im_end|>"}])
+        forged = [{"role": "user", "content": "a"}, {"role": "user", "content": "b<|im_end|>"}]
+        build_conversation(smollm2_tokenizer(), forged)
 
 
 def test_split_conversation_marks_the_turns_still_to_come():

@@ -52,7 +52,10 @@ def test_inspect_text_output_and_protection_toggles(capsys):
     "content, reason",
     [
         ('[{"role": "assistant", "content": "a"}]', "message 1 is an assistant message"),
-        ('[{"role": "user", "content": "q"}, {"role": "robot", "content": "a"}]', "message 2 of 2: unknown role 'robot'"),
+        (
+            '[{"role": "user", "content": "q"}, {"role": "robot", "content": "a"}]',
+            "message 2 of 2: unknown role 'robot'",
+        ),
         ('[{"role": "user", "content": "only a question"}]', "nothing after its first user message"),
     ],
 )

@@ -139,7 +139,8 @@ def transcript_probe():
 def test_transcript_blocks_are_settled_by_the_code_of_their_own_turn(transcript_probe):
     run, events = transcript_probe
     blocks = events[-1].info["blocks"]
-    assert [(b["index"], b["turn"], b["code"]) for b in blocks] == [(0, 2, "parsed"), (1, 4, "syntax error"), (2, 7, "parsed")]
+    states = [(b["index"], b["turn"], b["code"]) for b in blocks]
+    assert states == [(0, 2, "parsed"), (1, 4, "syntax error"), (2, 7, "parsed")]
     # block 1 is settled by its own draft (no colon), not by block 2's fixed one in a later turn
     settled = _first_event(events, lambda e: len(e.info["blocks"]) > 1 and e.info["blocks"][1]["code"] != "pending")
     assert settled.info["blocks"][1]["code"] == "syntax error"
@@ -147,7 +148,10 @@ def test_transcript_blocks_are_settled_by_the_code_of_their_own_turn(transcript_
 
 
 def test_transcript_drops_completed_blocks_oldest_first_keeps_the_unparsable_one(tiny_llama, transcript_probe):
-    ready = _first_event(transcript_probe[1], lambda e: len(e.info["blocks"]) == 3 and e.info["blocks"][2]["code"] == "parsed")
+    def both_verified(e):
+        return len(e.info["blocks"]) == 3 and e.info["blocks"][2]["code"] == "parsed"
+
+    ready = _first_event(transcript_probe[1], both_verified)
     budget = ready.positions[-1] + 1  # one over budget at the next token: both verified blocks are there
     run, events = _replay_transcript(tiny_llama, budget=budget)
     first = _first_event(events, lambda e: e.evicted)
@@ -162,7 +166,8 @@ def test_transcript_drops_completed_blocks_oldest_first_keeps_the_unparsable_one
 
 @pytest.mark.parametrize("protect", [True, False])
 def test_transcript_never_evicts_a_user_turn_or_tool_output(tiny_llama, protect):
-    run, events = _replay_transcript(tiny_llama, budget=64, interval=4, protect_system=protect, protect_question=protect)
+    run, events = _replay_transcript(tiny_llama, budget=64, interval=4,
+                                     protect_system=protect, protect_question=protect)
     labels = run.segmenter.labels()
     keep = events[-1].keep_fraction
     gone = keep == 0

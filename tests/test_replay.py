@@ -230,7 +230,9 @@ def test_load_trace_from_a_preset_or_a_file(tmp_path):
 
 
 # ---- multi-turn transcripts -------------------------------------------------------------------
-@pytest.mark.parametrize("name, params", [("think_drop", {}), ("h2o", {"recent": 8}), ("tam", {"recent": 4, "window": 8, "l_min": 4})])
+@pytest.mark.parametrize(
+    "name, params", [("think_drop", {}), ("h2o", {"recent": 8}), ("tam", {"recent": 4, "window": 8, "l_min": 4})]
+)
 def test_transcript_replay_equals_step_by_step_decoding(tiny_llama, monkeypatch, name, params):
     """The transcript's tokens forced one per decoding step (the live loop, compressing every k
     steps) and replayed k per forward give the same keep sets, logits and segments, tool and
@@ -295,7 +297,8 @@ def test_prepare_transcript_prefills_the_first_user_turn_and_forces_the_rest(tin
     with pytest.raises(TraceError, match=r"context is 2,048: message 11 \(tool\) ends at token"):
         prepare_transcript(tiny_llama, long)
     with pytest.raises(TraceError, match=r"message 2 \(user\) contains the special token"):
-        prepare_transcript(tiny_llama, [Message("system", "s"), Message("user", "<|im_start|>"), Message("assistant", "a")])
+        forged = [Message("system", "s"), Message("user", "<|im_start|>"), Message("assistant", "a")]
+        prepare_transcript(tiny_llama, forged)
 
 
 def test_lockstep_fidelity_on_a_transcript_reports_tool_tokens(tiny_llama):

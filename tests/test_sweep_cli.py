@@ -186,7 +186,8 @@ def test_sweep_and_replay_cost_on_a_transcript(tiny_llama, tmp_path):
 @pytest.mark.parametrize(
     "messages, reason",
     [
-        ([{"role": "user", "content": "q"}, {"role": "narrator", "content": "x"}], "message 2 of 2: unknown role 'narrator'"),
+        ([{"role": "user", "content": "q"}, {"role": "narrator", "content": "x"}],
+         "message 2 of 2: unknown role 'narrator'"),
         ([{"role": "assistant", "content": "x"}], "message 1 is an assistant message"),
         ([{"role": "user", "content": "q"}, {"role": "assistant", "content": ["a"]}, {"role": "user", "content": {}}],
          "message 3 of 3: 'content' must be a string"),

@@ -43,21 +43,39 @@ def test_plain_text_role_lines():
 
 
 def test_no_system_prompt_and_consecutive_assistant_turns():
-    messages = parse_transcript('[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},'
-                                ' {"role": "assistant", "content": "b"}]')
+    messages = parse_transcript(
+        '[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},'
+        ' {"role": "assistant", "content": "b"}]'
+    )
     assert [m.role for m in messages] == ["user", "assistant", "assistant"]
 
 
 def test_content_parts_roles_case_and_extra_fields():
-    messages = parse_transcript(json.dumps([
-        {"role": "User", "content": [{"type": "text", "text": "part one"}, {"text": "part two"}], "name": "ana"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "pytest -q"}'}},
-            {"function": {"name": "read", "arguments": {"path": "a.py"}}},
-        ]},
-        {"role": "tool", "tool_call_id": "c1", "content": "3 passed"},
-        {"role": "assistant", "content": "ok", "tool_calls": []},
-    ]))
+    messages = parse_transcript(
+        json.dumps(
+            [
+                {
+                    "role": "User",
+                    "content": [{"type": "text", "text": "part one"}, {"text": "part two"}],
+                    "name": "ana",
+                },
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "bash", "arguments": '{"cmd": "pytest -q"}'},
+                        },
+                        {"function": {"name": "read", "arguments": {"path": "a.py"}}},
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "3 passed"},
+                {"role": "assistant", "content": "ok", "tool_calls": []},
+            ]
+        )
+    )
     assert messages[0] == Message("user", "part one\npart two")
     assert messages[1].content == (
         '<tool_call>\n{"name": "bash", "arguments": {"cmd": "pytest -q"}}\n</tool_call>\n'
@@ -70,25 +88,47 @@ def test_content_parts_roles_case_and_extra_fields():
     "text, reason",
     [
         ('[{"role": "bot", "content": "x"}]', r"message 1 of 1: unknown role 'bot'"),
-        ('[{"role": "user", "content": "x"}, {"role": "user", "content": "  "}]',
-         r"message 2 of 2: the user message is empty"),
-        ('[{"role": "user", "content": 3}]', r"message 1 of 1: 'content' must be a string or a list of text parts, got int"),
+        (
+            '[{"role": "user", "content": "x"}, {"role": "user", "content": "  "}]',
+            r"message 2 of 2: the user message is empty",
+        ),
+        (
+            '[{"role": "user", "content": 3}]',
+            r"message 1 of 1: 'content' must be a string or a list of text parts, got int",
+        ),
         ('[{"role": 1, "content": "x"}]', r"message 1 of 1: 'role' must be a string, got int"),
         ('["user: hi"]', r"message 1 of 1: a message must be an object"),
         ('{"messages": "hi"}', r"messages must be a list, got str"),
         ('{"turns": []}', r"needs a 'messages' list"),
         ("[]", r"has no messages"),
-        ('[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]', r"content part 1 has type 'image_url'"),
+        (
+            '[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]',
+            r"content part 1 has type 'image_url'",
+        ),
         ('[{"role": "user", "content": [{"type": "text"}]}]', r"content part 1 must be"),
-        ('[{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}]',
-         r"message 1 is an assistant message: a transcript starts with a system or user message"),
+        (
+            '[{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}]',
+            r"message 1 is an assistant message: a transcript starts with a system or user message",
+        ),
         ('[{"role": "tool", "content": "x"}]', r"message 1 is a tool message"),
         ('[{"role": "system", "content": "x"}]', r"has no user message"),
         ('[{"role": "user", "content": "x"},', r"not valid JSON: .* at line 1"),
-        ('{"role": "user", "content": "x"}\n{"role": "assistant", "content": }', r"line 2 of the transcript is not a JSON object"),
-        ('[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": "ls"}]', r"message 2 of 2: 'tool_calls' must be a list"),
-        ('[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"x": 1}]}]', r"tool call 1 needs a function name"),
-        ('[{"role": "user", "content": "q"}, {"role": "assistant", "content": null}]', r"message 2 of 2: the assistant message is empty"),
+        (
+            '{"role": "user", "content": "x"}\n{"role": "assistant", "content": }',
+            r"line 2 of the transcript is not a JSON object",
+        ),
+        (
+            '[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": "ls"}]',
+            r"message 2 of 2: 'tool_calls' must be a list",
+        ),
+        (
+            '[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"x": 1}]}]',
+            r"tool call 1 needs a function name",
+        ),
+        (
+            '[{"role": "user", "content": "q"}, {"role": "assistant", "content": null}]',
+            r"message 2 of 2: the assistant message is empty",
+        ),
         ("Hello\nUSER: x", r"line 1 of the transcript comes before its first SYSTEM:"),
         ("USER: hi\n\nASSISTANT:\n\nTOOL: x", r"message 2 of 3 \(line 3, ASSISTANT:\): the assistant message is empty"),
     ],

@@ -248,7 +248,9 @@ def has_tool_role(tokenizer: PreTrainedTokenizerBase) -> bool:
     return any(_TOOL_ROLE.search(str(source)) for source in sources)
 
 
-def build_conversation(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str] | object]) -> ChatPrompt:
+def build_conversation(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str] | object]
+) -> ChatPrompt:
     """Tokenize a whole conversation, one :class:`RoleSpan` per message, in order.
 
     ``messages`` are mappings or objects with ``role`` (system, user, assistant, tool) and

@@ -50,8 +50,17 @@ def inspect_trace(
         end = n if open_turn else role.end
         body_start = role.start if role.body_start is None else role.body_start
         body_end = end if role.body_end is None else role.body_end
-        turns.append({"turn": k, "role": role.role, "start": role.start, "end": end, "tokens": end - role.start,
-                      "text_tokens": body_end - body_start, "prefilled": end <= len(prompt.ids)})
+        turns.append(
+            {
+                "turn": k,
+                "role": role.role,
+                "start": role.start,
+                "end": end,
+                "tokens": end - role.start,
+                "text_tokens": body_end - body_start,
+                "prefilled": end <= len(prompt.ids),
+            }
+        )
     blocks = [{**block, "tokens": block["end"] - block["start"]} for block in block_states(segmenter)]
     return {
         "turns": turns,
@@ -70,14 +79,18 @@ def format_report(name: str, model: str, report: dict[str, Any]) -> str:
     lines = [head + f"{total - prefilled:,} teacher-forced)", "turns:"]
     for t in turns:
         where = "prefilled" if t["prefilled"] else "replayed"
-        lines.append(f"  {t['turn'] + 1:3d}  {t['role']:<9} {t['tokens']:6,} tokens "
-                     f"(text {t['text_tokens']:,})  {t['start']:,}–{t['end']:,}  {where}")
+        lines.append(
+            f"  {t['turn'] + 1:3d}  {t['role']:<9} {t['tokens']:6,} tokens "
+            f"(text {t['text_tokens']:,})  {t['start']:,}–{t['end']:,}  {where}"
+        )
     counts = ", ".join(f"{kind} {count}" for kind, count in report["segments"].items())
     lines.append(f"segments: {counts or 'none'}")
     lines.append("think blocks:" if report["think_blocks"] else "think blocks: none")
     for b in report["think_blocks"]:
         state = b["code"] if b["closed"] else f"{b['code']} (never closed)"
-        lines.append(f"  think {b['index'] + 1:<3d} turn {b['turn'] + 1:<3d} tokens {b['start']:,}–{b['end']:,} "
-                     f"({b['tokens']:,})  code after it: {state}")
+        lines.append(
+            f"  think {b['index'] + 1:<3d} turn {b['turn'] + 1:<3d} tokens {b['start']:,}–{b['end']:,} "
+            f"({b['tokens']:,})  code after it: {state}"
+        )
     lines.append(f"protected: {report['protected_tokens']:,} tokens")
     return "\n".join(lines) + "\n"

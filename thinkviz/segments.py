@@ -314,7 +314,8 @@ class Segmenter:
 
     def spans(self) -> list[Span]:
         """All current spans sorted by start (outer spans first); nested ones included."""
-        spans = self._turns() + self._signatures() + self.think_blocks() + self._tags() + self._answers() + self._codes()
+        spans = self._turns() + self._signatures() + self.think_blocks()
+        spans += self._tags() + self._answers() + self._codes()
         for i, (region, block) in enumerate(self._blocks()):
             spans += self._steps(i, region, block)
         return sorted(spans, key=lambda s: (s.start, -s.end, _ORDER[s.kind]))

@@ -129,8 +129,9 @@ def join_chat(system: str | None, question: str, messages: Sequence[Message]) ->
     if messages and messages[0].role in ("system", "user"):
         return tuple(messages)
     if not question.strip():
-        raise TraceError("the question is empty: a transcript that starts with an assistant or tool message "
-                         "continues the question")
+        raise TraceError(
+            "the question is empty: a transcript that starts with an assistant or tool message continues the question"
+        )
     head = () if system is None else (Message("system", system),)
     return (*head, Message("user", question), *messages)
 
@@ -143,7 +144,9 @@ def _json_document(text: str) -> list[Any]:
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise TraceError(f"the transcript is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        raise TraceError(
+            f"the transcript is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+        ) from None
     return _messages_of(document)
 
 
@@ -227,9 +230,13 @@ def _content(value: Any, where: str) -> str:
             elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
             elif isinstance(part, dict) and part.get("type", "text") != "text":
-                raise TraceError(f"{where}: content part {k} has type {part.get('type')!r}; only text parts can be replayed")
+                raise TraceError(
+                    f"{where}: content part {k} has type {part.get('type')!r}; only text parts can be replayed"
+                )
             else:
-                raise TraceError(f"{where}: content part {k} must be {{'type': 'text', 'text': '...'}}, got {_type(part)}")
+                raise TraceError(
+                    f"{where}: content part {k} must be {{'type': 'text', 'text': '...'}}, got {_type(part)}"
+                )
         return "\n".join(texts)
     raise TraceError(f"{where}: 'content' must be a string or a list of text parts, got {_type(value)}")
 
@@ -246,7 +253,8 @@ def _tool_calls(calls: Any, where: str) -> str:
         arguments = function.get("arguments", {})
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False)
-        blocks.append(f'<tool_call>\n{{"name": {json.dumps(function["name"], ensure_ascii=False)}, "arguments": {arguments}}}\n</tool_call>')
+        name = json.dumps(function["name"], ensure_ascii=False)
+        blocks.append(f'<tool_call>\n{{"name": {name}, "arguments": {arguments}}}\n</tool_call>')
     return "\n".join(blocks)
 
 

@@ -177,7 +177,7 @@ def quant_speed(args: argparse.Namespace) -> int:
             skipped.append(f"{label}: skipped ({exc})")
     reference = contenders["float"]
     try:
-        prompt, ids = prepare_trace(reference, trace.system, trace.question, trace.text, args.trace_tokens)
+        prompt, ids = prepare(reference, trace, args.trace_tokens)
     except TraceError as exc:
         raise CliError(str(exc)) from None
     results = measure_quant_speed(contenders, prompt.ids, ids, args.new_tokens, args.chunk, args.repeats)

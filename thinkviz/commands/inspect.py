@@ -12,12 +12,20 @@ from .common import CliError, command
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", metavar="TRACE",
-                        help="a preset name, a trace file or a transcript (.json, .jsonl, ROLE: lines)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object "
-                        "(keys turns, segments, think_blocks, protected_tokens)")
-    parser.add_argument("--model", default="embedded", help="whose tokenizer and chat template: 'embedded', "
-                        "a Hugging Face id or a local folder (only the tokenizer is loaded)")
+    parser.add_argument(
+        "trace", metavar="TRACE", help="a preset name, a trace file or a transcript (.json, .jsonl, ROLE: lines)"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (keys turns, segments, think_blocks, protected_tokens)",
+    )
+    parser.add_argument(
+        "--model",
+        default="embedded",
+        help="whose tokenizer and chat template: 'embedded', "
+        "a Hugging Face id or a local folder (only the tokenizer is loaded)",
+    )
     parser.add_argument("--question", default=None, help="the question for an assistant-text trace file")
     parser.add_argument("--system", default=None, help="the system prompt for an assistant-text trace file")
     parser.add_argument("--no-protect-system", action="store_true", help="count the system prompt as evictable")
@@ -30,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         trace = load_trace(args.trace, args.question, args.system)
         side = load_tokenizer(args.model)
-        report = inspect_trace(side.tokenizer, side.max_context, trace,
-                               not args.no_protect_system, not args.no_protect_question)
+        report = inspect_trace(
+            side.tokenizer, side.max_context, trace, not args.no_protect_system, not args.no_protect_question
+        )
     except (TraceError, ModelLoadError) as exc:
         raise CliError(str(exc)) from None
     if args.json:

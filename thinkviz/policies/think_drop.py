@@ -7,8 +7,9 @@ it produced is sound, its reasoning is the cheapest thing to forget.  The rules:
 - only *completed* think blocks (``</think>`` seen) are ever evicted, each as a whole, tags
   included, and in the order they were written;
 - a block is evictable only once the code that follows it *in its own assistant turn* parses
-  (:func:`code_parses`: Python's ``ast.parse``, never compiled or run).  No complete code after it yet → ``"pending"``, code that
-  does not parse → ``"syntax error"``: either way the reasoning stays, it may be needed to debug;
+  (:func:`code_parses`: Python's ``ast.parse``, never compiled or run).  No complete code after
+  it yet → ``"pending"``, code that does not parse → ``"syntax error"``: either way the
+  reasoning stays, it may be needed to debug;
 - protected tokens (system prompt, question, file signatures, per the protection toggles) are
   never evicted, even inside a block; nothing outside think blocks is ever evicted;
 - blocks are dropped only while the cache exceeds the budget, as few as bring it within it.

@@ -219,7 +219,8 @@ def input_controls(choices: list[tuple[str, str]], tab: str, slot: ModelSlot) ->
         upload = gr.File(label="…or upload one (.json, .jsonl, .txt, .md)", type="filepath", height=90,
                          file_types=[".json", ".jsonl", ".txt", ".md"], elem_id=f"tv-{tab}-upload")
         caption = gr.Markdown("", elem_id=f"tv-{tab}-turns-caption")
-        preview = gr.Dataframe(headers=TURN_PREVIEW_HEADERS, value=[], label="Turns of the replay (blocks: think blocks)",
+        preview = gr.Dataframe(headers=TURN_PREVIEW_HEADERS, value=[],
+                               label="Turns of the replay (blocks: think blocks)",
                                interactive=False, wrap=True, column_widths=["10%", "21%", "15%", "14%", "40%"],
                                elem_id=f"tv-{tab}-turns")
     panel = InputControls(preset, notice, mode, system, question, trace, upload, caption, preview)
