@@ -43,8 +43,9 @@ Fail = Callable[[str], PresetError]
 
 @dataclass(frozen=True)
 class Preset:
-    """One loaded preset.  ``trace`` is the trace file's text (replay mode), not its path;
-    ``messages`` the whole conversation when that file is a transcript (else ``None``)."""
+    """One loaded preset.  ``trace`` is the trace file's text (replay mode), ``trace_file`` its path
+    as the preset names it (relative to the presets folder); ``messages`` the whole conversation
+    when that file is a transcript (else ``None``)."""
 
     name: str
     title: str
@@ -59,6 +60,7 @@ class Preset:
     compare: tuple[str, ...]
     path: Path
     messages: tuple[Message, ...] | None = None
+    trace_file: str | None = None
 
     @property
     def system_prompt(self) -> str:
@@ -139,6 +141,7 @@ def load_preset(name_or_path: str | Path, directory: Path | str = PRESETS_DIR) -
         compare=compare,
         path=path,
         messages=messages,
+        trace_file=trace_ref if mode == "replay" else None,
     )
 
 

@@ -47,7 +47,7 @@ def test_generation_streams_updates_from_the_embedded_model(client):
 
 def test_three_policy_comparison_returns_three_columns_and_a_fidelity_table(client):
     job = client.submit("combined", "generate", None, QUESTION, "", ["full", "window", "h2o"], 64, 4, True, False,
-                        True, 8, 0.0, False, api_name="/compare")
+                        "", True, 8, 0.0, False, api_name="/compare")
     frames = list(job)
     status, bus, figure, table = frames[-1][:4]
     messages = json.loads(bus)

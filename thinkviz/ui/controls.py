@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Sequence
 
 from ..policies import Param, PolicyConfigError, make_policy, policy_class, policy_names
 from ..policies.base import COMMON_PARAMS, Policy
+from ..sweep import check_params, policy_values
 
 COMMON_NAMES = tuple(p.name for p in COMMON_PARAMS)
 POOL_OF_KIND = {"int": "numbers", "float": "numbers", "bool": "flags", "choice": "choices"}
@@ -118,6 +119,40 @@ def collect_params(name: str, slot_values: Pools) -> dict[str, Any]:
                 raise ControlError(f"no value for {param.name}")
             out[param.name] = int(round(value)) if param.kind == "int" else value
     return out
+
+
+def format_knobs(params: dict[str, Any], leave_out: Sequence[str] = COMMON_NAMES) -> str:
+    """``params`` (a preset's) as the knob box shows them: ``recent=128, window=32``, without
+    the knobs named in ``leave_out`` (those have controls of their own)."""
+
+    def text(value: Any) -> str:
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return ", ".join(f"{key}={text(value)}" for key, value in params.items() if key not in leave_out)
+
+
+def parse_knobs(text: str | None, policies: Sequence[str]) -> dict[str, str]:
+    """The knob box's ``name=value, …`` as ``{name: value}``; :class:`ControlError` for a malformed
+    entry or a knob none of ``policies`` takes.  Each policy later takes the knobs it declares
+    (:func:`knobs_for`) and checks their values."""
+    knobs: dict[str, str] = {}
+    for item in (part.strip() for part in (text or "").replace("\n", ",").split(",")):
+        if not item:
+            continue
+        key, sep, value = (piece.strip() for piece in item.partition("="))
+        if not sep or not key or not value:
+            raise ControlError(f"policy knobs are written name=value, comma-separated; got {item!r}")
+        knobs[key] = value
+    try:
+        check_params(policies, knobs)
+    except ValueError as exc:
+        raise ControlError(f"{exc} (the knob box)") from None
+    return knobs
+
+
+def knobs_for(name: str, knobs: dict[str, Any]) -> dict[str, Any]:
+    """The knobs policy ``name`` declares (another policy's knob is not its business)."""
+    return policy_values(name, knobs)
 
 
 def build_policy(name: str, params: dict[str, Any], *, budget: Any, interval: Any,

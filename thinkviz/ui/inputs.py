@@ -7,7 +7,7 @@ show them are built in :mod:`thinkviz.ui.app`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..engine import DecodeSettings, EngineError
@@ -53,11 +53,14 @@ def preset_choices() -> list[tuple[str, str]]:
 
 
 def replay_choices(choices: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], str | None]:
-    """The replay presets among ``choices`` (``(label, name)`` pairs) and the one with the shortest
-    trace (a quick default), or ``None`` when there is none."""
-    loaded = {name: choose_preset(name) for _, name in choices}
-    replay = [(label, name) for label, name in choices if loaded[name].preset.mode == "replay"]
-    return replay, min((name for _, name in replay), key=lambda name: len(loaded[name].trace), default=None)
+    """The replay presets among ``choices`` (``(label, name)`` pairs), labelled by their trace
+    (``"math_tilings · tam_math"``: the trace file, then the preset whose question and knobs come
+    with it), and the one with the shortest trace (a quick default), or ``None`` when there is none."""
+    loaded = {name: choose_preset(name).preset for _, name in choices}
+    replay = [(f"{PurePosixPath(loaded[name].trace_file or name).stem} · {name}", name)
+              for _, name in choices if loaded[name].mode == "replay"]
+    replay.sort()
+    return replay, min((name for _, name in replay), key=lambda name: len(loaded[name].trace or ""), default=None)
 
 
 def choose_preset(name: str) -> PresetChoice:

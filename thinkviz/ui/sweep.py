@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ..sweep import Budget, sweep_trace, write_rows
 from ..faults import RunFault, fault_message, release_device_memory
 from ..model import LoadedModel
-from ..policies import PolicyConfigError
+from ..policies import REFERENCE_POLICY, PolicyConfigError, policy_names
+from ..presets import Preset
+from ..sweep import Budget, sweep_trace, write_rows
 from ..replay import Trace, TraceError
 from ..units import format_bytes
 from ..viz.pareto import pareto_figure
@@ -34,6 +35,23 @@ class SweepFrame:
     rows: list[dict[str, Any]] | None = None
     figure: Any = None
     table: list[list[Any]] | None = None
+
+
+@dataclass(frozen=True)
+class SweepPreset:
+    """What a replay preset sets in the Sweep tab: the policies it compares (the full cache is
+    always the reference), its interval and its knobs (the protection flags among them)."""
+
+    policies: list[str]
+    interval: int
+    params: dict[str, Any]
+
+    @classmethod
+    def of(cls, preset: Preset) -> "SweepPreset":
+        wanted = [name for name in (preset.compare or (preset.policy,)) if name != REFERENCE_POLICY]
+        known = [name for name in wanted if name in policy_names()]
+        params = {key: value for key, value in preset.params.items() if key not in ("budget", "interval")}
+        return cls(known, int(preset.params.get("interval", 32)), params)
 
 
 def table_rows(rows: Sequence[dict[str, Any]]) -> list[list[Any]]:
@@ -103,10 +121,11 @@ def sweep_frames(
 
 
 def sweep_meta(loaded: LoadedModel, trace: Trace, policies: Sequence[str], budgets: str, interval: int,
-               max_trace_tokens: int | None) -> dict[str, Any]:
+               max_trace_tokens: int | None, params: dict[str, Any]) -> dict[str, Any]:
     """What a sweep's result files say about how it was run (``budgets`` as the user wrote them)."""
     return {"model": loaded.name, "quantization": loaded.quantization, "trace": trace.name, "interval": interval,
-            "budgets": budgets, "policies": list(policies), "max_trace_tokens": max_trace_tokens}
+            "budgets": budgets, "policies": list(policies), "params": dict(params),
+            "max_trace_tokens": max_trace_tokens}
 
 
 def export_sweep(rows: list[dict[str, Any]], meta: dict[str, Any], folder: str | Path) -> list[str]:

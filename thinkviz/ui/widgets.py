@@ -25,7 +25,7 @@ from ..presets import MAX_NEW_TOKENS_RANGE
 from ..units import format_bytes
 from ..viz.tables import TURN_PREVIEW_HEADERS
 from . import inputs
-from .controls import (Pools, build_policy, collect_params, pool_bounds, pool_choices, pool_sizes,
+from .controls import (Pools, build_policy, collect_params, format_knobs, pool_bounds, pool_choices, pool_sizes,
                        slot_specs)
 from .fields import slider
 from .handlers import MODEL_GROUP, shown, user_error
@@ -126,6 +126,11 @@ class PolicyControls:
             start += len(pool)
         return build_policy(name, collect_params(name, Pools(*given)), **self.common.knobs(common))
 
+    def preset_values(self, policy: str, params: dict[str, Any]) -> list:
+        """Values for :meth:`inputs` that show a preset's ``policy`` with its ``params`` (the
+        declared defaults where the preset sets none)."""
+        return [policy, *preset_knobs(params), *self.updates(policy, params)]
+
     def updates(self, name: str, values: dict | None = None) -> list:
         """Component updates that show ``name``'s parameters in the slots."""
         specs = slot_specs(name, Pools(*map(len, self.pools)), values)
@@ -169,9 +174,17 @@ def policy_controls(default: str) -> PolicyControls:
                            elem_id=f"tv-live-choice-{i}")
                for i, spec in enumerate(specs.choices)]
     group = PolicyControls(policy, common, Pools(numbers, flags, choices))
-    if group.slots:
-        policy.change(group.updates, policy, group.slots, show_progress="hidden", api_visibility="private")
+    if group.slots:  # a choice by hand (.input, not .change): a preset sets the policy and its own knobs at once
+        policy.input(group.updates, policy, group.slots, show_progress="hidden", api_visibility="private")
     return group
+
+
+def knob_box(tab: str, params: dict[str, Any] | None = None) -> gr.Textbox:
+    """The policy knobs beyond the shared ones, as ``name=value, …`` text (a preset fills it);
+    each policy run takes the knobs it declares."""
+    return gr.Textbox(format_knobs(params or {}), label="Policy knobs", placeholder="e.g. recent=64, window=32",
+                      info="name=value, comma-separated; each policy takes the knobs it declares "
+                           "(the Learn tab lists them)", elem_id=f"tv-{tab}-knobs")
 
 
 # ---- what to run ------------------------------------------------------------------------------

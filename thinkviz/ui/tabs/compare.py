@@ -13,15 +13,16 @@ from typing import Any, Callable, Sequence
 import gradio as gr
 
 from ...policies import REFERENCE_POLICY, Policy, policy_names
+from ...presets import Preset
 from ...viz.figures import compare_memory_figure, placeholder_figure
 from ...viz.tokens import MODES
 from ..compare import FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, check_policies, compare_frames, preset_policies
-from ..controls import build_policy
+from ..controls import build_policy, format_knobs, knobs_for, parse_knobs
 from ..handlers import MODEL_GROUP, WAITING, figure_file, run_with_model
 from ..session import COMPARE_TOKENS_IDS, Session
 from ..stream import bus_payload, container_html
 from ..text import plain_markdown
-from ..widgets import (CommonControls, InputControls, common_controls, decode_controls, input_controls,
+from ..widgets import (CommonControls, InputControls, common_controls, decode_controls, input_controls, knob_box,
                        preset_knobs, preset_values, split)
 from . import AppContext
 
@@ -30,30 +31,40 @@ DEFAULT_POLICIES = [REFERENCE_POLICY, "window", "h2o"]
 
 @dataclass
 class PolicySetControls:
-    """The policies to compare, the knobs they share, and whether to measure fidelity afterwards."""
+    """The policies to compare, the knobs they share, their own knobs, and whether to measure fidelity afterwards."""
 
     policies: gr.CheckboxGroup
     common: CommonControls
+    knobs: gr.Textbox
     measure: gr.Checkbox
 
     def inputs(self) -> list:
-        return [self.policies, *self.common.inputs(), self.measure]
+        return [self.policies, *self.common.inputs(), self.knobs, self.measure]
 
     def make(self, values: Sequence[Any]) -> tuple[list[Policy], bool]:
-        """The policies (2–6, checked) and the measure-fidelity flag from the values in :meth:`inputs` order."""
-        names, *knobs, measure = values
-        chosen = [build_policy(name, {}, **self.common.knobs(knobs)) for name in names or []]
+        """The policies (2–6, checked), each with the knobs it declares, and the measure-fidelity
+        flag from the values in :meth:`inputs` order."""
+        names, *common, knob_text, measure = values
+        names = list(names or [])
+        own = parse_knobs(knob_text, names)
+        chosen = [build_policy(name, knobs_for(name, own), **self.common.knobs(common)) for name in names]
         check_policies(chosen)
         return chosen, bool(measure)
+
+    @staticmethod
+    def preset_values(preset: Preset, policies: list[str]) -> list:
+        """Values for :meth:`inputs` (without the measure flag) that compare ``policies`` with ``preset``'s knobs."""
+        return [policies, *preset_knobs(preset.params), format_knobs(preset.params)]
 
 
 def policy_set_controls() -> PolicySetControls:
     policies = gr.CheckboxGroup(policy_names(), value=DEFAULT_POLICIES,
                                 label=f"Policies ({MIN_POLICIES}–{MAX_POLICIES})", elem_id="tv-compare-policies")
     common = common_controls("compare", interval=8)
+    knobs = knob_box("compare")
     measure = gr.Checkbox(value=True, label="Measure NLL / KL / top-1 against the full cache",
                           info="generate mode: afterwards, teacher-force the full cache's text")
-    return PolicySetControls(policies, common, measure)
+    return PolicySetControls(policies, common, knobs, measure)
 
 
 def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
@@ -90,14 +101,14 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
     def pick_preset(name: str | None) -> list:
         choice, values = preset_values(name)
         if choice is None:
-            return values + [gr.skip()] * (2 + len(chosen.common.inputs()))
+            return values + [gr.skip()] * (3 + len(chosen.common.inputs()))
         known, left_out = preset_policies(choice.preset)
         if left_out:
             values[0] += f"\n\n_Showing {', '.join(known)}; also listed: {plain_markdown(', '.join(left_out))}._"
-        return values + [known, *preset_knobs(choice.preset.params), choice.preset.max_new_tokens]
+        return values + [*chosen.preset_values(choice.preset, known), choice.preset.max_new_tokens]
 
     panel.preset.change(pick_preset, panel.preset,
-                        panel.preset_outputs() + [chosen.policies, *chosen.common.inputs(), decode.max_new],
+                        panel.preset_outputs() + chosen.inputs()[:-1] + [decode.max_new],
                         show_progress="hidden", api_visibility="private")
     stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
     export_fig.click(

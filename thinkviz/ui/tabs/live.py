@@ -21,7 +21,7 @@ from ..live import live_frames
 from ..session import LIVE_TOKENS_ID, Session
 from ..stream import bus_payload, container_html
 from ..widgets import (InputControls, decode_controls, export_controls, input_controls, model_settings,
-                       policy_controls, preset_knobs, preset_values, split)
+                       policy_controls, preset_values, split)
 from . import AppContext
 
 DEFAULT_POLICY = "h2o"
@@ -78,8 +78,7 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
         if choice is None:
             return values + [gr.skip()] * (len(controls.inputs()) + 1)
         preset = choice.preset
-        return values + [preset.policy, *preset_knobs(preset.params), *controls.updates(preset.policy, preset.params),
-                         preset.max_new_tokens]
+        return values + [*controls.preset_values(preset.policy, preset.params), preset.max_new_tokens]
 
     panel.preset.change(pick_preset, panel.preset, panel.preset_outputs() + controls.inputs() + [decode.max_new],
                         show_progress="hidden", api_visibility="private")

@@ -17,29 +17,45 @@ from ...sweep import parse_budgets, parse_policies
 from ...viz.pareto import METRICS as PARETO_METRICS
 from ...viz.pareto import pareto_figure
 from .. import inputs
+from ..controls import format_knobs, parse_knobs
 from ..fields import slider
-from ..handlers import MODEL_GROUP, WAITING, run_with_model
+from ..handlers import MODEL_GROUP, WAITING, run_with_model, shown
 from ..runs import RunInputError
 from ..session import Session
-from ..sweep import TABLE_COLUMNS, export_sweep, sweep_frames, sweep_meta
+from ..sweep import TABLE_COLUMNS, SweepPreset, export_sweep, sweep_frames, sweep_meta
+from ..widgets import knob_box
 from . import AppContext
 
 DEFAULT_POLICIES = ["window", "h2o"]
+PROTECTION = ("protect_system", "protect_question")
+
+
+def preset_settings(name: str | None) -> SweepPreset | None:
+    """What the replay preset ``name`` sets in the tab (``None``: nothing picked)."""
+    return SweepPreset.of(shown(inputs.choose_preset, name).preset) if name else None
 
 
 def build(app: AppContext) -> None:
     """Lay out the Sweep tab and wire its events."""
     replay, shortest = inputs.replay_choices(app.presets)
+    first = preset_settings(shortest) or SweepPreset(DEFAULT_POLICIES, 32, {})
     gr.Markdown("Replay one trace through every chosen policy at every budget, in lockstep with the full cache, "
                 "and plot peak KV memory against fidelity. Long traces take minutes on a CPU.")
     with gr.Row():
         with gr.Column(scale=2, min_width=300):
-            preset = gr.Dropdown(replay, value=shortest, label="Trace (replay preset)", elem_id="tv-sweep-preset")
-            policies = gr.CheckboxGroup([n for n in policy_names() if n != REFERENCE_POLICY], value=DEFAULT_POLICIES,
-                                        label="Policies (the full cache is always the reference)")
+            preset = gr.Dropdown(replay, value=shortest, label="Trace", elem_id="tv-sweep-preset",
+                                 info="trace file · the preset whose question, policies and knobs come with it")
+            policies = gr.CheckboxGroup([n for n in policy_names() if n != REFERENCE_POLICY], value=first.policies,
+                                        label="Policies (the full cache is always the reference)",
+                                        elem_id="tv-sweep-policies")
             budgets = gr.Textbox("0.25, 0.5", label="Budgets",
                                  info="fractions of the sequence (0.25) and/or token counts (256), comma-separated")
-            interval = slider(1, 128, value=32, step=1, label="Interval (tokens per forward pass)")
+            interval = slider(1, 128, value=first.interval, step=1, label="Interval (tokens per forward pass)",
+                              elem_id="tv-sweep-interval")
+            with gr.Row():
+                protect = [gr.Checkbox(value=bool(first.params.get(key, True)), label=label)
+                           for key, label in zip(PROTECTION, ("Protect system prompt", "Protect question"))]
+            knobs = knob_box("sweep", first.params)
             limit = slider(0, 8192, value=512, step=64, label="Trace tokens to replay (0 = the whole trace)",
                            info="the first tokens of the trace: a quick sweep on a CPU", elem_id="tv-sweep-limit")
             metric = gr.Radio(list(PARETO_METRICS), value="kl", label="Fidelity axis")
@@ -51,29 +67,43 @@ def build(app: AppContext) -> None:
             files = gr.File(label="Sweep results (CSV, JSON, Pareto plot…)", file_count="multiple",
                             interactive=False, elem_classes="tv-download")
 
-    def run_sweep(s: Session, name: str | None, names: list[str], budget_text: str, interval_value, limit_value,
-                  metric_value):
+    def pick_preset(name: str | None) -> list:
+        chosen = preset_settings(name)
+        if chosen is None:
+            return [gr.skip()] * 5
+        return [chosen.policies, chosen.interval, *(chosen.params.get(key, True) for key in PROTECTION),
+                format_knobs(chosen.params)]
+
+    preset.change(pick_preset, preset, [policies, interval, *protect, knobs], show_progress="hidden",
+                  api_visibility="private")
+
+    def run_sweep(s: Session, name: str | None, names: list[str], budget_text: str, interval_value, *rest):
+        protect_system, protect_question, knob_text, limit_value, metric_value = rest
+
         def prepare():
             if not name:
                 raise RunInputError("Choose a trace to sweep.")
-            return (load_trace(name), parse_budgets(budget_text or ""), parse_policies(",".join(names or [])),
-                    int(interval_value), int(limit_value) or None)
+            chosen = parse_policies(",".join(names or []))
+            params = {**parse_knobs(knob_text, chosen), "protect_system": bool(protect_system),
+                      "protect_question": bool(protect_question)}
+            return (load_trace(name), parse_budgets(budget_text or ""), chosen, int(interval_value),
+                    int(limit_value) or None, params)
 
         def frames(loaded, request, cancel):
-            trace, budget_list, chosen, every, max_tokens = request
-            for frame in sweep_frames(loaded, trace, chosen, budget_list, every, {}, metric_value,
+            trace, budget_list, chosen, every, max_tokens, params = request
+            for frame in sweep_frames(loaded, trace, chosen, budget_list, every, params, metric_value,
                                       max_trace_tokens=max_tokens):
                 if frame.rows is None:
                     yield [frame.status, gr.skip(), gr.skip(), gr.skip()]
                     continue
                 s.sweep_rows = frame.rows
-                meta = sweep_meta(loaded, trace, chosen, budget_text, every, max_tokens)
+                meta = sweep_meta(loaded, trace, chosen, budget_text, every, max_tokens, params)
                 yield [frame.status, frame.figure, frame.table,
                        export_sweep(frame.rows, meta, tempfile.mkdtemp(prefix="thinkviz-sweep-"))]
 
         yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, gr.skip(), gr.skip(), gr.skip()])
 
-    run.click(run_sweep, [app.session, preset, policies, budgets, interval, limit, metric],
+    run.click(run_sweep, [app.session, preset, policies, budgets, interval, *protect, knobs, limit, metric],
               [status, figure, table, files], concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="sweep",
               show_progress="hidden")
 
