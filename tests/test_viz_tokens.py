@@ -14,10 +14,12 @@ from thinkviz.chat import RoleSpan
 from thinkviz.events import RunRecord, StepEvent
 from thinkviz.segments import Segmenter
 from thinkviz.viz.tokens import (
+    HEAT_LEVELS,
     MODES,
     TOKEN_CSS,
     TOKEN_PATCH_JS,
     TokenData,
+    heat_colour,
     heat_levels,
     keep_levels,
     render_tokens,
@@ -155,16 +157,38 @@ def test_heat_uses_a_robust_maximum():
     scores = np.concatenate([np.arange(1, 101, dtype=float), [1e6]])
     levels = heat_levels(scores, len(scores))
     assert levels[99] == 9 and levels[100] == 9  # 100 is the 99th percentile; the outlier is clipped
-    assert levels[49] == 4  # 50 / 100 of the range: an outlier does not wash it out
+    # (was 4 under the linear scale; #22 maps by rank) rank 49 of 100: q = 0.49, band 2 (0.447–0.548)
+    assert levels[49] == 2  # an outlier does not wash it out
     assert levels[0] == 0
+
+
+def test_heat_ranks_so_that_no_frame_saturates():
+    rng = np.random.default_rng(0)
+    for scores in (rng.exponential(size=2000), np.r_[np.zeros(1500), rng.random(500)], rng.random(2000) ** 8):
+        levels = heat_levels(scores, len(scores))
+        assert (levels == HEAT_LEVELS - 1).mean() <= 0.06
+        assert (levels == 0).mean() >= 0.3  # most of the text stays light
+    tied = np.r_[np.ones(600), np.arange(400.0) / 400]  # 60 % tie at the maximum
+    assert heat_levels(tied, len(tied))[0] < HEAT_LEVELS - 1
+
+
+def test_black_text_stays_readable_on_every_heat_colour():
+    def luminance(colour: str) -> float:
+        rgb = [int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    for level in range(HEAT_LEVELS):
+        assert (luminance(heat_colour(level)) + 0.05) / 0.05 >= 4.5  # WCAG AA against black
+        assert f".tv-h{level} {{ background-color: {heat_colour(level)}; color: #000; }}" in TOKEN_CSS
 
 
 def test_heat_without_scores_and_with_negatives():
     assert list(heat_levels([np.nan, np.inf, 1.0, 0.0], 4)) == [-1, -1, 9, 0]
     assert list(heat_levels(None, 2)) == [-1, -1]
     assert list(heat_levels([0.0, 0.0], 2)) == [0, 0]
-    # range [-1, p99 = 0.98]: 0 sits at 1 / 1.98 = 0.505 of it, 0.505 * 9 ≈ 4.5 → level 5
-    assert list(heat_levels([-1.0, 0.0, 1.0], 3)) == [0, 5, 9]
+    # (was [0, 5, 9] under the linear scale; #22 maps by rank) 0 is the middle rank: q = 0.5, band 2
+    assert list(heat_levels([-1.0, 0.0, 1.0], 3)) == [0, 2, 9]
 
 
 def test_keep_levels():
@@ -412,8 +436,9 @@ def test_browser_shows_tags_as_text_and_runs_no_injected_code(page):
     }""")
     assert style["gone"] == "line-through"
     assert float(style["half"]) == pytest.approx(0.65)
-    assert style["hot"] == "rgb(200, 35, 30)"
-    assert style["cold"] == "rgb(255, 255, 255)"
+    # (were rgb(200, 35, 30) and white; #22's palette keeps black text readable on the hottest colour)
+    assert style["hot"] == "rgb(238, 80, 80)"
+    assert style["cold"] == "rgb(255, 250, 240)"
 
 
 def test_token_view_of_a_record_at_a_step():

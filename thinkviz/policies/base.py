@@ -89,6 +89,16 @@ class Param:
         return number
 
 
+@dataclass(frozen=True)
+class ScoreScale:
+    """What a policy's score grades, for the heat colours and their legend: ``what`` it measures
+    and what a ``low`` and a ``high`` score mean for a token."""
+
+    what: str
+    low: str
+    high: str
+
+
 COMMON_PARAMS: tuple[Param, ...] = (
     Param("budget", 256, 8, 16384, 8, "tokens kept per layer and kv-head after each compression"),
     Param("interval", 1, 1, 512, 1, "compress every N steps; the cache oscillates between budget and budget+N"),
@@ -166,7 +176,9 @@ class Policy:
     ``window_rows``: how many recent query rows the policy needs in ``CacheView.window``;
     ``needs_hidden``: whether it reads final hidden states;
     ``hard_budget``: ``False`` when the rule may only evict certain spans and can therefore stay
-    over budget; such a policy says so with ``"over_budget": True`` in :meth:`step_info`.
+    over budget; such a policy says so with ``"over_budget": True`` in :meth:`step_info`;
+    ``score_scale``: what its score grades (the token view paints it as heat), or ``None`` when
+    the score only orders slots by a rule (position, a flag, a random draw): no heat is shown.
     """
 
     name: ClassVar[str] = ""
@@ -177,6 +189,7 @@ class Policy:
     needs_hidden: ClassVar[bool] = False
     evicts: ClassVar[bool] = True
     hard_budget: ClassVar[bool] = True
+    score_scale: ClassVar[ScoreScale | None] = ScoreScale("the policy's score", "evicted first", "kept first")
 
     def __init__(self, **values: Any) -> None:
         declared = {p.name: p for p in self.all_params()}

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..predictor import ASSETS, ImportancePredictor, PredictorError, find_predictor, predictor_path
-from .base import CacheView, Param, Policy
+from .base import CacheView, Param, Policy, ScoreScale
 from .registry import register
 
 
@@ -32,6 +32,11 @@ class DynTS(Policy):
     head); forced: protected spans and the newest ``recent`` tokens."""
 
     name = "dynts"
+    score_scale = ScoreScale(
+        "predicted attention from the answer (attention per query when the predictor falls back)",
+        "predicted unimportant",
+        "predicted important for the answer",
+    )
     summary = (
         "A small learned head reads each token's hidden state and predicts how much the answer "
         "will need it; keep the question, the newest tokens and the top predicted ones."

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .base import CacheView, Param, Policy, keep_top
+from .base import CacheView, Param, Policy, ScoreScale, keep_top
 from .registry import register
 
 EPSILON = 1e-5
@@ -61,6 +61,11 @@ class EntropyAnchors(Policy):
     (exact rule in the module docstring)."""
 
     name = "entropy"
+    score_scale = ScoreScale(
+        "how focused the token's own attention is (1 / entropy)",
+        "diffuse attention",
+        "sharply focused: an anchor",
+    )
     summary = (
         "Keep tokens that paid focused attention (low entropy: anchors such as formulas); "
         "drop those whose attention was spread evenly (glue words)."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import CacheView, Policy
+from .base import CacheView, Policy, ScoreScale
 from .registry import register
 
 REFERENCE_POLICY = "full"  # what every other policy is measured against (fidelity, sweeps, Compare)
@@ -16,6 +16,11 @@ class FullCache(Policy):
     attention each token received, normalised by how many queries could see it."""
 
     name = REFERENCE_POLICY
+    score_scale = ScoreScale(
+        "attention received per query since the token was written (as h2o)",
+        "rarely attended",
+        "attended most",
+    )
     summary = "Keep every token. The cache grows by one entry per token in every layer and head."
     source = "reference (no eviction)"
     evicts = False

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import CacheView, Param, Policy
+from .base import CacheView, Param, Policy, ScoreScale
 from .registry import register
 
 
@@ -22,6 +22,11 @@ class HeavyHitters(Policy):
     """
 
     name = "h2o"
+    score_scale = ScoreScale(
+        "attention received per query since the token was written",
+        "rarely attended",
+        "heavy hitter: attended most",
+    )
     summary = "Keep the 'heavy hitters' — tokens that received the most attention so far — plus the newest tokens."
     source = "H2O — Zhang et al., NeurIPS 2023 (arXiv:2306.14048)"
     params = (Param("recent", 32, 0, 1024, 1, "newest tokens always kept"),)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import CacheView, Param, Policy
+from .base import CacheView, Param, Policy, ScoreScale
 from .registry import register
 
 
@@ -22,6 +22,11 @@ class KeyDiff(Policy):
     eviction with the block = ``interval``).  The newest ``recent`` tokens are always kept."""
 
     name = "keydiff"
+    score_scale = ScoreScale(
+        "how unlike the mean key the token's key is",
+        "like the mean key: evicted first",
+        "unlike the mean key: kept first",
+    )
     summary = "Keep the most distinctive keys: the ones pointing furthest from the average key, no attention needed."
     source = "KeyDiff — Park et al., 2025 (arXiv:2504.15364)"
     params = (Param("recent", 32, 0, 1024, 1, "newest tokens always kept (0 = the pure similarity rule)"),)

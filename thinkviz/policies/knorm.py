@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import CacheView, Param, Policy
+from .base import CacheView, Param, Policy, ScoreScale
 from .registry import register
 
 
@@ -26,6 +26,11 @@ class KeyNorm(Policy):
     never the attention weights."""
 
     name = "knorm"
+    score_scale = ScoreScale(
+        "minus the norm of the token's key",
+        "large key norm: evicted first",
+        "small key norm: kept first",
+    )
     summary = "Keep the keys with the smallest length: they are the ones attention tends to pick, no attention needed."
     source = "K-norm — Devoto et al., EMNLP 2024 (arXiv:2406.11430)"
     params = (Param("recent", 32, 0, 1024, 1, "newest tokens always kept (0 = the pure norm rule)"),)

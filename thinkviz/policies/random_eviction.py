@@ -22,6 +22,7 @@ class RandomEviction(Policy):
     looked up by each slot's position.  The newest ``recent`` tokens are always kept."""
 
     name = "random"
+    score_scale = None  # a random draw: nothing graded
     summary = "Evict at random (with a seed): the floor any real rule must beat."
     source = "uniform random baseline (e.g. kvpress RandomPress; reported in most eviction papers)"
     params = (

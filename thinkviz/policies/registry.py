@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Param, Policy, PolicyConfigError
+from .base import Param, Policy, PolicyConfigError, ScoreScale
 
 POLICIES: dict[str, type[Policy]] = {}
 
@@ -38,3 +38,9 @@ def make_policy(name: str, **values: Any) -> Policy:
 def policy_params(name: str) -> tuple[Param, ...]:
     """Every parameter (common + own) the named policy accepts, with ranges for sliders."""
     return policy_class(name).all_params()
+
+
+def score_scale(name: str) -> ScoreScale | None:
+    """What policy ``name``'s score grades (``None``: nothing graded, no heat to show); a policy
+    this version does not know (an older recording's) gets the generic scale."""
+    return POLICIES.get(name, Policy).score_scale

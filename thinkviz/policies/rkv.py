@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import CacheView, Param, Policy
+from .base import CacheView, Param, Policy, ScoreScale
 from .registry import register
 
 _ROWS_PER_CHUNK = 1024  # similarity rows computed at once: (H_kv, 1024, T) floats
@@ -42,6 +42,11 @@ class RedundancyAwareKV(Policy):
     are always kept."""
 
     name = "rkv"
+    score_scale = ScoreScale(
+        "attention minus λ × redundancy with other tokens",
+        "ignored, or repeats other tokens",
+        "attended and unlike the rest",
+    )
     summary = (
         "Prefer tokens that are attended to AND not repeated: a key much like a newer key "
         "is redundant and goes first."

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import CacheView, Param, Policy, PolicyConfigError
+from .base import CacheView, Param, Policy, PolicyConfigError, ScoreScale
 from .registry import register
 
 
@@ -21,6 +21,11 @@ class SnapKV(Policy):
     """
 
     name = "snapkv"
+    score_scale = ScoreScale(
+        "attention from the newest `window` queries, pooled over neighbours",
+        "outside the window's focus",
+        "voted for by the observation window",
+    )
     summary = "Look at what the last few tokens attend to, smooth it over neighbours, keep the peaks."
     source = "SnapKV — Li et al., 2024 (arXiv:2404.14469)"
     params = (

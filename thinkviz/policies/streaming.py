@@ -18,6 +18,7 @@ class StreamingLLM(Policy):
     """Keep positions ``< n_sink`` (forced) plus the newest ``budget - n_sink``; score = position."""
 
     name = "streaming"
+    score_scale = None  # position order only: nothing graded
     summary = "Keep the first few 'sink' tokens forever, plus a sliding window of the newest ones."
     source = "StreamingLLM — Xiao et al., ICLR 2024 (arXiv:2309.17453)"
     params = (Param("n_sink", 4, 0, 64, 1, "attention-sink tokens kept at the start"),)

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .base import CacheView, Param, Policy, keep_top
+from .base import CacheView, Param, Policy, ScoreScale, keep_top
 from .registry import register
 
 
@@ -96,6 +96,11 @@ class ThoughtAwareMatching(Policy):
     segment budgets ``∝ √(w·n)`` plus pivotal tokens and a recent tail (module docstring)."""
 
     name = "tam"
+    score_scale = ScoreScale(
+        "attention from the newest `window` queries",
+        "ignored lately",
+        "attended lately (pivotal when far above the mean)",
+    )
     summary = (
         "Split the reasoning into steps; give each step a share of the budget by its importance "
         "and size (√(w·n)); always keep pivotal tokens and the newest ones."

@@ -80,6 +80,7 @@ class ThinkDrop(Policy):
     dropped oldest first while the cache is over budget (rules in the module docstring)."""
 
     name = "think_drop"
+    score_scale = None  # a 0/1 flag (evictable block or not): nothing graded
     summary = (
         "When memory is short, forget whole finished <think> blocks, oldest first — but only once "
         "the code written after them parses. Nothing else is ever dropped."

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import CacheView, Policy
+from .base import CacheView, Policy, ScoreScale
 from .registry import register
 
 
@@ -19,6 +19,11 @@ class TokenOmissionViaAttention(Policy):
     """
 
     name = "tova"
+    score_scale = ScoreScale(
+        "attention from the newest token (mean over the heads of a kv group)",
+        "ignored by the newest token",
+        "attended by the newest token",
+    )
     summary = "Ask the newest token: drop whatever it pays the least attention to (averaged over heads)."
     source = "TOVA — Oren et al., 2024 (arXiv:2401.06104)"
 

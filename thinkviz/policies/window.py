@@ -17,6 +17,7 @@ class SlidingWindow(Policy):
     """Score = absolute position ``(L, H_kv, T)``, so top-``budget`` keeps the newest tokens."""
 
     name = "window"
+    score_scale = None  # position order only: nothing graded
     summary = "First in, first out: keep the newest tokens, drop the oldest, whatever they were."
     source = "FIFO baseline (criticised in seed 001)"
 

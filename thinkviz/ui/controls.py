@@ -121,6 +121,12 @@ def collect_params(name: str, slot_values: Pools) -> dict[str, Any]:
     return out
 
 
+def default_view(name: str) -> str:
+    """The token view a policy opens in: ``combined``, or ``evicted`` for a policy without a graded
+    score (its heat would mean nothing)."""
+    return "combined" if policy_class(name).score_scale is not None else "evicted"
+
+
 def format_knobs(params: dict[str, Any], leave_out: Sequence[str] = COMMON_NAMES) -> str:
     """``params`` (a preset's) as the knob box shows them: ``recent=128, window=32``, without
     the knobs named in ``leave_out`` (those have controls of their own)."""

@@ -8,8 +8,10 @@ run that is streaming and for a finished or loaded one alike.
 Appearance is carried by classes (styled once by :data:`TOKEN_CSS`) so that it can be
 patched token by token while a run streams:
 
-- importance: ``tv-h0 … tv-h9``, the score divided by a robust maximum (the 99th
-  percentile of the finite scores of the frame) in ten steps from white over orange to red;
+- importance: ``tv-h0 … tv-h9``, the score's rank among the frame's finite scores in ten
+  bands (:data:`HEAT_BANDS`: the lowest third is band 0, the top 5 % band 9), on light colours
+  from cream over orange to coral that keep black text readable; a policy without a graded score
+  (:attr:`~thinkviz.policies.Policy.score_scale` ``None``) passes no scores and shows no heat;
 - eviction: ``tv-gone`` (no layer or head holds the token: greyed and struck through),
   ``tv-part tv-k1 … tv-k9`` (kept in that many tenths of the (layer, kv-head) slots:
   faded in proportion and hatched);
@@ -35,9 +37,15 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from ..events import RunRecord
+from ..policies import score_scale
 
 MODES = ("importance", "segments", "evicted", "combined")
 HEAT_LEVELS = 10  # tv-h0 … tv-h9
+# Lower edges of bands 1 … 9 as a share of the frame's scores (the square roots of 0.1 … 0.9): most
+# tokens stay light, the hottest colour marks the top ~5 %.
+HEAT_BANDS = np.sqrt(np.arange(1, HEAT_LEVELS) / HEAT_LEVELS)
+HEAT_PALETTE = ("#fffaf0", "#fff1c2", "#ffe495", "#ffd26b", "#ffbd52",
+                "#ffa547", "#ff8c42", "#fb7544", "#f5604a", "#ee5050")  # black text stays readable on each
 KEEP_LEVELS = 10  # tv-k1 … tv-k9 for partial keeps
 
 # Which covering span names a token's colour: the most specific one.
@@ -84,7 +92,9 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
     """The token view of ``record`` after its event number ``step`` (default: the latest).
 
     The prompt and every token up to that event, with that event's scores and keep fractions
-    (none before the first event), the record's segments and the prompt's labels.
+    (none before the first event), the record's segments and the prompt's labels.  A policy
+    without a graded score (:attr:`~thinkviz.policies.Policy.score_scale` ``None``) passes no
+    scores: its view shows no heat.
     """
     events = record.events if step is None else record.events[: step + 1]
     texts = list(record.prompt_texts)
@@ -94,7 +104,8 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
     labels = None
     if record.prompt_labels:
         labels = list(record.prompt_labels) + [""] * (len(texts) - len(record.prompt_labels))
-    return TokenData(texts, None if last is None else last.scores, None if last is None else last.keep_fraction,
+    graded = last is not None and score_scale(str(record.meta.get("policy"))) is not None
+    return TokenData(texts, last.scores if graded else None, None if last is None else last.keep_fraction,
                      labels, record.segments)
 
 
@@ -123,23 +134,21 @@ class _Segment:
 def heat_levels(scores: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray:
     """``(n,)`` int: importance level ``0 … HEAT_LEVELS-1``, ``-1`` where there is no finite score.
 
-    Scores are scaled into ``[min(0, lowest), p99]`` where ``p99`` is the 99th percentile of
-    the finite scores, so one outlier does not wash out the rest of the frame.
+    A score's level is its rank among the frame's ``m`` finite scores: ``q`` = the share of the
+    other scores strictly below it (``0`` lowest, ``1`` highest; ties share their lowest rank, so a
+    large tie never fills the top band), cut at :data:`HEAT_BANDS`.  Magnitudes do not matter, so
+    no outlier washes out the frame and no frame saturates: only the top ~5 % reach the top band.
     """
+    levels = np.full(n, -1, dtype=np.int64)
     if scores is None:
-        return np.full(n, -1, dtype=np.int64)
+        return levels
     values = np.asarray(scores, dtype=np.float64)
     finite = np.isfinite(values)
-    levels = np.full(n, -1, dtype=np.int64)
     if not finite.any():
         return levels
-    low = min(0.0, float(values[finite].min()))
-    high = float(np.percentile(values[finite], 99))
-    if high <= low:
-        levels[finite] = 0
-        return levels
-    scaled = np.clip((values[finite] - low) / (high - low), 0.0, 1.0)
-    levels[finite] = np.rint(scaled * (HEAT_LEVELS - 1)).astype(np.int64)
+    ranked = np.sort(values[finite])
+    below = np.searchsorted(ranked, values[finite], side="left") / max(1, len(ranked) - 1)  # q in [0, 1]
+    levels[finite] = np.searchsorted(HEAT_BANDS, below, side="right")
     return levels
 
 
@@ -360,16 +369,9 @@ function tvApplyTokenPatch(root, patch) {
 
 
 # ---- the stylesheet ----------------------------------------------------------------
-def _mix(a: str, b: str, t: float) -> str:
-    ca, cb = (np.array([int(c[i : i + 2], 16) for i in (1, 3, 5)]) for c in (a, b))
-    r, g, bl = np.rint(ca + (cb - ca) * t).astype(int)
-    return f"#{r:02x}{g:02x}{bl:02x}"
-
-
 def heat_colour(level: int) -> str:
-    """Background of importance ``level``: white → orange → red."""
-    t = level / (HEAT_LEVELS - 1)
-    return _mix("#ffffff", "#ffa03c", t * 2) if t <= 0.5 else _mix("#ffa03c", "#c8231e", (t - 0.5) * 2)
+    """Background of importance ``level`` (:data:`HEAT_PALETTE`: cream → orange → coral)."""
+    return HEAT_PALETTE[level]
 
 
 def _stylesheet() -> str:
@@ -381,8 +383,7 @@ def _stylesheet() -> str:
         ".tv-tok:hover { outline: 1px solid #333; }",
     ]
     for level in range(HEAT_LEVELS):
-        ink = "; color: #fff" if level >= HEAT_LEVELS - 2 else ""
-        rules.append(f".tv-h{level} {{ background-color: {heat_colour(level)}{ink}; }}")
+        rules.append(f".tv-h{level} {{ background-color: {heat_colour(level)}; color: #000; }}")
     rules += [
         ".tv-gone { color: #a0a0a0; text-decoration: line-through; background-color: #f1f1f1; }",
         ".tv-part { background-image: repeating-linear-gradient(45deg, rgba(0,0,0,.16) 0 1px,"

@@ -17,7 +17,7 @@ from ...presets import Preset
 from ...viz.figures import compare_memory_figure, placeholder_figure
 from ...viz.tokens import MODES
 from ..compare import FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, check_policies, compare_frames, preset_policies
-from ..controls import build_policy, format_knobs, knobs_for, parse_knobs
+from ..controls import build_policy, default_view, format_knobs, knobs_for, parse_knobs
 from ..handlers import MODEL_GROUP, WAITING, figure_file, run_with_model
 from ..session import COMPARE_TOKENS_IDS, Session
 from ..stream import bus_payload, container_html
@@ -101,14 +101,15 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
     def pick_preset(name: str | None) -> list:
         choice, values = preset_values(name)
         if choice is None:
-            return values + [gr.skip()] * (3 + len(chosen.common.inputs()))
+            return values + [gr.skip()] * (4 + len(chosen.common.inputs()))
         known, left_out = preset_policies(choice.preset)
         if left_out:
             values[0] += f"\n\n_Showing {', '.join(known)}; also listed: {plain_markdown(', '.join(left_out))}._"
-        return values + [*chosen.preset_values(choice.preset, known), choice.preset.max_new_tokens]
+        view = "combined" if "combined" in map(default_view, known) else "evicted"  # heat if any column has it
+        return values + [*chosen.preset_values(choice.preset, known), choice.preset.max_new_tokens, view]
 
     panel.preset.change(pick_preset, panel.preset,
-                        panel.preset_outputs() + chosen.inputs()[:-1] + [decode.max_new],
+                        panel.preset_outputs() + chosen.inputs()[:-1] + [decode.max_new, view_mode],
                         show_progress="hidden", api_visibility="private")
     stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
     export_fig.click(

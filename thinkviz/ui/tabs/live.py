@@ -16,6 +16,7 @@ from ...memory import CARDS_GB, Projection
 from ...viz.figures import memory_figure, placeholder_figure
 from ...viz.tokens import MODES
 from .. import inputs
+from ..controls import default_view
 from ..handlers import MODEL_GROUP, WAITING, figure_file, recording_file, run_with_model, shown
 from ..live import live_frames
 from ..session import LIVE_TOKENS_ID, Session
@@ -66,7 +67,8 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
             status = gr.Markdown("Pick a preset or type a question, then Generate.", elem_id="tv-live-status",
                                  elem_classes="tv-status")
             stats = gr.HTML("", elem_id="tv-live-stats")
-            view_mode = gr.Radio(list(MODES), value="combined", label="Token view", elem_id="tv-live-mode")
+            view_mode = gr.Radio(list(MODES), value=default_view(DEFAULT_POLICY), label="Token view",
+                                 elem_id="tv-live-mode")
             gr.HTML(container_html(LIVE_TOKENS_ID))
             memory = gr.Plot(placeholder_figure("The KV cache's size appears here while a run streams"),
                              label="KV-cache memory", elem_id="tv-live-memory")
@@ -76,12 +78,15 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
     def pick_preset(name: str | None) -> list:
         choice, values = preset_values(name)
         if choice is None:
-            return values + [gr.skip()] * (len(controls.inputs()) + 1)
+            return values + [gr.skip()] * (len(controls.inputs()) + 2)
         preset = choice.preset
-        return values + [*controls.preset_values(preset.policy, preset.params), preset.max_new_tokens]
+        return values + [*controls.preset_values(preset.policy, preset.params), preset.max_new_tokens,
+                         default_view(preset.policy)]
 
-    panel.preset.change(pick_preset, panel.preset, panel.preset_outputs() + controls.inputs() + [decode.max_new],
+    panel.preset.change(pick_preset, panel.preset,
+                        panel.preset_outputs() + controls.inputs() + [decode.max_new, view_mode],
                         show_progress="hidden", api_visibility="private")
+    controls.policy.input(default_view, controls.policy, view_mode, show_progress="hidden", api_visibility="private")
 
     def switch_mode(s: Session, mode: str):
         s.live_channel.set_mode(mode)

@@ -1,0 +1,54 @@
+"""Heat a class can read: on recorded frames of every policy no frame is saturated, and a policy
+without a graded score shows no heat at all."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from thinkviz.engine import DecodeSettings, Run
+from thinkviz.policies import REFERENCE_POLICY, make_policy, policy_class, policy_names
+from thinkviz.ui.controls import default_view
+from thinkviz.ui.explore import token_data_at
+from thinkviz.viz.tokens import HEAT_LEVELS, TokenData, heat_levels, render_tokens, token_view
+from tiny_models import tiny_model
+
+TOP_BAND_AT_MOST = 0.15
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model("llama")
+
+
+def recorded(loaded, name: str) -> tuple[Run, list]:
+    """A run of ``name`` over a 40-token prompt and 100 generated tokens that evicts (budget 64),
+    with the token view of each of its steps as the Live tab streams it."""
+    values = {"budget": 64, "interval": 4} if name != REFERENCE_POLICY else {"interval": 4}
+    run = Run(loaded, make_policy(name, **values), list(range(200, 240)),
+              DecodeSettings(max_new_tokens=100, stop_at_eos=False, temperature=0.0))
+    return run, [token_view(run.record) for _ in run.generate()]
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_recorded_frames_of_every_policy_are_never_saturated(tiny, name):
+    run, live = recorded(tiny, name)
+    graded = policy_class(name).score_scale is not None
+    assert default_view(name) == ("combined" if graded else "evicted")
+    frames = live + [token_data_at(run.record, i)[0] for i in range(len(run.record.events))]
+    if not graded:
+        assert all(frame.scores is None for frame in frames)
+        last = frames[-1]
+        for mode in ("combined", "importance"):
+            assert "tv-h" not in render_tokens(TokenData(last.texts, last.scores, last.keep_fraction), mode)
+        return
+    checked = 0
+    for frame in frames:
+        levels = heat_levels(frame.scores, len(frame.texts))
+        scored = levels >= 0
+        if scored.sum() < 40:
+            continue
+        checked += 1
+        assert (levels[scored] == HEAT_LEVELS - 1).mean() <= TOP_BAND_AT_MOST
+    assert checked >= len(frames) // 2
+    assert np.unique(heat_levels(frames[-1].scores, len(frames[-1].texts))).size >= 5  # graded, not flat
