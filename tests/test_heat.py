@@ -25,8 +25,12 @@ def recorded(loaded, name: str) -> tuple[Run, list]:
     """A run of ``name`` over a 40-token prompt and 100 generated tokens that evicts (budget 64),
     with the token view of each of its steps as the Live tab streams it."""
     values = {"budget": 64, "interval": 4} if name != REFERENCE_POLICY else {"interval": 4}
-    run = Run(loaded, make_policy(name, **values), list(range(200, 240)),
-              DecodeSettings(max_new_tokens=100, stop_at_eos=False, temperature=0.0))
+    run = Run(
+        loaded,
+        make_policy(name, **values),
+        list(range(200, 240)),
+        DecodeSettings(max_new_tokens=100, stop_at_eos=False, temperature=0.0),
+    )
     return run, [token_view(run.record) for _ in run.generate()]
 
 

@@ -45,8 +45,12 @@ def declared(name: str, params: dict) -> dict:
 
 
 def recorded_params(loaded, policy) -> dict:
-    run = Run(loaded, policy, build_chat(loaded.tokenizer, None, "Why is the sky blue?"),
-              DecodeSettings(max_new_tokens=2, stop_at_eos=False))
+    run = Run(
+        loaded,
+        policy,
+        build_chat(loaded.tokenizer, None, "Why is the sky blue?"),
+        DecodeSettings(max_new_tokens=2, stop_at_eos=False),
+    )
     list(run.generate())
     return run.record.meta["params"]
 
@@ -57,8 +61,9 @@ def test_live_controls_show_and_run_the_presets_knobs(name, groups, tiny):
     live, _ = groups
     values = [shown(v) for v in live.preset_values(preset.policy, preset.params)]
     assert values[0] == preset.policy
-    slots = dict(zip([p.name for p in controls.own_params(preset.policy)],
-                     [v for v in values[5:] if v is not None]))  # the visible slots, declaration order per pool
+    slots = dict(
+        zip([p.name for p in controls.own_params(preset.policy)], [v for v in values[5:] if v is not None])
+    )  # the visible slots, declaration order per pool
     for key, value in preset.params.items():
         if key in slots:
             assert slots[key] == value, key
@@ -78,11 +83,13 @@ def test_every_compared_policy_gets_the_knobs_it_declares(name, groups, tiny):
     policies, _ = compare.make(values)
     assert [p.name for p in policies] == names
     for policy in policies:
-        assert {key: policy.config[key] for key in declared(policy.name, preset.params)} == \
-            declared(policy.name, preset.params)
+        assert {key: policy.config[key] for key in declared(policy.name, preset.params)} == declared(
+            policy.name, preset.params
+        )
     params = recorded_params(tiny, policies[-1])
-    assert {key: params[key] for key in declared(policies[-1].name, preset.params)} == \
-        declared(policies[-1].name, preset.params)
+    assert {key: params[key] for key in declared(policies[-1].name, preset.params)} == declared(
+        policies[-1].name, preset.params
+    )
 
 
 @pytest.mark.parametrize("name", [n for n in PRESETS if load_preset(n).mode == "replay"])
@@ -92,8 +99,10 @@ def test_a_sweep_of_a_replay_preset_runs_its_policies_with_its_knobs(name, tiny)
     assert chosen.policies and chosen.interval == preset.params["interval"]
     knobs = controls.parse_knobs(controls.format_knobs(chosen.params), chosen.policies)
     params = {**knobs, **{key: chosen.params.get(key, True) for key in PROTECTION}}
-    rows, replay = sweep_trace(tiny, load_trace(name), chosen.policies, [Budget(preset.params["budget"], False)], chosen.interval,
-                               params, max_trace_tokens=4)
+    budgets = [Budget(preset.params["budget"], False)]
+    rows, replay = sweep_trace(
+        tiny, load_trace(name), chosen.policies, budgets, chosen.interval, params, max_trace_tokens=4
+    )
     assert [row["policy"] for row in rows[1:]] == chosen.policies
     for policy, run in zip(chosen.policies, replay.runs):
         wanted = {k: v for k, v in declared(policy, preset.params).items() if k not in ("budget",)}
@@ -107,5 +116,7 @@ def test_the_knob_box_refuses_what_no_chosen_policy_takes_and_malformed_entries(
         controls.parse_knobs("l_min=16", ["h2o", "window"])
     with pytest.raises(controls.ControlError, match="name=value"):
         controls.parse_knobs("recent 64", ["h2o"])
-    assert controls.format_knobs({"budget": 8, "recent": 64, "flag": True, "mode": "match"}) == \
-        "recent=64, flag=true, mode=match"
+    assert (
+        controls.format_knobs({"budget": 8, "recent": 64, "flag": True, "mode": "match"})
+        == "recent=64, flag=true, mode=match"
+    )

@@ -51,7 +51,7 @@ def test_three_policy_comparison_returns_three_columns_and_a_fidelity_table(clie
     frames = list(job)
     status, bus, figure, table = frames[-1][:4]
     messages = json.loads(bus)
-    headers = frames[-1][5:]
+    headers = frames[-1][5:11]  # the six column headers (the columns and the legend follow)
     assert status.startswith("Done"), status
     assert [m["target"] for m in messages] == ["tv-compare-tokens-0", "tv-compare-tokens-1", "tv-compare-tokens-2"]
     assert sum(bool(h) for h in headers) == 3 and "window" in headers[1]

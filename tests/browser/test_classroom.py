@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_ui_browser import MODEL_TIMEOUT, pick, wait_for_text
+from test_ui_browser import MODEL_TIMEOUT, RUN_TIMEOUT, pick, set_number, wait_for_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -27,8 +27,37 @@ def page(app_url, browser):
 def test_a_preset_for_another_policy_shows_its_own_knobs_in_the_sliders(page):
     assert page.input_value("#tv-live-policy input") == "h2o"
     pick(page, "#tv-live-preset", "Entropy: low-entropy anchors in a coding loop")
-    page.wait_for_function(f"(() => {{ const v = ({SLIDER_VALUES_JS})(); "
-                           "return v['max capacity tokens'] === 768 && v['Budget (tokens per layer and kv-head)'] === 1024; })()")
+    page.wait_for_function(
+        f"(() => {{ const v = ({SLIDER_VALUES_JS})(); return v['max capacity tokens'] === 768 "
+        "&& v['Budget (tokens per layer and kv-head)'] === 1024; })()"
+    )
     values = page.evaluate(SLIDER_VALUES_JS)
     assert values["retention threshold"] == pytest.approx(0.3)
     assert page.input_value("#tv-live-policy input") == "entropy"
+
+
+def test_the_legend_follows_the_view_mode_and_a_click_pins_a_tokens_details(page):
+    pick(page, "#tv-live-preset", "Live: a short word problem")
+    page.wait_for_function("document.querySelector('#tv-live-policy input').value === 'h2o'")
+    set_number(page, "#tv-live-max-new", 4)
+    page.click("#tv-live-run")
+    wait_for_text(page, "#tv-live-status", r"^Done: 4 tokens", RUN_TIMEOUT)
+    legend = page.locator("#tv-live-legend .tv-legend")
+    assert legend.get_attribute("aria-label") == "Legend: combined view of h2o"
+    assert legend.is_visible()
+    assert "rarely attended" in legend.inner_text() and "evicted everywhere" in legend.inner_text()
+    page.click("#tv-live-mode label:has-text('segments')")
+    page.wait_for_selector('#tv-live-legend [aria-label="Legend: segments view of h2o"]')
+    assert "Heat" not in legend.inner_text() and "question" in legend.inner_text()
+    # no hover: a click event alone pins the token's details above the view
+    token = page.locator('#tv-live-tokens .tv-tok[data-pos="5"]')
+    token.dispatch_event("click")
+    live_pin = "document.getElementById('tv-live-tokens').closest('.tv-pin-host').querySelector('.tv-pin').textContent"
+    page.wait_for_function(f"{live_pin}.includes('pos 5')")
+    pin = page.evaluate(live_pin)
+    assert "pos 5" in pin and "system" in pin and "kept" in pin
+    assert "tv-pinned" in token.get_attribute("class")
+    page.click("#tv-live-mode label:has-text('combined')")  # the view is re-rendered: the pin stays
+    page.wait_for_selector('#tv-live-tokens .tv-mode-combined .tv-tok.tv-pinned[data-pos="5"]')
+    token.dispatch_event("click")  # a second click unpins
+    page.wait_for_function("!document.querySelector('#tv-live-tokens .tv-pinned')")

@@ -15,6 +15,7 @@ from typing import Iterator
 
 import gradio as gr
 
+from ..viz.legend import LEGEND_CSS, PIN_JS
 from ..viz.tokens import TOKEN_CSS
 from . import inputs
 from .model_slot import ModelSlot
@@ -23,7 +24,7 @@ from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID
 from .tabs import AppContext, compare, explore, learn, live, sweep
 from .widgets import load_status_markdown
 
-APP_CSS = TOKEN_CSS + (Path(__file__).with_name("app.css")).read_text(encoding="utf-8")
+APP_CSS = TOKEN_CSS + LEGEND_CSS + (Path(__file__).with_name("app.css")).read_text(encoding="utf-8")
 
 
 def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bit",
@@ -66,4 +67,5 @@ def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bi
                 yield load_status_markdown(status)
 
         demo.load(watch_default, None, model_status, show_progress="hidden", api_visibility="private")
+        demo.load(None, None, None, js=PIN_JS)  # a click on any token pins its details
     return demo

@@ -28,6 +28,7 @@ from ..replay import LockstepReplay
 from ..units import format_bytes
 from ..viz.figures import compare_memory_figure
 from ..viz.tables import stats_html
+from ..viz.legend import view_legend
 from ..viz.tokens import TokenData, token_view
 from .runs import RunInput, RunInputError, prepare
 from .stream import TokenChannel
@@ -47,6 +48,7 @@ class CompareFrame:
     messages: list[dict[str, Any]]  # one token-view patch per column
     bus: list[dict[str, Any]]  # what to send: each column's recent patches (see stream)
     headers: list[str]
+    legend: str  # the strip over the columns (cache, segments, boxes); each header explains its own heat
     figure: Any | None
     table: list[list[Any]]
     records: dict[str, RunRecord]
@@ -91,6 +93,15 @@ def fidelity_row(name: str, fidelity: TokenFidelity | None, diverged: str, recor
     return [name, *cells, diverged, peak, kept]
 
 
+def column_views(mode: str, records: dict[str, RunRecord], views: Sequence[TokenData]) -> tuple[str, list[str]]:
+    """The legend over the columns (what the view draws besides heat) and one header per column:
+    the policy's name, its heat legend (or why it has none) and its stats strip."""
+    headers = [f"<div class='tv-col-title'>{name}</div>{view_legend(mode, name, view, ('heat',), compact=True)}"
+               f"{stats_html(record)}" for (name, record), view in zip(records.items(), views)]
+    widest = max(views, key=lambda v: len(v.texts), default=None)
+    return view_legend(mode, "", widest, parts=("keep", "segments", "boxes")), headers
+
+
 class _Columns:
     """The runs shown as columns, in the user's order, each with its token channel."""
 
@@ -101,13 +112,13 @@ class _Columns:
     def frame(self, status: str, table: list[list[Any]], done: bool = False) -> CompareFrame:
         """The columns now; the overlay figure only when due (else ``None``) and at the end."""
         views = [token_view(run.record) for run in self.runs]
-        messages = [c.message(v, reset=done or v.scores is None) for c, v in zip(self.channels, views)]
-        headers = [f"<div class='tv-col-title'>{name}</div>{stats_html(run.record)}"
-                   for name, run in zip(self.names, self.runs)]
+        messages = [c.message(v, reset=done or not run.record.events)
+                    for c, v, run in zip(self.channels, views, self.runs)]
         records = {name: run.record for name, run in zip(self.names, self.runs)}
+        legend, headers = column_views(self.channels[0].mode, records, views)
         figure = compare_memory_figure(records) if self.figure_pacer.due() or done else None
         bus = [m for channel in self.channels for m in channel.recent()]
-        return CompareFrame(status, messages, bus, headers, figure, table, records, views, done)
+        return CompareFrame(status, messages, bus, headers, legend, figure, table, records, views, done)
 
 
 def compare_frames(

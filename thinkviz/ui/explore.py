@@ -17,6 +17,7 @@ import numpy as np
 from ..events import RunRecord
 from ..viz.figures import keep_heatmap
 from ..viz.tables import SEGMENT_TABLE_HEADERS, segment_table
+from ..viz.legend import view_legend
 from ..viz.tokens import TokenData, render_tokens, token_view
 
 AVERAGE = "all"
@@ -28,6 +29,7 @@ class ExploreView:
 
     caption: str
     tokens_html: str
+    legend: str
     heatmap: Any
     segments: Any
 
@@ -109,8 +111,11 @@ def explore_view(record: RunRecord, step: int, layer: Any, head: Any, mode: str)
     layer_index, head_index = _index(layer, layers, "layer"), _index(head, heads, "kv-head")
     data, shown, caption = token_data_at(record, step, layer_index, head_index)
     tokens = render_tokens(data, mode)
+    legend = view_legend(mode, str(record.meta.get("policy")), data)
     heatmap = keep_heatmap(record, layer_index, head_index)
     heatmap.add_hline(y=record.events[shown].step, line_dash="dot", line_color="#1f77b4",
                       annotation_text="this step", annotation_position="bottom right")
     rows = segment_table(record, record.events[shown].step)
-    return ExploreView(caption, tokens, heatmap, {"headers": SEGMENT_TABLE_HEADERS, "data": rows})
+    if data.scores is None:  # no graded score: no mean importance either
+        rows = [row[:3] + [None] for row in rows]
+    return ExploreView(caption, tokens, legend, heatmap, {"headers": SEGMENT_TABLE_HEADERS, "data": rows})

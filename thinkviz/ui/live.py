@@ -21,6 +21,7 @@ from ..model import LoadedModel
 from ..policies import Policy
 from ..viz.figures import memory_figure
 from ..viz.tables import stats_html
+from ..viz.legend import view_legend
 from ..viz.tokens import TokenData, token_view
 from .runs import RunInput, RunInputError, start_run
 from .stream import TokenChannel
@@ -35,6 +36,7 @@ class LiveFrame:
     bus: list[dict[str, Any]]  # what to send: the patch after the channel's recent ones (see stream)
     figure: Any | None
     stats: str
+    legend: str  # the legend strip of the view in the channel's mode
     record: RunRecord
     view: TokenData
     device_stats: dict[int, dict]
@@ -97,6 +99,7 @@ def _frames(loaded, policy, run_input, settings, cancel, channel, projection, pa
             figure=memory_figure(run.record, projection=projection, device_stats=device_stats)
             if figure_pacer.due() or done else None,
             stats=stats_html(run.record),
+            legend=view_legend(channel.mode, policy.name, view),
             record=run.record,
             view=view,
             device_stats=device_stats,

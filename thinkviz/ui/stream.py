@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..viz.legend import pin_host
 from ..viz.tokens import TOKEN_PATCH_JS, TokenData, TokenViewState, token_delta
 
 TITLE_REFRESH_SECONDS = 2.0
@@ -116,8 +117,8 @@ class TokenChannel:
 
 
 def container_html(target: str) -> str:
-    """The empty container a channel streams into."""
-    return f'<div id="{target}" class="tv-container"></div>'
+    """The empty container a channel streams into, under the box a clicked token's details are pinned in."""
+    return pin_host(target, f'<div id="{target}" class="tv-container"></div>')
 
 
 def bus_payload(messages: dict[str, Any] | list[dict[str, Any]]) -> str:

@@ -47,7 +47,7 @@ class SweepPreset:
     params: dict[str, Any]
 
     @classmethod
-    def of(cls, preset: Preset) -> "SweepPreset":
+    def of(cls, preset: Preset) -> SweepPreset:
         wanted = [name for name in (preset.compare or (preset.policy,)) if name != REFERENCE_POLICY]
         known = [name for name in wanted if name in policy_names()]
         params = {key: value for key, value in preset.params.items() if key not in ("budget", "interval")}

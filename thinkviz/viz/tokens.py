@@ -68,6 +68,15 @@ _KEEP_MODES = {"importance", "evicted", "combined"}
 _SEGMENT_MODES = {"segments", "combined"}
 _BOX_MODES = {"segments", "evicted", "combined"}
 
+# What each view mode draws, in the order a legend explains it: heat, keep/evict, segment colours, think boxes.
+MODE_PARTS: dict[str, tuple[str, ...]] = {
+    mode: tuple(part for part, modes in (("heat", _HEAT_MODES), ("keep", _KEEP_MODES), ("segments", _SEGMENT_MODES),
+                                         ("boxes", _BOX_MODES)) if mode in modes)
+    for mode in MODES
+}
+# Every segment kind the view colours (the think blocks and steps take the box palette).
+SEGMENT_KINDS: tuple[str, ...] = tuple(dict.fromkeys([*_SEGMENT_COLOURS, *_RANK]))
+
 
 @dataclass(frozen=True)
 class TokenData:
@@ -390,7 +399,7 @@ def _stylesheet() -> str:
         " transparent 1px 4px); }",
     ]
     for level in range(1, KEEP_LEVELS):
-        rules.append(f".tv-k{level} {{ opacity: {0.3 + 0.7 * level / KEEP_LEVELS:.2f}; }}")
+        rules.append(f".tv-k{level} {{ opacity: {0.45 + 0.4 * level / KEEP_LEVELS:.2f}; }}")  # legible when faded
     for kind, colour in _SEGMENT_COLOURS.items():
         rules.append(f".tv-mode-segments .tv-seg-{kind} {{ background-color: {colour}; }}")
         rules.append(f".tv-mode-combined .tv-seg-{kind} {{ box-shadow: inset 0 -3px 0 {colour}; }}")

@@ -15,8 +15,10 @@ import gradio as gr
 from ...policies import REFERENCE_POLICY, Policy, policy_names
 from ...presets import Preset
 from ...viz.figures import compare_memory_figure, placeholder_figure
+from ...viz.legend import view_legend
 from ...viz.tokens import MODES
-from ..compare import FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, check_policies, compare_frames, preset_policies
+from ..compare import (FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, check_policies, column_views, compare_frames,
+                       preset_policies)
 from ..controls import build_policy, default_view, format_knobs, knobs_for, parse_knobs
 from ..handlers import MODEL_GROUP, WAITING, figure_file, run_with_model
 from ..session import COMPARE_TOKENS_IDS, Session
@@ -80,7 +82,9 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
         with gr.Column(scale=5, min_width=600):
             status = gr.Markdown("Pick 2–6 policies and press Compare.", elem_id="tv-compare-status",
                                  elem_classes="tv-status")
-            view_mode = gr.Radio(list(MODES), value="combined", label="Token view")
+            view_mode = gr.Radio(list(MODES), value="combined", label="Token view", elem_id="tv-compare-mode")
+            legend = gr.HTML(view_legend("combined", "", None, parts=("keep", "segments", "boxes")),
+                             elem_id="tv-compare-legend")
             headers, columns = [], []
             with gr.Row(elem_classes="tv-compare"):
                 for i, target_id in enumerate(COMPARE_TOKENS_IDS):
@@ -124,11 +128,15 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
     def switch_mode(s: Session, mode: str):
         for channel in s.compare_channels:
             channel.set_mode(mode)
+        shared, heads = column_views(mode, s.compare_records, s.compare_views)
+        heads += [gr.skip()] * (len(headers) - len(heads))
         if s.running or not s.compare_views:
-            return gr.skip()
-        return bus_payload([c.message(v, reset=True) for c, v in zip(s.compare_channels, s.compare_views)])
+            return [gr.skip(), shared, *([gr.skip()] * len(headers) if s.running else heads)]
+        return [bus_payload([c.message(v, reset=True) for c, v in zip(s.compare_channels, s.compare_views)]),
+                shared, *heads]
 
-    view_mode.change(switch_mode, [session, view_mode], app.bus, show_progress="hidden", api_visibility="private")
+    view_mode.change(switch_mode, [session, view_mode], [app.bus, legend, *headers], show_progress="hidden",
+                     api_visibility="private")
 
     def run_compare(s: Session, mode: str, *values):
         def prepare():
@@ -143,7 +151,7 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
             return [gr.update(visible=i < len(request[0])) for i in range(len(columns))]
 
         def waiting(request) -> list:
-            return [WAITING, *[gr.skip()] * 4, *[gr.skip()] * len(headers), *shown_columns(request)]
+            return [WAITING, *[gr.skip()] * 4, *[gr.skip()] * len(headers), *shown_columns(request), gr.skip()]
 
         def frames(loaded, request, cancel):
             policies, run_input, settings, measure_fidelity = request
@@ -154,7 +162,7 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
                 head = frame.headers + [""] * (len(headers) - len(frame.headers))
                 figure = gr.skip() if frame.figure is None else frame.figure
                 yield [frame.status, bus_payload(frame.bus), figure, frame.table, source, *head,
-                       *shown_columns(request)]
+                       *shown_columns(request), frame.legend]
 
         yield from run_with_model(app.slot, prepare, frames, waiting, s)
 
@@ -162,7 +170,7 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
         run.click(
             run_compare,
             [session, view_mode, *panel.inputs(), *chosen.inputs(), *decode.inputs()],
-            [status, app.bus, overlay, table, explore_source, *headers, *columns],
+            [status, app.bus, overlay, table, explore_source, *headers, *columns, legend],
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="compare", show_progress="hidden",
         )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ...export import import_recording
+from ...viz.legend import pin_host
 from ...viz.tokens import MODES
 from .. import explore
 from ..fields import slider
@@ -51,8 +52,8 @@ def build(app: AppContext, tab: gr.Tab) -> gr.Dropdown:
         if s.explore_record is None:
             return [gr.skip()] * len(view_outputs)
         shown_view = view(s, *view_values)
-        return [shown_view.caption, f"<div class='tv-container'>{shown_view.tokens_html}</div>", shown_view.heatmap,
-                shown_view.segments]
+        tokens_html = pin_host("explore", f"<div class='tv-container'>{shown_view.tokens_html}</div>")
+        return [shown_view.caption, shown_view.legend + tokens_html, shown_view.heatmap, shown_view.segments]
 
     def open_record(s: Session, record, mode_value: str) -> list:
         s.explore_record = record

@@ -14,6 +14,7 @@ import gradio as gr
 from ...faults import RunFault
 from ...memory import CARDS_GB, Projection
 from ...viz.figures import memory_figure, placeholder_figure
+from ...viz.legend import view_legend
 from ...viz.tokens import MODES
 from .. import inputs
 from ..controls import default_view
@@ -69,6 +70,7 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
             stats = gr.HTML("", elem_id="tv-live-stats")
             view_mode = gr.Radio(list(MODES), value=default_view(DEFAULT_POLICY), label="Token view",
                                  elem_id="tv-live-mode")
+            legend = gr.HTML(view_legend(default_view(DEFAULT_POLICY), DEFAULT_POLICY, None), elem_id="tv-live-legend")
             gr.HTML(container_html(LIVE_TOKENS_ID))
             memory = gr.Plot(placeholder_figure("The KV cache's size appears here while a run streams"),
                              label="KV-cache memory", elem_id="tv-live-memory")
@@ -83,18 +85,27 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
         return values + [*controls.preset_values(preset.policy, preset.params), preset.max_new_tokens,
                          default_view(preset.policy)]
 
+    def shown_legend(s: Session, mode: str, chosen: str) -> str:
+        """The legend of what the view shows: the last run (its policy), else the chosen policy."""
+        if s.live_record is None:
+            return view_legend(mode, chosen, None)
+        return view_legend(mode, str(s.live_record.meta.get("policy")), s.live_view)
+
+    legend_inputs = [session, view_mode, controls.policy]
     panel.preset.change(pick_preset, panel.preset,
                         panel.preset_outputs() + controls.inputs() + [decode.max_new, view_mode],
-                        show_progress="hidden", api_visibility="private")
-    controls.policy.input(default_view, controls.policy, view_mode, show_progress="hidden", api_visibility="private")
+                        show_progress="hidden", api_visibility="private"
+                        ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private")
+    controls.policy.input(default_view, controls.policy, view_mode, show_progress="hidden", api_visibility="private"
+                          ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private")
 
-    def switch_mode(s: Session, mode: str):
+    def switch_mode(s: Session, mode: str, chosen: str):
         s.live_channel.set_mode(mode)
         if s.running or s.live_view is None:
-            return gr.skip()  # a running generator resets the view on its next frame
-        return bus_payload(s.live_channel.message(s.live_view, reset=True))
+            return gr.skip(), shown_legend(s, mode, chosen)  # a running generator resets the view on its next frame
+        return bus_payload(s.live_channel.message(s.live_view, reset=True)), shown_legend(s, mode, chosen)
 
-    view_mode.change(switch_mode, [session, view_mode], app.bus, show_progress="hidden", api_visibility="private")
+    view_mode.change(switch_mode, legend_inputs, [app.bus, legend], show_progress="hidden", api_visibility="private")
 
     def figure_for(s: Session, *projection_values):
         return memory_figure(s.live_record, projection=projection.projection(projection_values),
@@ -126,21 +137,22 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
 
         def frames(loaded, request, cancel):
             policy, run_input, settings, memory_projection = request
-            frame = None
+            frame, sent = None, None
             try:
                 for frame in live_frames(loaded, policy, run_input, settings, cancel, s.live_channel,
                                          memory_projection):
                     s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
                     source = gr.update(choices=s.sources(), value="Live run") if frame.done else gr.skip()
                     figure = gr.skip() if frame.figure is None else frame.figure
-                    yield [frame.status, bus_payload(frame.bus), figure, frame.stats, source]
+                    legend_now, sent = (gr.skip() if frame.legend == sent else frame.legend), frame.legend
+                    yield [frame.status, bus_payload(frame.bus), figure, frame.stats, source, legend_now]
             except RunFault as fault:  # the chart up to the failure stays: an out-of-memory shows where it hit
                 if frame is not None:
                     figure = memory_figure(frame.record, projection=memory_projection, device_stats=frame.device_stats)
-                    yield [f"Stopped: {fault}", gr.skip(), figure, gr.skip(), gr.skip()]
+                    yield [f"Stopped: {fault}", gr.skip(), figure, gr.skip(), gr.skip(), gr.skip()]
                 raise
 
-        yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, *[gr.skip()] * 4], s)
+        yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, *[gr.skip()] * 5], s)
 
     if controls.slots:
         app.demo.load(lambda: controls.updates(DEFAULT_POLICY), None, controls.slots, show_progress="hidden",
@@ -150,7 +162,7 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
         generate.click(
             run_live,
             [session, view_mode, *panel.inputs(), *controls.inputs(), *decode.inputs(), *projection.inputs()],
-            [status, app.bus, memory, stats, explore_source],
+            [status, app.bus, memory, stats, explore_source, legend],
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="generate", show_progress="hidden",
         )
 

@@ -1,0 +1,198 @@
+"""The legend strip over a token view: what each colour, shade and box means in the current mode.
+
+A pure function of plain data: the view mode (which parts it draws comes from
+:data:`~thinkviz.viz.tokens.MODE_PARTS`), the :class:`~thinkviz.policies.ScoreScale` the heat
+shows (a policy's own, or any other scale a heat mode paints: the legend only reads its three
+texts) or ``None`` for no graded score, and the segment kinds present.  Every sample is a
+token ``<span>`` with the token view's own classes, so the legend looks exactly like the
+tokens it explains.  The strip is marked up as a legend (``tv-legend`` in its class, ``role=note``
+and an ``aria-label``).  A click on a token pins its details (:data:`PIN_JS`) in the box
+:func:`pin_host` puts over the view, so nothing needs a hover.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Iterable, Sequence
+
+from ..policies import ScoreScale, score_scale
+from .tokens import HEAT_LEVELS, MODE_PARTS, MODES, SEGMENT_KINDS, TokenData
+
+# How the legend names a segment kind (a kind missing here is shown by its own name).
+SEGMENT_NAMES = {
+    "system": "system prompt",
+    "user": "question",
+    "tool": "tool output",
+    "template": "chat markers",
+    "think": "think block",
+    "step": "step",
+    "tag": "tag",
+    "signature": "signature",
+    "answer": "answer",
+    "code": "code",
+}
+
+
+def _sample(text: str, cls: str = "", style: str = "") -> str:
+    style_attr = f' style="{html.escape(style, quote=True)}"' if style else ""
+    return f'<span class="tv-tok {cls}"{style_attr}>{html.escape(text)}</span>'
+
+
+def _part(title: str, body: str) -> str:
+    return f'<span class="tv-legend-part"><b>{html.escape(title)}</b> {body}</span>'
+
+
+def _heat(scale: ScoreScale | None, policy: str, compact: bool) -> str:
+    if scale is None:
+        who = html.escape(policy) if policy else "this policy"
+        return _part("No heat:", f"{who} keeps tokens by a rule, not by a graded score")
+    ramp = "".join(_sample("\u2007", f"tv-h{level} tv-legend-swatch") for level in range(HEAT_LEVELS))
+    scale_text = (
+        f"<i>{html.escape(scale.low)}</i> <span class='tv-legend-ramp'>{ramp}</span> <i>{html.escape(scale.high)}</i>"
+    )
+    if compact:
+        return _part("Heat:", f"{html.escape(scale.what)}<br>{scale_text}")
+    return _part("Heat", f"= {html.escape(scale.what)}: {scale_text} (hottest = top 5 % of this frame)")
+
+
+def _keep() -> str:
+    return _part(
+        "Cache:",
+        " ".join(
+            [
+                _sample("kept"),
+                _sample("kept in some layers/heads", "tv-part tv-k5"),
+                _sample("evicted everywhere", "tv-gone"),
+            ]
+        ),
+    )
+
+
+def _segments(kinds: Sequence[str]) -> str:
+    samples = []
+    for kind in kinds:
+        cls = f"tv-seg-{kind}"
+        if kind in ("think", "step"):
+            cls += " tv-think tv-tb0" + (" tv-step-1" if kind == "step" else "")
+        samples.append(_sample(SEGMENT_NAMES.get(kind, kind), cls))
+    samples.append(_sample("protected", "tv-seg-user tv-protected"))
+    return _part("Segments:", " ".join(samples))
+
+
+def _boxes() -> str:
+    box = _sample("…", "tv-think tv-tb0 tv-think-start tv-think-end", "counter-reset: tv-think 1")
+    return _part("Boxes:", f"{box} a &lt;think&gt; block, numbered")
+
+
+def legend_html(
+    mode: str,
+    scale: ScoreScale | None,
+    *,
+    policy: str = "",
+    kinds: Iterable[str] | None = None,
+    parts: Sequence[str] | None = None,
+    compact: bool = False,
+) -> str:
+    """The legend strip for a token view in ``mode``.
+
+    ``scale``: what the heat shows (``None``: no graded score, said in words with ``policy``'s
+    name); ``kinds``: the segment kinds to explain (``None``: all of
+    :data:`~thinkviz.viz.tokens.SEGMENT_KINDS`; unknown kinds are shown by name); ``parts``: only
+    these of the mode's parts (``"heat"``, ``"keep"``, ``"segments"``, ``"boxes"``), e.g. one
+    column's heat; ``compact``: the heat scale in two short lines (a narrow column); ``""`` when
+    the mode draws none of the parts.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown token view mode {mode!r}; choose one of: {', '.join(MODES)}")
+    shown = [part for part in MODE_PARTS[mode] if parts is None or part in parts]
+    present = [k for k in SEGMENT_KINDS if kinds is None or k in set(kinds)]
+    present += [k for k in (kinds or ()) if k not in present]
+    body = {
+        "heat": lambda: _heat(scale, policy, compact),
+        "keep": _keep,
+        "segments": lambda: _segments(present),
+        "boxes": _boxes,
+    }
+    pieces = [body[part]() for part in shown]
+    if not pieces:
+        return ""
+    label = f"Legend: {mode} view" + (f" of {policy}" if policy else "")
+    return (
+        f'<div class="tv-legend tv-mode-{mode}" role="note" aria-label="{html.escape(label, quote=True)}">'
+        f"{''.join(pieces)}</div>"
+    )
+
+
+def view_kinds(spans: Sequence[Any], labels: Sequence[str] | None = None) -> list[str]:
+    """The segment kinds a token view shows: those of its spans (a :class:`~thinkviz.segments.Span`
+    or its ``dict`` form), plus ``template`` where the labels mark chat markers."""
+    kinds = [span.get("kind") if isinstance(span, dict) else getattr(span, "kind", None) for span in spans]
+    if labels is not None and "template" in labels:
+        kinds.append("template")
+    return [k for k in dict.fromkeys(kinds) if k]
+
+
+def view_legend(
+    mode: str, policy: str, view: TokenData | None, parts: Sequence[str] | None = None, compact: bool = False
+) -> str:
+    """The legend strip of ``policy``'s token view ``view`` in ``mode``: the policy's own score
+    scale and the segment kinds the view shows (all of them before a run); ``parts`` and
+    ``compact`` as in :func:`legend_html`."""
+    kinds = view_kinds(view.spans, view.labels) if view is not None and view.spans else None
+    return legend_html(mode, score_scale(policy), policy=policy, kinds=kinds, parts=parts, compact=compact)
+
+
+LEGEND_CSS = """
+.tv-legend { display: flex; flex-wrap: wrap; gap: 4px 14px; align-items: center; font-size: 12.5px;
+  line-height: 1.9; margin: 2px 0 4px; color: #1f2937; }
+.tv-legend .tv-tok { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; padding: 0 3px; }
+.tv-legend .tv-legend-swatch { padding: 0 4px; margin: 0; border-radius: 0; }
+.tv-legend-ramp { white-space: nowrap; }
+.tv-legend .tv-legend-swatch:first-of-type { border-radius: 3px 0 0 3px; }
+.tv-legend .tv-legend-swatch:last-of-type { border-radius: 0 3px 3px 0; }
+.tv-pin { font-size: 12.5px; min-height: 1.6em; margin: 0 0 4px; padding: 2px 8px; border-radius: 6px;
+  background: #f6f7f9; color: #374151; white-space: pre-wrap; }
+.tv-pin:empty::before { content: 'Click (or tap) a token to pin its details here.'; color: #9ca3af; }
+.tv-pinned { outline: 2px solid #2563eb !important; outline-offset: 1px; }
+"""
+
+# Installed once per page: a click on a token pins its details (the tooltip's text) in the
+# ``.tv-pin`` box of the same ``.tv-pin-host``; a second click on it unpins.  Pins are kept per
+# host key (``data-pin-key``) and re-applied whenever the view changes under them (patches,
+# re-renders), so a pinned token stays pinned while a run streams or the timeline moves.
+PIN_JS = """() => {
+  if (window.tvPins) return;
+  window.tvPins = {};
+  const show = (host) => {
+    const key = host.dataset.pinKey, box = host.querySelector('.tv-pin'), pos = window.tvPins[key];
+    if (!box) return;
+    const tok = pos == null ? null : host.querySelector(`.tv-container .tv-tok[data-pos="${pos}"]`);
+    for (const old of host.querySelectorAll('.tv-pinned')) if (old !== tok) old.classList.remove('tv-pinned');
+    if (!tok) { if (box.textContent) box.textContent = ''; return; }
+    tok.classList.add('tv-pinned');
+    const text = tok.title.split('\\n').join('  ·  ');
+    if (box.textContent !== text) box.textContent = text;
+  };
+  document.addEventListener('click', (event) => {
+    const tok = event.target.closest('.tv-container .tv-tok');
+    const host = tok && tok.closest('.tv-pin-host');
+    if (!host) return;
+    const key = host.dataset.pinKey;
+    window.tvPins[key] = window.tvPins[key] === tok.dataset.pos ? null : tok.dataset.pos;
+    show(host);
+  });
+  let queued = false;
+  new MutationObserver(() => {
+    if (queued) return;
+    queued = true;
+    setTimeout(() => { queued = false; document.querySelectorAll('.tv-pin-host').forEach(show); }, 30);
+  }).observe(document.body, {childList: true, subtree: true, attributes: true, attributeFilter: ['title']});
+}"""
+
+
+def pin_host(key: str, inner: str) -> str:
+    """``inner`` (a token view container) with the box its pinned token's details go in, above it."""
+    return (
+        f'<div class="tv-pin-host" data-pin-key="{html.escape(key, quote=True)}">'
+        f'<div class="tv-pin" aria-live="polite"></div>{inner}</div>'
+    )
