@@ -17,8 +17,10 @@ from thinkviz.viz.figures import (
     device_cap,
     keep_heatmap,
     keep_matrix,
+    coinciding,
     memory_figure,
     oom_step,
+    projection_outcome,
     placeholder_figure,
     tokens_seen,
 )
@@ -55,7 +57,7 @@ def one_kv_head_model(bytes_per_token_target: int) -> TargetModel:
 # ---- memory ------------------------------------------------------------------------
 def test_memory_figure_draws_the_recorded_bytes(h2o_run, loaded):
     record = h2o_run.record
-    fig = memory_figure(record)
+    fig = memory_figure(record, show_device=True)  # (#22: process memory and weights are off by default)
     lines = traces(fig)
     x = tokens_seen(record)
     assert list(x) == [e.positions[-1] + 1 for e in record.events]
@@ -82,7 +84,7 @@ def test_memory_figure_full_policy_has_no_budget_line(loaded):
 def test_memory_figure_device_series_from_ui_samples_or_events(h2o_run, tmp_path):
     record = h2o_run.record
     sampled = {e.step: {"kind": "cpu", "rss": 1000 * MIB + e.step * MIB} for e in record.events if e.step % 10 == 0}
-    rss = traces(memory_figure(record, device_stats=sampled))["process RSS"]
+    rss = traces(memory_figure(record, device_stats=sampled, show_device=True))["process RSS"]
     assert rss.yaxis == "y2"
     measured = ~np.isnan(np.asarray(rss.y, dtype=float))
     assert measured.sum() == len(sampled)
@@ -91,7 +93,7 @@ def test_memory_figure_device_series_from_ui_samples_or_events(h2o_run, tmp_path
     copy = RunRecord.load(record.save(tmp_path / "run")[0])  # a loaded recording, per-step stats in info
     for event in copy.events:
         event.info["device_memory"] = {"kind": "cuda", "allocated": 5 * MIB, "reserved": 8 * MIB}
-    lines = traces(memory_figure(copy))
+    lines = traces(memory_figure(copy, show_device=True))
     assert np.allclose(lines["GPU allocated"].y, 5) and np.allclose(lines["GPU reserved"].y, 8)
 
 
@@ -171,6 +173,64 @@ def test_compare_memory_figure_overlays_runs(loaded, h2o_run):
     np.testing.assert_allclose(lines["window"].y, window.record.kv_bytes_series() / MIB)
     np.testing.assert_allclose(lines["full cache"].y, h2o_run.record.full_kv_bytes_series() / MIB)  # the longer run
     assert len(compare_memory_figure({}).data) == 0
+
+
+def test_compare_lines_for_equal_memory_policies_all_stay_visible(loaded):
+    # a budget above the run: window, streaming and h2o hold the same memory at every step
+    runs = {name: generated(loaded, name, steps=12, budget=200).record for name in ("window", "streaming", "h2o")}
+    fig = compare_memory_figure(runs)
+    lines = traces(fig)
+    assert set(lines) == {"full cache", "window", "streaming", "h2o"}
+    styles = [(lines[n].line.dash, lines[n].marker.symbol) for n in runs]
+    assert len(set(styles)) == 3  # each its own dash and marker
+    widths = [lines[n].line.width for n in runs]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]  # the first drawn widest, under the rest
+    notes = [a.text for a in fig.layout.annotations]
+    assert "same memory at every step: full cache = window = streaming = h2o" in notes
+    series = {"a": (np.arange(3), np.ones(3)), "b": (np.arange(3), np.ones(3)), "c": (np.arange(3), np.zeros(3))}
+    assert coinciding(series) == [["a", "b"]]
+
+
+def test_the_projection_note_names_a_policy_that_does_not_hold_its_budget(loaded):
+    # think_drop on a chat without think blocks may evict nothing: its cache grows like the full one
+    record = generated(loaded, "think_drop", steps=30).record
+    x = tokens_seen(record)
+    target = one_kv_head_model(1024)
+    room = int(x[len(x) // 2])  # the card fills halfway through the run
+    projection = Projection(target, (target.weights_bytes(4) + room * 1024) / GIB, 4)
+    outcome = projection_outcome(record, projection)
+    assert outcome.growth == pytest.approx(1.0) and outcome.policy_oom == outcome.full_oom
+    fig = memory_figure(record, projection=projection)
+    notes = [a.text for a in fig.layout.annotations]
+    assert not any("still fits" in (n or "") for n in notes)
+    assert f"think_drop runs out too, at {outcome.policy_oom:,.0f} tokens" in " ".join(n or "" for n in notes)
+    assert "think_drop out of memory" in traces(fig)
+    # with room past the run's end, its growth is extrapolated to where it would run out
+    later = Projection(target, (target.weights_bytes(4) + 4 * int(x[-1]) * 1024) / GIB, 4)
+    ahead = projection_outcome(record, later)
+    assert ahead.policy_oom == pytest.approx(4 * x[-1], rel=0.05) and ahead.horizon >= ahead.policy_oom
+    text = " ".join(a.text or "" for a in memory_figure(record, projection=later).layout.annotations)
+    assert "think_drop fits to the end of the run but keeps growing" in text and "(extrapolated)" in text
+
+
+def test_the_projection_extrapolates_the_full_cache_past_the_run_to_where_it_runs_out(h2o_run):
+    record = h2o_run.record
+    projection = Projection.named("Qwen3-4B", 8)
+    outcome = projection_outcome(record, projection)
+    assert outcome.full_oom == projection.max_tokens and outcome.full_oom > outcome.end
+    assert outcome.policy_oom is None and outcome.growth == pytest.approx(0, abs=1e-3)
+    fig = memory_figure(record, projection=projection)
+    lines = traces(fig)
+    extra = lines["full cache, extrapolated"]
+    assert extra.line.dash == "dot" and list(extra.x) == [outcome.end, outcome.horizon]
+    assert extra.y[-1] == pytest.approx(projection.kv_bytes(outcome.horizon) / GIB)
+    assert list(lines["full cache out of memory (extrapolated)"].x) == [projection.max_tokens]
+    notes = [a.text for a in fig.layout.annotations]
+    assert f"a full cache would run out of memory at {projection.max_tokens:,} tokens (extrapolated: this run saw " \
+           f"{outcome.end:,})" in notes
+    assert any(n.startswith("h2o holds about") and n.endswith("and fits") for n in notes if n)
+    assert "end of this run" in notes
+    assert not any(t.name and t.name.startswith(("process", "weights")) for t in fig.data)  # off by default
 
 
 # ---- keep heatmap --------------------------------------------------------------------

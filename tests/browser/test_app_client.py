@@ -20,14 +20,14 @@ def client(app_url):
 
 def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, stop_at_eos=False):
     """Positional values of /generate: view mode, run mode, system, question, trace, the policy group,
-    decode settings, projection."""
+    decode settings, projection (target, card, device panel)."""
     from thinkviz.ui.controls import pool_choices, pool_sizes, slot_specs
 
     numbers, flags, choices = slot_specs(policy, pool_sizes())
     slots = ([s.value if s else 0 for s in numbers] + [s.value if s else False for s in flags]
              + [s.value if s else pool_choices()[0] for s in choices])
     return ["combined", "generate", None, QUESTION, "", policy, budget, interval, True, True, *slots,
-            max_new_tokens, 0.0, stop_at_eos, "Qwen3-4B", 8]
+            max_new_tokens, 0.0, stop_at_eos, "Qwen3-4B", 8, False]
 
 
 def test_generation_streams_updates_from_the_embedded_model(client):

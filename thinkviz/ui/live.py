@@ -66,8 +66,13 @@ def live_frames(
     projection: Projection | None = None,
     pacer: FramePacer | None = None,
     figure_pacer: FramePacer | None = None,
+    *,
+    show_device: bool = False,
 ) -> Iterator[LiveFrame]:
     """Run ``policy`` on ``run_input`` and yield frames at the pacer's rate, then a final one.
+
+    ``projection`` and ``show_device`` (the process's memory and the weights) say what the memory
+    figure shows besides the cache.
 
     The memory figure is rebuilt only when ``figure_pacer`` allows (default: every two seconds;
     ``figure`` is ``None`` in the frames between) and in the first and last frames: a plotly
@@ -78,12 +83,12 @@ def live_frames(
     dropped and device memory released first).
     """
     frames = _frames(loaded, policy, run_input, settings, cancel, channel, projection,
-                     pacer or FramePacer(), figure_pacer or FramePacer(FIGURE_INTERVAL))
+                     pacer or FramePacer(), figure_pacer or FramePacer(FIGURE_INTERVAL), show_device)
     return guard_frames(frames, f"the {policy.name} run", loaded.device, passthrough=(RunInputError,))
 
 
 def _frames(loaded, policy, run_input, settings, cancel, channel, projection, pacer,
-            figure_pacer) -> Iterator[LiveFrame]:
+            figure_pacer, show_device) -> Iterator[LiveFrame]:
     """The frames of :func:`live_frames`, before :func:`~thinkviz.faults.guard_frames` wraps them."""
     run, events = start_run(loaded, policy, run_input, settings, cancel)
     device_stats: dict[int, dict] = {}  # step -> device memory, sampled once per frame
@@ -96,7 +101,7 @@ def _frames(loaded, policy, run_input, settings, cancel, channel, projection, pa
             status=status_line(run, event, run_input.replay, done),
             message=channel.message(view, reset=done or event is None),
             bus=channel.recent(),
-            figure=memory_figure(run.record, projection=projection, device_stats=device_stats)
+            figure=memory_figure(run.record, projection=projection, device_stats=device_stats, show_device=show_device)
             if figure_pacer.due() or done else None,
             stats=stats_html(run.record),
             legend=view_legend(channel.mode, policy.name, view),

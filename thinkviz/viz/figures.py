@@ -11,6 +11,7 @@ generation (one token per step) and replay (a chunk per step) read the same way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -106,22 +107,138 @@ def oom_step(full_bytes: np.ndarray, policy_bytes: np.ndarray, available: float)
 
 
 # ---- memory ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProjectionOutcome:
+    """Where a run's caches, priced on a projection's target, outgrow the card.
+
+    ``room``: tokens of KV cache the card holds next to the weights (0 when they do not fit);
+    ``growth``: kept tokens the policy adds per token seen over the run's second half (0 for a
+    policy that holds its budget, 1 for the full cache); ``full_oom`` / ``policy_oom``: tokens seen
+    when the full cache / the policy passes ``room`` (``None``: not within the target's context),
+    past the run's ``end`` when extrapolated (the full cache grows by one token per token, the
+    policy by ``growth``); ``horizon``: where the projection's x axis ends.
+    """
+
+    policy: str
+    evicts: bool
+    end: int
+    kept_end: int
+    room: int
+    weights_fit: bool
+    growth: float
+    full_oom: float | None
+    policy_oom: float | None
+    horizon: float
+    context: int
+    kept_bytes: int  # what ``kept_end`` tokens cost on the target
+    fits_at_full_oom: bool = False  # the policy fits where the full cache fails (within the run)
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.horizon > self.end
+
+    def notes(self) -> list[str]:
+        """What the projection shows, in words: the full cache's line, then the policy's (if it says more)."""
+        if not self.weights_fit:
+            return []  # the figure says why
+        policy_fits = self.fits_at_full_oom and self.policy_oom is None and self.growth <= GROWTH_EPSILON
+        if self.full_oom is not None and self.full_oom <= self.end:
+            first = f"full cache runs out of memory at {self.full_oom:,.0f} tokens"
+            if policy_fits and self.evicts:
+                return [f"{first}; the policy still fits"]
+            lines = [first]
+        elif self.full_oom is not None:
+            lines = [f"a full cache would run out of memory at {self.full_oom:,.0f} tokens "
+                     f"(extrapolated: this run saw {self.end:,})"]
+        else:
+            lines = [f"a full cache fits {self.room:,} tokens on this card",
+                     f"(more than the model's {self.context:,}-token context)"]
+        if not self.evicts:
+            return lines
+        if self.policy_oom is not None and self.policy_oom <= self.end:
+            lines.append(f"{self.policy} runs out too, at {self.policy_oom:,.0f} tokens: it kept {self.kept_end:,} "
+                         "tokens per layer and head")
+        elif self.policy_oom is not None:
+            lines.append(f"{self.policy} fits to the end of the run but keeps growing ({self.growth:.2f} tokens per "
+                         f"token seen): it would run out at {self.policy_oom:,.0f} tokens (extrapolated)")
+        elif self.growth > GROWTH_EPSILON:
+            lines.append(f"{self.policy} keeps growing ({self.growth:.2f} tokens per token seen) but fits within "
+                         "the model's context")
+        else:
+            lines.append(f"{self.policy} holds about {self.kept_end:,} tokens ({format_bytes(self.kept_bytes)}) "
+                         "and fits")
+        return lines
+
+
+GROWTH_EPSILON = 1e-3  # kept tokens per token seen below which a policy holds its budget
+
+
+def growth_rate(seen: np.ndarray, kept: np.ndarray) -> float:
+    """Kept tokens added per token seen: the least-squares slope over the second half of the run
+    (what compressions settled to), never below 0; 0 for fewer than two points."""
+    half = slice(len(seen) // 2, None)
+    x, y = seen[half].astype(np.float64), kept[half].astype(np.float64)
+    if len(x) < 2 or np.ptp(x) == 0:
+        return 0.0
+    return max(0.0, float(np.polyfit(x, y, 1)[0]))
+
+
+def projection_outcome(record: RunRecord, projection: Projection) -> ProjectionOutcome:
+    """Where ``record``'s full cache and policy run out of memory on ``projection``'s card."""
+    seen = tokens_seen(record)
+    kept = np.array([e.kv_tokens for e in record.events], dtype=np.int64)
+    evicts = _policy_evicts(record)
+    context = projection.target.max_context
+    room = projection.max_tokens
+    end = int(seen[-1]) if len(seen) else 0
+    growth = growth_rate(seen, kept) if evicts else 1.0
+
+    def outgrows(counts: np.ndarray, rate: float) -> float | None:
+        over = np.flatnonzero(counts > room)
+        if over.size:
+            return float(seen[over[0]])
+        if not len(counts) or rate <= GROWTH_EPSILON:
+            return None
+        at = end + (room - counts[-1]) / rate
+        return at if at <= context else None
+
+    full_oom = outgrows(seen, 1.0)
+    policy_oom = outgrows(kept, growth) if evicts else full_oom
+    reach = [end, full_oom if full_oom is not None else context] + ([policy_oom] if policy_oom else [])
+    horizon = float(min(max(reach), max(end, context))) if projection.available_bytes > 0 else float(end)
+    fits = oom_step(projection.kv_bytes(seen), projection.kv_bytes(kept), projection.available_bytes) is not None
+    return ProjectionOutcome(str(record.meta.get("policy", "the policy")), evicts, end,
+                             int(kept[-1]) if len(kept) else 0, room, projection.available_bytes > 0, growth,
+                             full_oom, policy_oom, horizon, context,
+                             int(projection.kv_bytes(int(kept[-1]) if len(kept) else 0)), fits)
+
+
 def memory_figure(
     record: RunRecord,
     *,
     projection: Projection | None = None,
     device_stats: Mapping[int, Mapping[str, Any]] | None = None,
+    show_device: bool = False,
 ) -> go.Figure:
-    """KV bytes per step: physical cache, full-cache counterfactual, budget; device memory and
-    weights on a second axis.  With ``projection``, a lower panel prices the same kept-token
-    counts on the target model against the card's VRAM and marks where the full cache runs
-    out of memory while the policy does not."""
-    rows = 2 if projection is not None else 1
-    fig = make_subplots(
-        rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.12,
-        specs=[[{"secondary_y": True}]] + [[{"secondary_y": False}]] * (rows - 1),
-        subplot_titles=["This run (MiB)"] + ([_projection_title(projection)] if projection else []),
-    )
+    """KV bytes per step on the main axis: physical cache, full-cache counterfactual, budget.
+
+    ``show_device`` (or a VRAM cap in force) adds a small panel under it with the process's or
+    GPU's memory and the weights, which dwarf a small model's cache and so get their own axis.
+    With ``projection``, a lower panel prices the same kept-token counts on the target model
+    against the card's VRAM, on its own x axis: past the run's end the full cache and the
+    policy's growth are extrapolated (dotted, labelled) to where they outgrow the card, and
+    :meth:`ProjectionOutcome.notes` says what that means for this policy.
+    """
+    cap = device_cap(record, device_stats)
+    device = show_device or cap is not None
+    titles = ["KV cache of this run (MiB)"] + (["Process memory and weights (MiB)"] if device else [])
+    heights = [3.0] + ([1.4] if device else [])
+    if projection is not None:
+        titles.append(_projection_title(projection))
+        heights.append(3.0)
+    rows = len(titles)
+    fig = make_subplots(rows=rows, cols=1, vertical_spacing=0.16 if rows > 1 else 0.1, subplot_titles=titles,
+                        row_heights=heights)
     x = tokens_seen(record)
     pick = _thin(len(x), MAX_POINTS)
     steps = np.array([e.step for e in record.events])[pick]
@@ -136,39 +253,45 @@ def memory_figure(
         fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[budget / MIB] * 2, mode="lines", hoverinfo="name",
                                  name=f"budget ({record.meta['budget']} tokens)",
                                  line=dict(color=BUDGET_COLOUR, dash="dot")), row=1, col=1)
+    fig.update_yaxes(title_text="KV cache (MiB)", rangemode="tozero", row=1, col=1)
+    if device:
+        _add_device(fig, record, device_stats, cap, x, pick, steps, hover)
+    fig.update_xaxes(title_text="tokens seen", row=2 if device else 1, col=1)
+    if projection is not None:
+        _add_projection(fig, record, projection, x, pick, rows)
+    height = 330 + (170 if device else 0) + (380 if projection is not None else 0)
+    fig.update_layout(height=height, margin=dict(l=60, r=20, t=50, b=40), hovermode="x unified",
+                      legend=dict(orientation="h", yanchor="top", y=-70 / height))  # under the last x title
+    return fig
+
+
+def _add_device(fig: go.Figure, record: RunRecord, device_stats: Mapping[int, Mapping[str, Any]] | None,
+                cap: int | None, x: np.ndarray, pick: np.ndarray, steps: np.ndarray, hover: str) -> None:
+    """Second panel (its y axis is ``y2``, its x axis follows the first): device memory, weights, the VRAM cap."""
     device = device_series(record, device_stats)
     for name, series in device.items():
         fig.add_trace(go.Scatter(x=x[pick], y=series[pick] / MIB, name=name, customdata=steps,
                                  hovertemplate=hover, connectgaps=True,
                                  line=dict(color=DEVICE_COLOUR, dash="dot" if "reserved" in name else "solid")),
-                      row=1, col=1, secondary_y=True)
-    cap = device_cap(record, device_stats)
+                      row=2, col=1)
     if cap is not None and "GPU reserved" in device:
         _add_cap(fig, record, cap, x, device["GPU reserved"])
     weights = record.meta.get("weights_bytes")
     if weights and len(x):
         fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[weights / MIB] * 2, mode="lines", hoverinfo="name",
                                  name=f"weights ({record.meta.get('quantization', '?')}, {format_bytes(weights)})",
-                                 line=dict(color=DEVICE_COLOUR, width=1, dash="longdash")),
-                      row=1, col=1, secondary_y=True)
-    fig.update_yaxes(title_text="KV cache (MiB)", rangemode="tozero", row=1, col=1, secondary_y=False)
-    fig.update_yaxes(title_text="device / weights (MiB)", rangemode="tozero", row=1, col=1, secondary_y=True,
-                     showgrid=False)
-    if projection is not None:
-        _add_projection(fig, record, projection, x, pick)
-    fig.update_xaxes(title_text="tokens seen", row=rows, col=1)
-    fig.update_layout(height=360 * rows, margin=dict(l=60, r=60, t=50, b=40), hovermode="x unified",
-                      legend=dict(orientation="h", y=-0.18 if rows == 1 else -0.08))
-    return fig
+                                 line=dict(color=DEVICE_COLOUR, width=1, dash="longdash")), row=2, col=1)
+    fig.update_yaxes(title_text="MiB", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(matches="x", row=2, col=1)
 
 
 def _add_cap(fig: go.Figure, record: RunRecord, cap: int, x: np.ndarray, reserved: np.ndarray) -> None:
-    """On the device axis: the VRAM cap, and where a full cache would reach it on this device."""
+    """On the device panel: the VRAM cap, and where a full cache would reach it on this device."""
     cross = projected_oom_tokens(record, reserved, cap)
     end = max(x[-1], cross) if cross is not None else x[-1]
     fig.add_trace(go.Scatter(x=[x[0], end], y=[cap / MIB] * 2, mode="lines", hoverinfo="name",
                              name=f"VRAM cap ({format_bytes(cap)})", line=dict(color=OOM_COLOUR, width=1.5)),
-                  row=1, col=1, secondary_y=True)
+                  row=2, col=1)
     if cross is None or cross < x[0]:
         return
     first = int(np.flatnonzero(~np.isnan(reserved))[0])
@@ -177,7 +300,7 @@ def _add_cap(fig: go.Figure, record: RunRecord, cap: int, x: np.ndarray, reserve
         name="full cache on this device (projected)", line=dict(color=OOM_COLOUR, dash="dash", width=1),
         marker=dict(symbol=["circle", "x"], size=[4, 13], color=OOM_COLOUR),
         hovertemplate=f"a full cache reaches the cap at {cross:,.0f} tokens<extra></extra>"),
-        row=1, col=1, secondary_y=True)
+        row=2, col=1)
 
 
 def _projection_title(projection: Projection) -> str:
@@ -185,35 +308,63 @@ def _projection_title(projection: Projection) -> str:
             f"{projection.card_gb:g} GiB card (GiB)")
 
 
-def _add_projection(fig: go.Figure, record: RunRecord, projection: Projection, x: np.ndarray, pick: np.ndarray) -> None:
-    """Lower panel: the run's kept tokens priced on the target model, the VRAM line, the OOM point."""
+def _add_projection(fig: go.Figure, record: RunRecord, projection: Projection, x: np.ndarray, pick: np.ndarray,
+                    row: int) -> None:
+    """Bottom panel: the run's kept tokens priced on the target model, the card's room, where each
+    cache outgrows it (extrapolated past the run's end, dotted), and the notes."""
     kept = np.array([e.kv_tokens for e in record.events], dtype=np.int64)
     policy, full = projection.kv_bytes(kept), projection.kv_bytes(x)
     available = projection.available_bytes
-    fig.add_trace(go.Scatter(x=x[pick], y=full[pick] / GIB, name=f"full cache on {projection.target.name}",
-                             line=dict(color=FULL_COLOUR, dash="dash"), hovertemplate="%{y:.2f} GiB"), row=2, col=1)
-    fig.add_trace(go.Scatter(x=x[pick], y=policy[pick] / GIB, name=f"policy on {projection.target.name}",
-                             line=dict(color=KV_COLOUR, width=2.5), hovertemplate="%{y:.2f} GiB"), row=2, col=1)
-    if len(x):
-        fig.add_trace(go.Scatter(
-            x=[x[0], x[-1]], y=[available / GIB] * 2, mode="lines", hoverinfo="name",
-            name=f"{projection.card_gb:g} GiB card − weights ({format_bytes(projection.weights_bytes)})",
-            line=dict(color=OOM_COLOUR, width=1.5)), row=2, col=1)
-    hit = oom_step(full, policy, available)
+    outcome = projection_outcome(record, projection)
+    target = projection.target.name
+    fig.add_trace(go.Scatter(x=x[pick], y=full[pick] / GIB, name=f"full cache on {target}",
+                             line=dict(color=FULL_COLOUR, dash="dash"), hovertemplate="%{y:.2f} GiB"), row=row, col=1)
+    fig.add_trace(go.Scatter(x=x[pick], y=policy[pick] / GIB, name=f"policy on {target}",
+                             line=dict(color=KV_COLOUR, width=2.5), hovertemplate="%{y:.2f} GiB"), row=row, col=1)
+    if not len(x):
+        return
+    horizon = outcome.horizon
+    if outcome.extrapolated:
+        ahead = np.array([outcome.end, horizon])
+        growth = 1.0 if not outcome.evicts else outcome.growth
+        fig.add_trace(go.Scatter(x=ahead, y=projection.kv_bytes(ahead) / GIB, mode="lines", hoverinfo="name",
+                                 name="full cache, extrapolated", line=dict(color=FULL_COLOUR, dash="dot")),
+                      row=row, col=1)
+        if outcome.evicts:
+            grown = kept[-1] + growth * (ahead - outcome.end)
+            how = f"grows {growth:.2f} tokens per token seen" if growth > GROWTH_EPSILON else "holds its budget"
+            fig.add_trace(go.Scatter(x=ahead, y=projection.kv_bytes(grown) / GIB, mode="lines", hoverinfo="name",
+                                     name=f"policy, extrapolated ({how})",
+                                     line=dict(color=KV_COLOUR, width=1.5, dash="dot")), row=row, col=1)
+        fig.add_vline(x=outcome.end, line=dict(color="#999", width=1, dash="dot"), row=row, col=1,
+                      annotation_text="end of this run", annotation_position="top", annotation_font_size=10)
+    fig.add_trace(go.Scatter(
+        x=[x[0], max(x[-1], horizon)], y=[available / GIB] * 2, mode="lines", hoverinfo="name",
+        name=f"{projection.card_gb:g} GiB card − weights ({format_bytes(projection.weights_bytes)})",
+        line=dict(color=OOM_COLOUR, width=1.5)), row=row, col=1)
     if available <= 0:
-        note = f"the weights alone ({format_bytes(projection.weights_bytes)}) do not fit this card"
-    elif hit is not None:
-        fig.add_trace(go.Scatter(
-            x=[x[hit]], y=[full[hit] / GIB], mode="markers", name="full cache out of memory",
-            marker=dict(color=OOM_COLOUR, size=13, symbol="x"),
-            hovertemplate=f"step {record.events[hit].step}: the full cache no longer fits, the policy does"
-                          "<extra></extra>"), row=2, col=1)
-        note = f"full cache runs out of memory at {x[hit]:,} tokens; the policy still fits"
+        notes = [f"the weights alone ({format_bytes(projection.weights_bytes)}) do not fit this card"]
     else:
-        note = f"a full cache fits {projection.max_tokens:,} tokens on this card"
-    fig.add_annotation(text=note, xref="x domain", yref="y domain", x=0.01, y=0.98, showarrow=False,
-                       xanchor="left", yanchor="top", font=dict(color=OOM_COLOUR), row=2, col=1)
-    fig.update_yaxes(title_text="KV cache (GiB)", rangemode="tozero", row=2, col=1)
+        notes = outcome.notes()
+        for at, who in ((outcome.full_oom, "full cache"), (outcome.policy_oom if outcome.evicts else None,
+                                                           outcome.policy)):
+            if at is None:
+                continue
+            late = at > outcome.end
+            height = projection.kv_bytes(at) if who == "full cache" else available  # where the line meets the card
+            fig.add_trace(go.Scatter(
+                x=[at], y=[height / GIB], mode="markers",
+                name=f"{who} out of memory" + (" (extrapolated)" if late else ""),
+                marker=dict(color=OOM_COLOUR if who == "full cache" else KV_COLOUR, size=13, symbol="x"),
+                hovertemplate=f"{who} outgrows the card at {at:,.0f} tokens<extra></extra>"), row=row, col=1)
+    for i, note in enumerate(notes):
+        fig.add_annotation(text=note, xref=f"x{row} domain" if row > 1 else "x domain",
+                           yref=f"y{row} domain" if row > 1 else "y domain", x=0.01, y=0.99 - 0.085 * i,
+                           showarrow=False, xanchor="left", yanchor="top", font=dict(color=OOM_COLOUR, size=12),
+                           bgcolor="rgba(255,255,255,0.85)")
+    top = max(available, float(projection.kv_bytes(max(x[-1], horizon))), float(policy.max())) / GIB
+    fig.update_xaxes(title_text="tokens seen (projection)", rangemode="tozero", row=row, col=1)
+    fig.update_yaxes(title_text="KV cache (GiB)", range=[0, top * (1 + 0.12 * (len(notes) + 1))], row=row, col=1)
 
 
 def placeholder_figure(text: str) -> go.Figure:
@@ -226,20 +377,57 @@ def placeholder_figure(text: str) -> go.Figure:
     return figure
 
 
+COMPARE_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+COMPARE_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star")
+
+
+def coinciding(series: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> list[list[str]]:
+    """Groups (two or more names, in order) of ``{name: (x, y)}`` series that are the same line."""
+    groups: list[list[str]] = []
+    for name, (x, y) in series.items():
+        for group in groups:
+            gx, gy = series[group[0]]
+            if len(gx) == len(x) and np.array_equal(gx, x) and np.allclose(gy, y):
+                group.append(name)
+                break
+        else:
+            groups.append([name])
+    return [group for group in groups if len(group) > 1]
+
+
 def compare_memory_figure(records: Mapping[str, RunRecord]) -> go.Figure:
-    """Physical KV bytes of several runs overlaid, with the full-cache curve of the longest one."""
+    """Physical KV bytes of several runs overlaid, with the full-cache curve of the longest one.
+
+    Each run has its own dash and marker; runs with the same memory at every step (a budget every
+    policy holds) are drawn widest first and thinner on top, so each stays visible, and a note
+    names the policies that coincide.
+    """
     fig = go.Figure()
     longest = max(records.values(), key=lambda r: len(r.events), default=None)
+    series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     if longest is not None and longest.events:
         x = tokens_seen(longest)
         pick = _thin(len(x), MAX_POINTS)
-        fig.add_trace(go.Scatter(x=x[pick], y=longest.full_kv_bytes_series()[pick] / MIB, name="full cache",
+        series["full cache"] = (x[pick], longest.full_kv_bytes_series()[pick] / MIB)
+        fig.add_trace(go.Scatter(x=series["full cache"][0], y=series["full cache"][1], name="full cache",
                                  line=dict(color=FULL_COLOUR, dash="dash")))
     for label, record in records.items():
         x = tokens_seen(record)
         pick = _thin(len(x), MAX_POINTS)
-        fig.add_trace(go.Scatter(x=x[pick], y=record.kv_bytes_series()[pick] / MIB, name=label,
-                                 hovertemplate="tokens %{x}<br>%{y:.3f} MiB"))
+        series[label] = (x[pick], record.kv_bytes_series()[pick] / MIB)
+    groups = coinciding(series)
+    for i, label in enumerate(records):
+        group = next((g for g in groups if label in g), [label])
+        above = len(group) - 1 - group.index(label)  # lines of its group drawn after it, on top
+        fig.add_trace(go.Scatter(
+            x=series[label][0], y=series[label][1], name=label, mode="lines+markers",
+            line=dict(dash=COMPARE_DASHES[i % len(COMPARE_DASHES)], width=2 + 2.5 * above),
+            marker=dict(symbol=COMPARE_SYMBOLS[i % len(COMPARE_SYMBOLS)], size=7 + 3 * above, maxdisplayed=14),
+            hovertemplate="tokens %{x}<br>%{y:.3f} MiB"))
+    for i, group in enumerate(groups):
+        fig.add_annotation(text="same memory at every step: " + " = ".join(group), xref="paper", yref="paper",
+                           x=0.01, y=0.99 - 0.07 * i, showarrow=False, xanchor="left", yanchor="top",
+                           font=dict(size=12, color="#374151"), bgcolor="rgba(255,255,255,0.8)")
     fig.update_layout(height=360, margin=dict(l=60, r=20, t=40, b=40), title="KV cache by policy",
                       xaxis_title="tokens seen", yaxis_title="KV cache (MiB)", hovermode="x unified")
     fig.update_yaxes(rangemode="tozero")

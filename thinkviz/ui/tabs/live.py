@@ -31,17 +31,23 @@ DEFAULT_POLICY = "h2o"
 
 @dataclass
 class ProjectionControls:
-    """Which bigger model and card the memory chart prices the kept tokens on."""
+    """Which bigger model and card the memory chart prices the kept tokens on, and whether it also
+    shows the process's memory and the weights (off by default: they dwarf a small model's cache)."""
 
     target: gr.Dropdown
     card: gr.Radio
+    device: gr.Checkbox
 
     def inputs(self) -> list:
-        return [self.target, self.card]
+        return [self.target, self.card, self.device]
 
     @staticmethod
     def projection(values: Sequence[Any]) -> Projection | None:
-        return inputs.projection(*values)
+        return inputs.projection(*values[:2])
+
+    @staticmethod
+    def show_device(values: Sequence[Any]) -> bool:
+        return bool(values[2])
 
 
 def projection_controls() -> ProjectionControls:
@@ -49,7 +55,9 @@ def projection_controls() -> ProjectionControls:
         target = gr.Dropdown(list(inputs.PROJECTION_TARGETS), value=inputs.DEFAULT_TARGET,
                              label="Project memory onto", info="price the kept tokens on a bigger model")
         card = gr.Radio(list(CARDS_GB), value=inputs.DEFAULT_CARD, label="Card (GiB VRAM)", elem_id="tv-live-card")
-    return ProjectionControls(target, card)
+    device = gr.Checkbox(value=False, label="Also chart process memory and the weights", elem_id="tv-live-device",
+                         info="in a panel of their own: they are far larger than this model's cache")
+    return ProjectionControls(target, card, device)
 
 
 def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
@@ -109,6 +117,7 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
 
     def figure_for(s: Session, *projection_values):
         return memory_figure(s.live_record, projection=projection.projection(projection_values),
+                             show_device=projection.show_device(projection_values),
                              device_stats=s.live_device_stats)
 
     def reproject(s: Session, *projection_values):
@@ -131,16 +140,16 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
         def prepare():
             chat, policy_values, decode_values, projection_values = split(values, panel, controls, decode, projection)
             request = (controls.make(policy_values), InputControls.request(chat), decode.settings(decode_values),
-                       projection.projection(projection_values))
+                       projection.projection(projection_values), projection.show_device(projection_values))
             s.live_channel.set_mode(mode)
             return request
 
         def frames(loaded, request, cancel):
-            policy, run_input, settings, memory_projection = request
+            policy, run_input, settings, memory_projection, show_device = request
             frame, sent = None, None
             try:
                 for frame in live_frames(loaded, policy, run_input, settings, cancel, s.live_channel,
-                                         memory_projection):
+                                         memory_projection, show_device=show_device):
                     s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
                     source = gr.update(choices=s.sources(), value="Live run") if frame.done else gr.skip()
                     figure = gr.skip() if frame.figure is None else frame.figure
@@ -148,7 +157,8 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
                     yield [frame.status, bus_payload(frame.bus), figure, frame.stats, source, legend_now]
             except RunFault as fault:  # the chart up to the failure stays: an out-of-memory shows where it hit
                 if frame is not None:
-                    figure = memory_figure(frame.record, projection=memory_projection, device_stats=frame.device_stats)
+                    figure = memory_figure(frame.record, projection=memory_projection, device_stats=frame.device_stats,
+                                           show_device=show_device)
                     yield [f"Stopped: {fault}", gr.skip(), figure, gr.skip(), gr.skip(), gr.skip()]
                 raise
 
