@@ -17,7 +17,7 @@ from test_app_client import _live_args  # the /generate argument layout, kept in
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 BUDGET, INTERVAL, POLICY, RUN_MODE, QUESTION_AT = 6, 7, 5, 1, 3
-MAX_NEW, TEMPERATURE = -5, -4
+MAX_NEW, TEMPERATURE = -6, -5  # counted from the end: decode settings, then the chart controls (3)
 
 
 def _client(app_url):

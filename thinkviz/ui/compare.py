@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ..policies import REFERENCE_POLICY, Policy, make_policy, policy_names
 from ..presets import Preset
 from ..replay import LockstepReplay
 from ..units import format_bytes
+from ..viz.fidelity import fidelity_figure
 from ..viz.figures import compare_memory_figure
 from ..viz.tables import stats_html
 from ..viz.legend import view_legend
@@ -50,10 +51,17 @@ class CompareFrame:
     headers: list[str]
     legend: str  # the strip over the columns (cache, segments, boxes); each header explains its own heat
     figure: Any | None
-    table: list[list[Any]]
+    table: list[list[Any]]  # one row per policy, every column of FIDELITY_COLUMNS (None: not measured here)
     records: dict[str, RunRecord]
     views: list[TokenData]
     done: bool = False
+    fidelity: Any | None = None  # the per-token ΔNLL / KL figure (None: unchanged, or nothing measured yet)
+
+    @property
+    def shown_table(self) -> dict[str, list]:
+        """The table as the tab shows it: without a column no row has (a replay has no divergence step)."""
+        keep = [i for i, _ in enumerate(FIDELITY_COLUMNS) if any(row[i] is not None for row in self.table)]
+        return {"headers": [FIDELITY_COLUMNS[i] for i in keep], "data": [[row[i] for i in keep] for row in self.table]}
 
 
 def check_policies(policies: Sequence[Policy]) -> None:
@@ -75,8 +83,9 @@ def preset_policies(preset: Preset) -> tuple[list[str], list[str]]:
     return known, [name for name in wanted if name not in known]
 
 
-def fidelity_row(name: str, fidelity: TokenFidelity | None, diverged: str, record: RunRecord) -> list[Any]:
-    """One table row: mean NLL, ΔNLL, KL, top-1 (``—`` until measured), divergence, peak KV, kept share."""
+def fidelity_row(name: str, fidelity: TokenFidelity | None, diverged: str | None, record: RunRecord) -> list[Any]:
+    """One table row: mean NLL, ΔNLL, KL, top-1 (``—`` until measured), divergence (``None`` in a
+    replay, where every run reads the same tokens), peak KV, kept share."""
 
     def number(value: float, fmt: str) -> str:
         return "—" if not np.isfinite(value) else format(value, fmt)
@@ -109,16 +118,27 @@ class _Columns:
         self.names, self.runs, self.channels = names, runs, list(channels[: len(names)])
         self.figure_pacer = FramePacer(FIGURE_INTERVAL)
 
-    def frame(self, status: str, table: list[list[Any]], done: bool = False) -> CompareFrame:
-        """The columns now; the overlay figure only when due (else ``None``) and at the end."""
+    def frame(self, status: str, table: list[list[Any]], done: bool = False,
+              fidelity: Mapping[str, TokenFidelity] | None = None, reference: RunRecord | None = None) -> CompareFrame:
+        """The columns now; the figures only when due (else ``None``) and at the end.
+
+        ``fidelity``: the per-token fidelity measured so far (by policy name); the full cache's own
+        (all zeros) is left out of its figure.  ``reference``: the full-cache run whose segments
+        and texts the figure shows.
+        """
         views = [token_view(run.record) for run in self.runs]
         messages = [c.message(v, reset=done or not run.record.events)
                     for c, v, run in zip(self.channels, views, self.runs)]
         records = {name: run.record for name, run in zip(self.names, self.runs)}
         legend, headers = column_views(self.channels[0].mode, records, views)
-        figure = compare_memory_figure(records) if self.figure_pacer.due() or done else None
+        due = self.figure_pacer.due() or done
+        figure = compare_memory_figure(records) if due else None
+        curves = {n: fidelity[n] for n in self.names if fidelity and n in fidelity and n != REFERENCE_POLICY}
+        measured = any(len(c.positions) for c in curves.values())
+        per_token = fidelity_figure(curves, reference.segments, texts=reference.texts) \
+            if due and measured and reference is not None else None
         bus = [m for channel in self.channels for m in channel.recent()]
-        return CompareFrame(status, messages, bus, headers, legend, figure, table, records, views, done)
+        return CompareFrame(status, messages, bus, headers, legend, figure, table, records, views, done, per_token)
 
 
 def compare_frames(
@@ -168,15 +188,18 @@ def _replay_frames(loaded, policies, run_input, settings, cancel, channels, pace
     columns = _Columns(names, [pairs[n][0] for n in names], channels)
 
     def table() -> list[list[Any]]:
-        return [fidelity_row(n, pairs[n][1], "— (teacher-forced)", pairs[n][0].record) for n in names]
+        return [fidelity_row(n, pairs[n][1], None, pairs[n][0].record) for n in names]
 
+    curves = {n: pairs[n][1] for n in names}
+    reference = lockstep.reference.record
     yield columns.frame(f"Prefilling {len(prompt.ids)} prompt tokens in {len(evicting) + 1} runs…", table())
     for replayed in lockstep:
         if pacer.due():
-            yield columns.frame(f"Replaying in lockstep… {replayed}/{len(trace_ids)} trace tokens", table())
-    stopped = lockstep.reference.record.summary.get("stopped", "end of trace")
+            yield columns.frame(f"Replaying in lockstep… {replayed}/{len(trace_ids)} trace tokens", table(),
+                                fidelity=curves, reference=reference)
+    stopped = reference.summary.get("stopped", "end of trace")
     yield columns.frame(f"Done: {len(trace_ids)} trace tokens through {len(names)} policies (stopped: {stopped}).",
-                        table(), done=True)
+                        table(), done=True, fidelity=curves, reference=reference)
 
 
 def _generate_frames(loaded, policies, run_input, settings, cancel, channels, measure, pacer) -> Iterator[CompareFrame]:
@@ -220,6 +243,7 @@ def _generate_frames(loaded, policies, run_input, settings, cancel, channels, me
     for replayed in lockstep:
         if pacer.due():
             yield columns.frame(f"Measuring fidelity: teacher-forcing the full cache's text… "
-                                f"{replayed}/{len(full_ids)}", table(fidelity))
+                                f"{replayed}/{len(full_ids)}", table(fidelity), fidelity=fidelity,
+                                reference=lockstep.reference.record)
     yield columns.frame(f"Done: {len(full_ids)} tokens; NLL / KL / top-1 measured on the full cache's text.",
-                        table(fidelity), done=True)
+                        table(fidelity), done=True, fidelity=fidelity, reference=lockstep.reference.record)

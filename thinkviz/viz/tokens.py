@@ -68,6 +68,14 @@ _KEEP_MODES = {"importance", "evicted", "combined"}
 _SEGMENT_MODES = {"segments", "combined"}
 _BOX_MODES = {"segments", "evicted", "combined"}
 
+def segment_colour(kind: str, index: int = 0) -> str | None:
+    """The fill the segments view gives a span of ``kind`` (a think block and its steps by the
+    block's ``index``), or ``None`` for a kind it does not fill."""
+    if kind in ("think", "step"):
+        return _THINK_PALETTE[index % len(_THINK_PALETTE)]
+    return _SEGMENT_COLOURS.get(kind)
+
+
 # What each view mode draws, in the order a legend explains it: heat, keep/evict, segment colours, think boxes.
 MODE_PARTS: dict[str, tuple[str, ...]] = {
     mode: tuple(part for part, modes in (("heat", _HEAT_MODES), ("keep", _KEEP_MODES), ("segments", _SEGMENT_MODES),

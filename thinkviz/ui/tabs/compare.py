@@ -96,6 +96,8 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
                               label="KV-cache memory, all policies", elem_id="tv-compare-memory")
             table = gr.Dataframe(headers=FIDELITY_COLUMNS, label="Fidelity against the full cache",
                                  interactive=False, elem_id="tv-compare-table", wrap=True)
+            per_token = gr.Plot(placeholder_figure("ΔNLL and KL per token appear here once fidelity is measured"),
+                                label="Per-token fidelity against the full cache", elem_id="tv-compare-fidelity")
             with gr.Row():
                 export_fig = gr.Button("Export figure (HTML)", size="sm", elem_id="tv-compare-export-figure")
             exported = gr.File(label="Download (open a column in Explore to export its recording)",
@@ -151,7 +153,8 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
             return [gr.update(visible=i < len(request[0])) for i in range(len(columns))]
 
         def waiting(request) -> list:
-            return [WAITING, *[gr.skip()] * 4, *[gr.skip()] * len(headers), *shown_columns(request), gr.skip()]
+            return [WAITING, *[gr.skip()] * 4, *[gr.skip()] * len(headers), *shown_columns(request), gr.skip(),
+                    gr.skip()]
 
         def frames(loaded, request, cancel):
             policies, run_input, settings, measure_fidelity = request
@@ -161,8 +164,9 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
                 source = gr.update(choices=s.sources()) if frame.done else gr.skip()
                 head = frame.headers + [""] * (len(headers) - len(frame.headers))
                 figure = gr.skip() if frame.figure is None else frame.figure
-                yield [frame.status, bus_payload(frame.bus), figure, frame.table, source, *head,
-                       *shown_columns(request), frame.legend]
+                fidelity = gr.skip() if frame.fidelity is None else frame.fidelity
+                yield [frame.status, bus_payload(frame.bus), figure, frame.shown_table, source, *head,
+                       *shown_columns(request), frame.legend, fidelity]
 
         yield from run_with_model(app.slot, prepare, frames, waiting, s)
 
@@ -170,7 +174,7 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
         run.click(
             run_compare,
             [session, view_mode, *panel.inputs(), *chosen.inputs(), *decode.inputs()],
-            [status, app.bus, overlay, table, explore_source, *headers, *columns, legend],
+            [status, app.bus, overlay, table, explore_source, *headers, *columns, legend, per_token],
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="compare", show_progress="hidden",
         )
 
