@@ -54,9 +54,9 @@ def test_the_choice_dropdown_shows_the_policys_choices_and_its_value_reaches_the
 def test_api_callers_pass_a_choice_by_name_and_get_a_message_for_any_other(app_url):
     client = Client(app_url, verbose=False)
     args = _live_args(policy="choosy", budget=16, max_new_tokens=4)
-    assert args[-6] == "newest"  # the choice slot, after the number and checkbox slots
-    args[-6] = "oldest"
+    assert args[-7] == "newest"  # the choice slot, after the number and checkbox slots (and 6 values after it)
+    args[-7] = "oldest"
     assert client.predict(*args, api_name="/generate")[0].startswith("Done: 4 tokens generated")
-    args[-6] = "sideways"
+    args[-7] = "sideways"
     with pytest.raises(AppError, match="sideways"):
         client.predict(*args, api_name="/generate")

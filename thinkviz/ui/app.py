@@ -53,13 +53,13 @@ def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bi
             with gr.Tab("Compare", id="compare"):
                 offer_compare_runs = compare.build(app)
             with gr.Tab("Explore", id="explore") as explore_tab:
-                run_picker = explore.build(app, explore_tab)
+                explore_link = explore.build(app, explore_tab)
             with gr.Tab("Sweep", id="sweep"):
                 sweep.build(app)
             with gr.Tab("Learn", id="learn"):
                 learn.build(app)
-        offer_live_runs(run_picker)
-        offer_compare_runs(run_picker)
+        offer_live_runs(explore_link)
+        offer_compare_runs(explore_link)
 
         def watch_default() -> Iterator[str]:
             slot.start_once(model, quantization)

@@ -30,6 +30,7 @@ class ExploreView:
     caption: str
     tokens_html: str
     legend: str
+    step: int  # the event shown (a layer or head moves it back to the nearest snapshot)
     heatmap: Any
     segments: Any
 
@@ -118,4 +119,4 @@ def explore_view(record: RunRecord, step: int, layer: Any, head: Any, mode: str)
     rows = segment_table(record, record.events[shown].step)
     if data.scores is None:  # no graded score: no mean importance either
         rows = [row[:3] + [None] for row in rows]
-    return ExploreView(caption, tokens, legend, heatmap, {"headers": SEGMENT_TABLE_HEADERS, "data": rows})
+    return ExploreView(caption, tokens, legend, shown, heatmap, {"headers": SEGMENT_TABLE_HEADERS, "data": rows})

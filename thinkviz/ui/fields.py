@@ -2,10 +2,11 @@
 
 Gradio checks a slider's range on the server, but a value that is not a number at all (a
 string, ``NaN``, ``true``) fails deep inside it with an anonymous "the app raised an
-exception".  :func:`numbers_only` makes a slider refuse it first, with a message naming the
-control.  (A ``gr.Slider`` subclass would do the same, but Gradio writes a ``.pyi`` stub
-next to the module of every component class; binding the check to the instance does not,
-and survives Gradio's per-session deep copies, which rebind bound methods.)
+exception", and one out of range shows a bare "Error" toast and a server traceback.
+:func:`numbers_only` makes a slider refuse both first, with a message naming the control.
+(A ``gr.Slider`` subclass would do the same, but Gradio writes a ``.pyi`` stub next to the
+module of every component class; binding the check to the instance does not, and survives
+Gradio's per-session deep copies, which rebind bound methods.)
 """
 
 from __future__ import annotations
@@ -26,9 +27,16 @@ def numbers_only(slider: gr.Slider) -> gr.Slider:
 
 
 def _preprocess_number(slider: gr.Slider, payload: Any) -> float:
+    label = slider.label or "This value"
     if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
         shown = no_markup(repr(payload)[:40])
-        raise gr.Error(f"{slider.label or 'This value'} must be a number, got {shown}", print_exception=False)
+        raise gr.Error(f"{label} must be a number, got {shown}", print_exception=False)
+    # the range in words naming the control (Gradio's own check says only "Error" in a toast, with a traceback)
+    if slider.minimum is not None and payload < slider.minimum:
+        raise gr.Error(f"{label}: {payload:g} is less than minimum value {slider.minimum:g}", print_exception=False)
+    if slider.maximum is not None and payload > slider.maximum:
+        raise gr.Error(f"{label}: {payload:g} is greater than maximum value {slider.maximum:g}",
+                       print_exception=False)
     return gr.Slider.preprocess(slider, payload)
 
 

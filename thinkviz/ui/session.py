@@ -33,6 +33,7 @@ class Session:
     compare_views: list[TokenData] = field(default_factory=list)
     compare_records: dict[str, RunRecord] = field(default_factory=dict)
     explore_record: RunRecord | None = None
+    explore_steps: int = 0  # how many steps the explored record had when Explore opened it
     sweep_rows: list[dict] = field(default_factory=list)
 
     def stop(self) -> None:

@@ -2,14 +2,15 @@
 
 A tab never imports another; what two tabs share comes from :mod:`thinkviz.ui.widgets`
 (control groups) and :mod:`thinkviz.ui.handlers` (the handler skeleton).  The one link
-between tabs, Live and Compare offering their runs to Explore's picker, goes through
-:func:`thinkviz.ui.app.build_app`: their ``build`` returns a function it calls with that
-picker once the Explore tab exists.
+between tabs, Live and Compare offering their runs to Explore, goes through
+:func:`thinkviz.ui.app.build_app`: their ``build`` returns a function it calls with the
+Explore tab's :class:`ExploreLink` once that tab exists.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import gradio as gr
 
@@ -29,3 +30,15 @@ class AppContext:
     model: str  # the model and quantization the app started with (the settings panel's defaults)
     quantization: str
     model_loading: bool  # whether the settings panel may load other models
+
+
+@dataclass(frozen=True)
+class ExploreLink:
+    """What Live and Compare need of the Explore tab: its run picker (they offer their runs in it)
+    and ``refresh``, the event to run after a run ends, so that a run Explore opened while it was
+    still streaming is shown whole (``refresh(*inputs)`` returns the values for ``outputs``)."""
+
+    source: gr.Dropdown
+    refresh: Callable[..., list]
+    inputs: list[Any]
+    outputs: list[Any]

@@ -26,7 +26,7 @@ from ..stream import bus_payload, container_html
 from ..text import plain_markdown
 from ..widgets import (CommonControls, InputControls, common_controls, decode_controls, input_controls, knob_box,
                        preset_knobs, preset_values, split)
-from . import AppContext
+from . import AppContext, ExploreLink
 
 DEFAULT_POLICIES = [REFERENCE_POLICY, "window", "h2o"]
 
@@ -69,8 +69,8 @@ def policy_set_controls() -> PolicySetControls:
     return PolicySetControls(policies, common, knobs, measure)
 
 
-def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
-    """Lay out the Compare tab; returns the function that wires Compare once Explore's run picker exists."""
+def build(app: AppContext) -> Callable[[ExploreLink], None]:
+    """Lay out the Compare tab; returns the function that wires Compare once the Explore tab exists."""
     with gr.Row():
         with gr.Column(scale=2, min_width=300):
             panel = input_controls(app.presets, "compare", app.slot)
@@ -170,12 +170,12 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
 
         yield from run_with_model(app.slot, prepare, frames, waiting, s)
 
-    def connect(explore_source: gr.Dropdown) -> None:
+    def connect(explore: ExploreLink) -> None:
         run.click(
             run_compare,
             [session, view_mode, *panel.inputs(), *chosen.inputs(), *decode.inputs()],
-            [status, app.bus, overlay, table, explore_source, *headers, *columns, legend, per_token],
+            [status, app.bus, overlay, table, explore.source, *headers, *columns, legend, per_token],
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="compare", show_progress="hidden",
-        )
+        ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
 
     return connect

@@ -15,11 +15,12 @@ from ..fields import slider
 from ..handlers import figure_file, recording_file, shown
 from ..session import Session
 from ..widgets import export_controls
-from . import AppContext
+from . import AppContext, ExploreLink
 
 
-def build(app: AppContext, tab: gr.Tab) -> gr.Dropdown:
-    """Lay out the Explore tab (``tab`` is its ``gr.Tab``); returns its run picker, which Live and Compare fill."""
+def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
+    """Lay out the Explore tab (``tab`` is its ``gr.Tab``); returns its run picker, which Live and Compare fill,
+    and the refresh they run after a run ends."""
     with gr.Row():
         with gr.Column(scale=2):
             source = gr.Dropdown([], value=None, label="Run to explore", info="the last Live run or a Compare column",
@@ -35,7 +36,7 @@ def build(app: AppContext, tab: gr.Tab) -> gr.Dropdown:
                             elem_id="tv-explore-layer")
         head = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="KV head", scale=1,
                            elem_id="tv-explore-head")
-    mode = gr.Radio(list(MODES), value="combined", label="Token view")
+    mode = gr.Radio(list(MODES), value="combined", label="Token view", elem_id="tv-explore-mode")
     tokens = gr.HTML("", elem_id="tv-explore-tokens")
     heatmap = gr.Plot(label="Kept per step and position", elem_id="tv-explore-heatmap")
     segments = gr.Dataframe(label="Segments at this step", interactive=False, elem_id="tv-explore-segments")
@@ -48,22 +49,37 @@ def build(app: AppContext, tab: gr.Tab) -> gr.Dropdown:
     def view(s: Session, step_value, layer_value, head_value, mode_value) -> explore.ExploreView:
         return shown(explore.explore_view, s.explore_record, int(step_value), layer_value, head_value, mode_value)
 
-    def show(s: Session, *view_values) -> list:
+    def rendered(s: Session, *view_values) -> tuple[list, int | None]:
+        """The view outputs, and the step shown (a layer or head moves it to its snapshot's step)."""
         if s.explore_record is None:
-            return [gr.skip()] * len(view_outputs)
+            return [gr.skip()] * len(view_outputs), None
         shown_view = view(s, *view_values)
         tokens_html = pin_host("explore", f"<div class='tv-container'>{shown_view.tokens_html}</div>")
-        return [shown_view.caption, shown_view.legend + tokens_html, shown_view.heatmap, shown_view.segments]
+        return [shown_view.caption, shown_view.legend + tokens_html, shown_view.heatmap, shown_view.segments], \
+            shown_view.step
+
+    def show(s: Session, *view_values) -> list:
+        values, at = rendered(s, *view_values)
+        moved = at is not None and at != int(view_values[0])
+        return [*values, gr.update(value=at) if moved else gr.skip()]  # the step box says the step shown
 
     def open_record(s: Session, record, mode_value: str) -> list:
-        s.explore_record = record
+        s.explore_record, s.explore_steps = record, len(record.events)
         last = max(0, len(record.events) - 1)
         return [
             gr.update(maximum=max(1, last), value=last, interactive=last > 0),
             gr.update(choices=explore.layer_choices(record), value=explore.AVERAGE),
             gr.update(choices=explore.head_choices(record), value=explore.AVERAGE),
-            *show(s, last, explore.AVERAGE, explore.AVERAGE, mode_value),
+            *rendered(s, last, explore.AVERAGE, explore.AVERAGE, mode_value)[0],
         ]
+
+    def refresh(s: Session, mode_value: str) -> list:
+        """After a run: a record Explore opened while it streamed is shown again, whole."""
+        record = s.explore_record
+        current = [s.live_record, *s.compare_records.values()]
+        if record is None or not any(record is r for r in current) or len(record.events) == s.explore_steps:
+            return [gr.skip()] * (len(pickers) + len(view_outputs))
+        return open_record(s, record, mode_value)
 
     def from_source(s: Session, name: str | None, mode_value: str) -> list:
         record = s.record_for(name or "")
@@ -97,6 +113,6 @@ def build(app: AppContext, tab: gr.Tab) -> gr.Dropdown:
     upload.upload(from_upload, [session, upload, mode], pickers + view_outputs, show_progress="hidden",
                   api_name="open_recording")
     for control in (step, layer, head, mode):
-        control.change(show, view_inputs, view_outputs, show_progress="hidden", trigger_mode="always_last",
+        control.change(show, view_inputs, [*view_outputs, step], show_progress="hidden", trigger_mode="always_last",
                        api_visibility="private")
-    return source
+    return ExploreLink(source, refresh, [session, mode], pickers + view_outputs)

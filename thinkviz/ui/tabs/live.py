@@ -24,7 +24,7 @@ from ..session import LIVE_TOKENS_ID, Session
 from ..stream import bus_payload, container_html
 from ..widgets import (InputControls, decode_controls, export_controls, input_controls, model_settings,
                        policy_controls, preset_values, split)
-from . import AppContext
+from . import AppContext, ExploreLink
 
 DEFAULT_POLICY = "h2o"
 
@@ -60,8 +60,8 @@ def projection_controls() -> ProjectionControls:
     return ProjectionControls(target, card, device)
 
 
-def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
-    """Lay out the Live tab; returns the function that wires Generate once Explore's run picker exists."""
+def build(app: AppContext) -> Callable[[ExploreLink], None]:
+    """Lay out the Live tab; returns the function that wires Generate once the Explore tab exists."""
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
             panel = input_controls(app.presets, "live", app.slot)
@@ -168,12 +168,12 @@ def build(app: AppContext) -> Callable[[gr.Dropdown], None]:
         app.demo.load(lambda: controls.updates(DEFAULT_POLICY), None, controls.slots, show_progress="hidden",
                       api_visibility="private")
 
-    def connect(explore_source: gr.Dropdown) -> None:
+    def connect(explore: ExploreLink) -> None:
         generate.click(
             run_live,
             [session, view_mode, *panel.inputs(), *controls.inputs(), *decode.inputs(), *projection.inputs()],
-            [status, app.bus, memory, stats, explore_source, legend],
+            [status, app.bus, memory, stats, explore.source, legend],
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="generate", show_progress="hidden",
-        )
+        ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
 
     return connect
