@@ -41,7 +41,7 @@ class DynTS(Policy):
         "A small learned head reads each token's hidden state and predicts how much the answer "
         "will need it; keep the question, the newest tokens and the top predicted ones."
     )
-    source = "seed 004 — DynTS, dynamic thinking-token selection"
+    source = "DynTS — Dynamic Thinking-Token Selection for Efficient Reasoning in Large Reasoning Models"
     params = (Param("recent", 32, 0, 1024, 1, "local window: newest tokens always kept"),)
     needs_hidden = True
     predictor_folder: ClassVar[Path] = ASSETS

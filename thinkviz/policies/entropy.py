@@ -70,7 +70,7 @@ class EntropyAnchors(Policy):
         "Keep tokens that paid focused attention (low entropy: anchors such as formulas); "
         "drop those whose attention was spread evenly (glue words)."
     )
-    source = "seed 001 (attention-weight entropy)"
+    source = "Semantic KV-eviction by attention entropy (article: 'The Death of the Static Prompt')"
     params = (
         Param("max_capacity_tokens", 16384, 8, 16384, 8,
               "when over budget, cut the cache down to this many tokens (anchors may stay, up to the budget)"),

@@ -84,7 +84,7 @@ class KVMerge(HeavyHitters):
 
     name = "merge"
     summary = "Like h2o, but nothing is simply lost: an evicted value is averaged into the most similar kept entry."
-    source = "seed 002 (KV merging; cf. CaM, ICML 2024, and D2O, 2024)"
+    source = "KV merging (article: 'The Death of the Static Token'; cf. CaM, ICML 2024, and D2O, 2024)"
 
     def compress(self, view: CacheView, cache) -> torch.Tensor:
         keep = self.select(view)  # (L, H_kv, k)

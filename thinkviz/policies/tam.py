@@ -105,7 +105,7 @@ class ThoughtAwareMatching(Policy):
         "Split the reasoning into steps; give each step a share of the budget by its importance "
         "and size (√(w·n)); always keep pivotal tokens and the newest ones."
     )
-    source = "seed 003 — TAM, thought-aware KV compaction via adaptive attention matching"
+    source = "TAM — Thought-Aware KV Cache Compaction for Reasoning via Adaptive Attention Matching"
     params = (
         Param("recent", 32, 0, 1024, 1, "tail τ: newest tokens always kept"),
         Param("window", 16, 1, 64, 1, "R: the newest queries whose attention weighs segments and tokens"),

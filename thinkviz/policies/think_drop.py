@@ -85,7 +85,7 @@ class ThinkDrop(Policy):
         "When memory is short, forget whole finished <think> blocks, oldest first — but only once "
         "the code written after them parses. Nothing else is ever dropped."
     )
-    source = "seed 000 (dynamic thinking-token dropping)"
+    source = "Dynamic Token-Dropping for local reflection loops (article: 'Optimizing Edge KV-Cache Slices')"
     hard_budget = False
 
     def score(self, view: CacheView) -> torch.Tensor:

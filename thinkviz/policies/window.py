@@ -19,7 +19,7 @@ class SlidingWindow(Policy):
     name = "window"
     score_scale = None  # position order only: nothing graded
     summary = "First in, first out: keep the newest tokens, drop the oldest, whatever they were."
-    source = "FIFO baseline (criticised in seed 001)"
+    source = "FIFO baseline (the static eviction semantic policies are measured against)"
 
     def score(self, view: CacheView) -> torch.Tensor:
         return view.positions.float()

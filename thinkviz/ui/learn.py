@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import inspect
+import re
 
 from ..policies import policy_class, policy_names
 from ..policies.base import COMMON_PARAMS, Param
 
 
+_CODE = re.compile(r"(`+)(.+?)\1")  # a Markdown code span (``x < y`` in a docstring)
+
+
 def _escape(text: str) -> str:
-    """Markdown table cells: no pipes or newlines; tags shown as text."""
-    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """Markdown table cells: no pipes or newlines; tags shown as text.  Inside code spans a ``<``
+    is already text (an entity there would show literally), so only the prose around them is escaped."""
+    flat = " ".join(text.split()).replace("|", "\\|")
+    out, last = [], 0
+    for match in _CODE.finditer(flat):
+        out += [flat[last : match.start()].replace("<", "&lt;").replace(">", "&gt;"), match.group(0)]
+        last = match.end()
+    out.append(flat[last:].replace("<", "&lt;").replace(">", "&gt;"))
+    return "".join(out)
 
 
 def params_table(params: tuple[Param, ...]) -> str:
@@ -20,10 +31,13 @@ def params_table(params: tuple[Param, ...]) -> str:
 
 
 def policy_card(name: str) -> str:
-    """Markdown for one policy: summary, the rule (its docstring), source, its own parameters."""
+    """Markdown for one policy: summary, the rule (its docstring), what its heat shows, source, its own parameters."""
     cls = policy_class(name)
     rule = inspect.getdoc(cls) or ""
-    parts = [f"### `{cls.name}`", _escape(cls.summary), f"**Rule.** {_escape(rule)}",
+    scale = cls.score_scale
+    heat = (f"{_escape(scale.what)}: low = {_escape(scale.low)}, high = {_escape(scale.high)}" if scale is not None
+            else "none: the rule orders tokens without a graded score, so the token views show only what it kept")
+    parts = [f"### `{cls.name}`", _escape(cls.summary), f"**Rule.** {_escape(rule)}", f"**Heat.** {heat}",
              f"**Source.** {_escape(cls.source)}"]
     if cls.params:
         parts.append(params_table(cls.params))
