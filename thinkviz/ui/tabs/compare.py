@@ -16,7 +16,7 @@ from ...policies import REFERENCE_POLICY, Policy, policy_names
 from ...presets import Preset
 from ...viz.figures import compare_memory_figure, placeholder_figure
 from ...viz.legend import view_legend
-from ...viz.tokens import MODES
+from ...viz.tokens import MODES, TokenData
 from ..compare import (FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, check_policies, column_views, compare_frames,
                        preset_policies)
 from ..controls import build_policy, default_view, format_knobs, knobs_for, parse_knobs
@@ -114,9 +114,23 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         view = "combined" if "combined" in map(default_view, known) else "evicted"  # heat if any column has it
         return values + [*chosen.preset_values(choice.preset, known), choice.preset.max_new_tokens, view]
 
+    def clear_results(s: Session, mode: str) -> list:
+        """A new preset: the last comparison's columns, table and charts go (Explore keeps its runs)."""
+        if s.running:
+            return [gr.skip()] * (6 + len(headers))
+        s.compare_views = []
+        empty = [c.message(TokenData([]), reset=True) for c in s.compare_channels]
+        return [bus_payload(empty), *[""] * len(headers), {"headers": FIDELITY_COLUMNS, "data": []},
+                placeholder_figure("Each policy's KV cache appears here"),
+                placeholder_figure("ΔNLL and KL per token appear here once fidelity is measured"),
+                view_legend(mode, "", None, parts=("keep", "segments", "boxes"))]
+
     panel.preset.change(pick_preset, panel.preset,
                         panel.preset_outputs() + chosen.inputs()[:-1] + [decode.max_new, view_mode],
-                        show_progress="hidden", api_visibility="private")
+                        show_progress="hidden", api_visibility="private"
+                        ).then(clear_results, [session, view_mode],
+                               [app.bus, *headers, table, overlay, per_token, legend], show_progress="hidden",
+                               api_visibility="private")
     stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
     export_fig.click(
         lambda s: figure_file(bool(s.compare_records),
