@@ -34,7 +34,9 @@ def test_prepare_trace_continues_after_the_opened_think_turn(tiny_llama):
     text = tiny_llama.tokenizer.decode(ids)
     assert text == TRACE[len("<think>\n"):], "the opening <think> must not be duplicated"
     same_prompt, same_ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE[len("<think>\n"):])
-    assert same_ids == ids and same_prompt.ids == prompt.ids
+    # (#22 changes this: was same_prompt.ids == prompt.ids) a trace that does not begin with <think> gets none
+    assert same_ids == ids and same_prompt.ids == prompt.ids[: len(same_prompt.ids)]
+    assert not same_prompt.text.endswith("<think>\n")
 
 
 def test_prepare_trace_refuses_empty_and_overlong_traces(tiny_llama):
@@ -310,3 +312,11 @@ def test_lockstep_fidelity_on_a_transcript_reports_tool_tokens(tiny_llama):
     assert summary["all"]["tokens"] == len(ids)
     assert summary["tool"]["tokens"] > 0 and summary["think"]["tokens"] > 0
     assert summary["tool"]["kl"] > 0
+
+
+def test_a_replay_opens_the_assistant_turn_with_think_only_when_the_trace_does(tiny_llama):
+    thought, _ = prepare_trace(tiny_llama, None, "Why?", "<think>\nBecause.\n</think>\nSo.")
+    essay, ids = prepare_trace(tiny_llama, None, "Why?", "# An essay\n\nNo thinking here.")
+    assert "".join(thought.texts).endswith("<think>\n")
+    assert "<think>" not in "".join(essay.texts)
+    assert tiny_llama.tokenizer.decode(ids) == "# An essay\n\nNo thinking here."

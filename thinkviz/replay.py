@@ -150,10 +150,11 @@ def tokenize_trace(
 def prepare_trace(
     loaded: LoadedModel, system: str | None, question: str, assistant_text: str, max_tokens: int | None = None
 ) -> tuple[ChatPrompt, list[int]]:
-    """The prompt to prefill (chat + opened ``<think>`` turn) and the trace ids to teacher-force.
+    """The prompt to prefill (chat + opened assistant turn) and the trace ids to teacher-force.
 
-    :func:`~thinkviz.chat.build_chat` already opens the assistant turn with ``"<think>\\n"``, so
-    a trace that starts with it continues after it instead of repeating it.  The trace is
+    A trace that starts with ``"<think>\\n"`` gets an assistant turn opened with it (as
+    :func:`~thinkviz.chat.build_chat` opens one to generate) and continues after it; any other
+    trace (an essay, a plain answer) opens the turn bare, so no think block is invented.  The trace is
     tokenized on its own (no special tokens added) and cut to its first ``max_tokens``.  Raises
     :class:`TraceError` when the question or trace is empty or the whole does not fit the
     model's context.
@@ -183,10 +184,11 @@ def _tokenize_single_turn(
     if not trace.question.strip():
         raise TraceError("the question is empty")
     text = trace.text
-    body = text[len(ASSISTANT_PREFIX):] if text.startswith(ASSISTANT_PREFIX) else text
+    thinking = text.startswith(ASSISTANT_PREFIX)  # open the turn with <think> only when the trace does
+    body = text[len(ASSISTANT_PREFIX):] if thinking else text
     if not body.strip():
         raise TraceError("the trace is empty")
-    prompt = build_chat(tokenizer, trace.system, trace.question, assistant=ASSISTANT_PREFIX)
+    prompt = build_chat(tokenizer, trace.system, trace.question, assistant=ASSISTANT_PREFIX if thinking else "")
     ids = list(tokenizer(body, add_special_tokens=False)["input_ids"])[:max_tokens]
     total = len(prompt.ids) + len(ids)
     if total > context:
