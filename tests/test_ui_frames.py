@@ -230,6 +230,10 @@ def test_explore_shows_any_step_of_a_finished_run(tiny):
     assert set(np.unique(keep)) <= {0.0, 1.0}  # one head: each token is either held or not
     with pytest.raises(ValueError, match="layer must be between"):
         explore.explore_view(record, 0, "99", explore.AVERAGE, "importance")
+    with pytest.raises(ValueError, match="step 20 is outside this run: its steps go from 0 to 19"):
+        explore.explore_view(record, 20, explore.AVERAGE, explore.AVERAGE, "evicted")
+    snapped = explore.explore_view(record, 19, "1", "0", "evicted")
+    assert f"Step **{record.events[snapped.step].step}**" in snapped.caption  # the step box is set to this one
 
 
 def test_sweep_reports_progress_then_a_pareto_plot_and_a_table(tiny, tmp_path):

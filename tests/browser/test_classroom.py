@@ -61,3 +61,13 @@ def test_the_legend_follows_the_view_mode_and_a_click_pins_a_tokens_details(page
     page.wait_for_selector('#tv-live-tokens .tv-mode-combined .tv-tok.tv-pinned[data-pos="5"]')
     token.dispatch_event("click")  # a second click unpins
     page.wait_for_function("!document.querySelector('#tv-live-tokens .tv-pinned')")
+
+
+def test_explore_says_clearly_when_a_step_is_past_the_last(page):
+    page.get_by_role("tab", name="Explore").click()  # opens the Live run of the test above
+    wait_for_text(page, "#tv-explore-caption", r"Step \*?\*?3\*?\*? of 3", 60)
+    assert page.locator("#tv-explore-tokens .tv-legend").count() == 1
+    set_number(page, "#tv-explore-step", 99)
+    toast = page.locator(".toast-body.error")
+    toast.first.wait_for(timeout=30_000)
+    assert "step 99 is outside this run: its steps go from 0 to 3" in toast.first.inner_text()

@@ -109,6 +109,9 @@ def token_data_at(
 def explore_view(record: RunRecord, step: int, layer: Any, head: Any, mode: str) -> ExploreView:
     """Everything the Explore tab shows for the chosen step, layer, head and view mode."""
     layers, heads = geometry(record)
+    last = len(record.events) - 1
+    if not 0 <= step <= max(0, last):
+        raise ValueError(f"step {step} is outside this run: its steps go from 0 to {max(0, last)}")
     layer_index, head_index = _index(layer, layers, "layer"), _index(head, heads, "kv-head")
     data, shown, caption = token_data_at(record, step, layer_index, head_index)
     tokens = render_tokens(data, mode)

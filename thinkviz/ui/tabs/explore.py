@@ -14,6 +14,7 @@ from .. import explore
 from ..fields import slider
 from ..handlers import figure_file, recording_file, shown
 from ..session import Session
+from ..text import no_markup
 from ..widgets import export_controls
 from . import AppContext, ExploreLink
 
@@ -47,7 +48,12 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
     view_inputs = [session, step, layer, head, mode]
 
     def view(s: Session, step_value, layer_value, head_value, mode_value) -> explore.ExploreView:
-        return shown(explore.explore_view, s.explore_record, int(step_value), layer_value, head_value, mode_value)
+        try:
+            number = int(step_value)
+        except (TypeError, ValueError):
+            raise gr.Error(f"Step must be a whole number, got {no_markup(repr(step_value)[:40])}",
+                           print_exception=False) from None
+        return shown(explore.explore_view, s.explore_record, number, layer_value, head_value, mode_value)
 
     def rendered(s: Session, *view_values) -> tuple[list, int | None]:
         """The view outputs, and the step shown (a layer or head moves it to its snapshot's step)."""
@@ -113,6 +119,8 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
     upload.upload(from_upload, [session, upload, mode], pickers + view_outputs, show_progress="hidden",
                   api_name="open_recording")
     for control in (step, layer, head, mode):
+        # preprocess=False: Gradio's own range check would answer a step past the end with its bare message and a
+        # traceback (and a slider rebuilt by an update loses fields.numbers_only); explore_view checks every value
         control.change(show, view_inputs, [*view_outputs, step], show_progress="hidden", trigger_mode="always_last",
-                       api_visibility="private")
+                       api_visibility="private", preprocess=False)
     return ExploreLink(source, refresh, [session, mode], pickers + view_outputs)
