@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from thinkviz.chat import build_chat
 from thinkviz.engine import DecodeSettings, Run
 from thinkviz.policies import REFERENCE_POLICY, make_policy, policy_class, policy_names
 from thinkviz.ui.controls import default_view
@@ -56,3 +57,22 @@ def test_recorded_frames_of_every_policy_are_never_saturated(tiny, name):
         assert (levels[scored] == HEAT_LEVELS - 1).mean() <= TOP_BAND_AT_MOST
     assert checked >= len(frames) // 2
     assert np.unique(heat_levels(frames[-1].scores, len(frames[-1].texts))).size >= 5  # graded, not flat
+
+
+def test_only_tokens_that_compete_for_the_budget_are_ranked(tiny):
+    run = Run(tiny, make_policy("h2o", budget=48, recent=8, interval=4),
+              build_chat(tiny.tokenizer, "Be brief.", "What is 2+2?"),
+              DecodeSettings(max_new_tokens=60, stop_at_eos=False))
+    list(run.generate())
+    view = token_view(run.record)
+    levels = heat_levels(view.scores, len(view.texts), view.ranked)
+    protected = [s for s in run.record.segments if s["protected"]]
+    assert protected and all((levels[s["start"] : s["end"]] == -1).all() for s in protected)
+    assert (levels[-8:] == -1).all()  # the recent window is always kept: its score decides nothing
+    competing = levels[view.ranked]
+    assert (competing[np.isfinite(np.asarray(view.scores)[view.ranked])] >= 0).all()
+    assert (competing == HEAT_LEVELS - 1).mean() <= 0.15
+    full = Run(tiny, make_policy("full"), build_chat(tiny.tokenizer, "Be brief.", "What is 2+2?"),
+               DecodeSettings(max_new_tokens=4, stop_at_eos=False))
+    list(full.generate())
+    assert token_view(full.record).ranked is None  # nothing is evicted: every token's attention is shown

@@ -69,8 +69,8 @@ def test_the_figure_draws_each_policy_in_both_panels_over_segment_bands():
     bands = [(s.x0, s.x1, s.fillcolor) for s in fig.layout.shapes if s.type == "rect"]
     assert (99.5, 179.5, segment_colour("think", 0)) in bands and (249.5, 299.5, segment_colour("answer")) in bands
     assert len(bands) == 4  # two spans in two panels; the system prompt lies before the curves
-    labels = {a.text for a in fig.layout.annotations}
-    assert {"think 1", "answer"} <= labels
+    labels = [a.text for a in fig.layout.annotations]
+    assert {"think 1", "answer"} <= set(labels) and labels.count("think 1") == 1 and "new text" not in labels
 
 
 def test_compare_draws_per_token_curves_and_leaves_divergence_out_of_a_replay():

@@ -5,7 +5,7 @@ from . import entropy, think_drop, tam, dynts, rkv, merge  # noqa: F401
 from . import knorm, keydiff, random_eviction  # noqa: F401
 from .base import CacheView, Param, Policy, PolicyConfigError, ScoreScale
 from .full import REFERENCE_POLICY
-from .registry import POLICIES, make_policy, policy_class, policy_names, policy_params, score_scale
+from .registry import POLICIES, lookup, make_policy, policy_class, policy_names, policy_params, score_scale
 
 __all__ = [
     "CacheView",
@@ -13,6 +13,7 @@ __all__ = [
     "Policy",
     "PolicyConfigError",
     "POLICIES",
+    "lookup",
     "REFERENCE_POLICY",
     "ScoreScale",
     "make_policy",

@@ -40,7 +40,13 @@ def policy_params(name: str) -> tuple[Param, ...]:
     return policy_class(name).all_params()
 
 
+def lookup(name: str) -> type[Policy]:
+    """The class registered as ``name``, or for a name this version does not know (an older
+    recording's policy) the :class:`Policy` base, whose class traits are the generic ones."""
+    return POLICIES.get(name, Policy)
+
+
 def score_scale(name: str) -> ScoreScale | None:
     """What policy ``name``'s score grades (``None``: nothing graded, no heat to show); a policy
-    this version does not know (an older recording's) gets the generic scale."""
-    return POLICIES.get(name, Policy).score_scale
+    this version does not know gets the generic scale."""
+    return lookup(name).score_scale

@@ -123,6 +123,12 @@ def _bands(fig: go.Figure, segments: Sequence[Any], lo: int, hi: int) -> None:
         wide = (end - start) >= 0.04 * (hi - lo)
         fill = segment_colour(kind, index) or "#eeeeee"
         for row in (1, 2):
+            # an annotation only where labelled: plotly writes "new text" into one given no text
+            labelled = (
+                dict(annotation_text=label, annotation_position="top left", annotation_font_size=10)
+                if wide and row == 1
+                else {}
+            )
             fig.add_vrect(
                 x0=start - 0.5,
                 x1=end - 0.5,
@@ -132,7 +138,5 @@ def _bands(fig: go.Figure, segments: Sequence[Any], lo: int, hi: int) -> None:
                 layer="below",
                 row=row,
                 col=1,
-                annotation_text=label if wide and row == 1 else None,
-                annotation_position="top left",
-                annotation_font_size=10,
+                **labelled,
             )

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from ..events import RunRecord
-from ..policies import score_scale
+from ..policies import lookup
 
 MODES = ("importance", "segments", "evicted", "combined")
 HEAT_LEVELS = 10  # tv-h0 … tv-h9
@@ -68,6 +68,7 @@ _KEEP_MODES = {"importance", "evicted", "combined"}
 _SEGMENT_MODES = {"segments", "combined"}
 _BOX_MODES = {"segments", "evicted", "combined"}
 
+
 def segment_colour(kind: str, index: int = 0) -> str | None:
     """The fill the segments view gives a span of ``kind`` (a think block and its steps by the
     block's ``index``), or ``None`` for a kind it does not fill."""
@@ -94,7 +95,10 @@ class TokenData:
     latest step's values for the same tokens (``None``: unknown); ``labels`` ``(n,)`` the
     segmenter's per-token labels (only ``"template"``, a chat-template marker, changes the
     view; ``None``: none known); ``spans`` the segments over absolute positions
-    (:class:`~thinkviz.segments.Span` or the ``dict`` form a recording stores).
+    (:class:`~thinkviz.segments.Span` or the ``dict`` form a recording stores); ``ranked`` ``(n,)``
+    bool, the tokens whose score competes for the budget (``None``: all): only they get heat,
+    ranked among themselves, since a token the policy always keeps (protected, a sink, in the
+    recent window) is not judged by its score.
     """
 
     texts: Sequence[str]
@@ -103,6 +107,7 @@ class TokenData:
     labels: Sequence[str] | None = None
     spans: Sequence[Any] = ()
     start: int = 0
+    ranked: Sequence[bool] | np.ndarray | None = None
 
 
 def token_view(record: RunRecord, step: int | None = None) -> TokenData:
@@ -121,9 +126,26 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
     labels = None
     if record.prompt_labels:
         labels = list(record.prompt_labels) + [""] * (len(texts) - len(record.prompt_labels))
-    graded = last is not None and score_scale(str(record.meta.get("policy"))) is not None
+    policy = lookup(str(record.meta.get("policy")))
+    graded = last is not None and policy.score_scale is not None
+    ranked = forced_free(len(texts), record.meta.get("params", {}), record.segments) if policy.evicts else None
     return TokenData(texts, last.scores if graded else None, None if last is None else last.keep_fraction,
-                     labels, record.segments)
+                     labels, record.segments, ranked=ranked)
+
+
+def forced_free(n: int, params: dict[str, Any], spans: Sequence[Any]) -> np.ndarray:
+    """``(n,)`` bool: the tokens a policy with ``params`` does not force into the cache after ``n``
+    tokens (:meth:`~thinkviz.policies.Policy.forced`: protected spans, the first ``n_sink``, the
+    newest ``recent``)."""
+    free = np.ones(n, dtype=bool)
+    free[: int(params.get("n_sink", 0))] = False
+    recent = int(params.get("recent", 0))
+    if recent > 0:
+        free[max(0, n - recent) :] = False
+    for span in spans:
+        if _field(span, "protected", False):
+            free[int(_field(span, "start", 0)) : int(_field(span, "end", 0))] = False
+    return free
 
 
 class Look(NamedTuple):
@@ -148,8 +170,10 @@ class _Segment:
 
 
 # ---- quantisation ------------------------------------------------------------------
-def heat_levels(scores: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray:
-    """``(n,)`` int: importance level ``0 … HEAT_LEVELS-1``, ``-1`` where there is no finite score.
+def heat_levels(scores: Sequence[float] | np.ndarray | None, n: int,
+                ranked: Sequence[bool] | np.ndarray | None = None) -> np.ndarray:
+    """``(n,)`` int: importance level ``0 … HEAT_LEVELS-1``, ``-1`` where there is no finite score
+    or the token is not among ``ranked`` (``(n,)`` bool; ``None``: all are).
 
     A score's level is its rank among the frame's ``m`` finite scores: ``q`` = the share of the
     other scores strictly below it (``0`` lowest, ``1`` highest; ties share their lowest rank, so a
@@ -160,7 +184,7 @@ def heat_levels(scores: Sequence[float] | np.ndarray | None, n: int) -> np.ndarr
     if scores is None:
         return levels
     values = np.asarray(scores, dtype=np.float64)
-    finite = np.isfinite(values)
+    finite = np.isfinite(values) & (True if ranked is None else np.asarray(ranked, dtype=bool))
     if not finite.any():
         return levels
     ranked = np.sort(values[finite])
@@ -292,9 +316,9 @@ def _check(mode: str, texts: Sequence[str], **arrays: Any) -> None:
 def token_looks(data: TokenData, mode: str) -> list[Look]:
     """The :class:`Look` of every token of ``data`` in ``mode``."""
     texts, scores, keep_fraction, start = data.texts, data.scores, data.keep_fraction, data.start
-    _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=data.labels)
+    _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=data.labels, ranked=data.ranked)
     n = len(texts)
-    heat, kept = heat_levels(scores, n).tolist(), keep_levels(keep_fraction, n).tolist()
+    heat, kept = heat_levels(scores, n, data.ranked).tolist(), keep_levels(keep_fraction, n).tolist()
     score_list = [None] * n if scores is None else np.asarray(scores, dtype=np.float64).tolist()
     keep_list = [None] * n if keep_fraction is None else np.asarray(keep_fraction, dtype=np.float64).tolist()
     segment_looks: dict[int, tuple[str, str]] = {}
