@@ -62,7 +62,7 @@ def test_live_controls_show_and_run_the_presets_knobs(name, groups, tiny):
     values = [shown(v) for v in live.preset_values(preset.policy, preset.params)]
     assert values[0] == preset.policy
     slots = dict(
-        zip([p.name for p in controls.own_params(preset.policy)], [v for v in values[5:] if v is not None])
+        zip([p.name for p in controls.own_params(preset.policy)], [v for v in values[1 + len(live.common.inputs()) :] if v is not None])
     )  # the visible slots, declaration order per pool
     for key, value in preset.params.items():
         if key in slots:
