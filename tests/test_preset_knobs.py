@@ -61,9 +61,10 @@ def test_live_controls_show_and_run_the_presets_knobs(name, groups, tiny):
     live, _ = groups
     values = [shown(v) for v in live.preset_values(preset.policy, preset.params)]
     assert values[0] == preset.policy
-    slots = dict(
-        zip([p.name for p in controls.own_params(preset.policy)], [v for v in values[1 + len(live.common.inputs()) :] if v is not None])
-    )  # the visible slots, declaration order per pool
+    specs = controls.slot_specs(preset.policy, controls.pool_sizes())  # which parameter each slot shows
+    names = [spec.name if spec else None for pool in specs for spec in pool]
+    slots = {name: v for name, v in zip(names, values[1 + len(live.common.inputs()) :]) if name}
+    assert set(slots) == {p.name for p in controls.own_params(preset.policy)}
     for key, value in preset.params.items():
         if key in slots:
             assert slots[key] == value, key
