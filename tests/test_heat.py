@@ -59,16 +59,15 @@ def test_recorded_frames_of_every_policy_are_never_saturated(tiny, name):
     assert np.unique(heat_levels(frames[-1].scores, len(frames[-1].texts))).size >= 5  # graded, not flat
 
 
-def test_only_tokens_that_compete_for_the_budget_are_ranked(tiny):
+def test_the_recent_window_is_not_ranked(tiny):
     run = Run(tiny, make_policy("h2o", budget=48, recent=8, interval=4),
               build_chat(tiny.tokenizer, "Be brief.", "What is 2+2?"),
               DecodeSettings(max_new_tokens=60, stop_at_eos=False))
     list(run.generate())
     view = token_view(run.record)
     levels = heat_levels(view.scores, len(view.texts), view.ranked)
-    protected = [s for s in run.record.segments if s["protected"]]
-    assert protected and all((levels[s["start"] : s["end"]] == -1).all() for s in protected)
     assert (levels[-8:] == -1).all()  # the recent window is always kept: its score decides nothing
+    assert (levels[:-8] >= 0).sum() > 40
     competing = levels[view.ranked]
     assert (competing[np.isfinite(np.asarray(view.scores)[view.ranked])] >= 0).all()
     assert (competing == HEAT_LEVELS - 1).mean() <= 0.15

@@ -53,7 +53,7 @@ def _heat(scale: ScoreScale | None, policy: str, compact: bool) -> str:
     if compact:
         return _part("Heat:", f"{html.escape(scale.what)}<br>{scale_text}")
     return _part("Heat", f"= {html.escape(scale.what)}: {scale_text} (hottest = top 5 % of this frame; "
-                         "tokens the policy always keeps are not ranked)")
+                         "the policy's recent window, always kept, is not ranked)")
 
 
 def _keep() -> str:

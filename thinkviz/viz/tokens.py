@@ -96,9 +96,8 @@ class TokenData:
     segmenter's per-token labels (only ``"template"``, a chat-template marker, changes the
     view; ``None``: none known); ``spans`` the segments over absolute positions
     (:class:`~thinkviz.segments.Span` or the ``dict`` form a recording stores); ``ranked`` ``(n,)``
-    bool, the tokens whose score competes for the budget (``None``: all): only they get heat,
-    ranked among themselves, since a token the policy always keeps (protected, a sink, in the
-    recent window) is not judged by its score.
+    bool, the tokens whose score is ranked for heat (``None``: all): the policy's recent window,
+    which it keeps whatever the score, is left out (:func:`outside_recent`).
     """
 
     texts: Sequence[str]
@@ -128,24 +127,22 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
         labels = list(record.prompt_labels) + [""] * (len(texts) - len(record.prompt_labels))
     policy = lookup(str(record.meta.get("policy")))
     graded = last is not None and policy.score_scale is not None
-    ranked = forced_free(len(texts), record.meta.get("params", {}), record.segments) if policy.evicts else None
+    ranked = outside_recent(len(texts), record.meta.get("params", {})) if policy.evicts else None
     return TokenData(texts, last.scores if graded else None, None if last is None else last.keep_fraction,
                      labels, record.segments, ranked=ranked)
 
 
-def forced_free(n: int, params: dict[str, Any], spans: Sequence[Any]) -> np.ndarray:
-    """``(n,)`` bool: the tokens a policy with ``params`` does not force into the cache after ``n``
-    tokens (:meth:`~thinkviz.policies.Policy.forced`: protected spans, the first ``n_sink``, the
-    newest ``recent``)."""
-    free = np.ones(n, dtype=bool)
-    free[: int(params.get("n_sink", 0))] = False
+def outside_recent(n: int, params: dict[str, Any]) -> np.ndarray | None:
+    """``(n,)`` bool: the tokens older than the policy's recent window (``recent`` in ``params``),
+    which it always keeps whatever their score (:meth:`~thinkviz.policies.Policy.forced`);
+    ``None`` when it has none.  The newest tokens draw the most attention per query, so ranking
+    them too would paint the end of every view in the hottest colours."""
     recent = int(params.get("recent", 0))
-    if recent > 0:
-        free[max(0, n - recent) :] = False
-    for span in spans:
-        if _field(span, "protected", False):
-            free[int(_field(span, "start", 0)) : int(_field(span, "end", 0))] = False
-    return free
+    if recent <= 0:
+        return None
+    ranked = np.ones(n, dtype=bool)
+    ranked[max(0, n - recent) :] = False
+    return ranked
 
 
 class Look(NamedTuple):
