@@ -272,3 +272,24 @@ def test_sweep_can_replay_only_the_first_trace_tokens(tiny):
     rows = list(sweep_frames(tiny, trace, ["window"], parse_budgets("0.5"), 4, {}, max_trace_tokens=12,
                              poll=0.0))[-1].rows
     assert {r["trace_tokens"] for r in rows} == {12}
+
+
+def test_live_and_compare_replay_a_transcript_with_its_tool_turns(tiny):
+    import json
+
+    from thought_trace import MESSAGES
+
+    transcript = RunInput(None, "", json.dumps([{"role": r, "content": c} for r, c in MESSAGES]))
+    frames, _ = _live(tiny, make_policy("think_drop", budget=64, interval=4), transcript)
+    final = frames[-1]
+    assert "replayed" in final.status and "3 passed in 0.02s" in final.record.generated_text
+    kinds = [s["kind"] for s in final.record.segments]
+    assert kinds.count("tool") == 3 and kinds.count("user") == 2 and kinds.count("think") == 3
+    assert "tv-seg-tool" in final.message["patch"]["reset"]
+    policies = [make_policy("window", budget=64, interval=4), make_policy("think_drop", budget=64, interval=4)]
+    channels = [TokenChannel(f"t{i}") for i in range(6)]
+    compared = list(compare_frames(tiny, policies, transcript, DecodeSettings(), threading.Event(), channels, True,
+                                   FramePacer(0.0)))[-1]
+    assert compared.done and [row[0] for row in compared.table] == ["window", "think_drop"]
+    for record in compared.records.values():
+        assert sum(s["kind"] == "tool" for s in record.segments) == 3
