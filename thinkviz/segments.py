@@ -3,8 +3,10 @@
 A chat is a sequence of turns given by its role spans (:class:`~thinkviz.chat.RoleSpan`): a
 single system + question + assistant turn, or a whole multi-turn conversation with tool
 output and several user and assistant turns.  Every turn is a segment of its role
-(``system``, ``user``, ``tool``, ``assistant``) carrying its turn index; the tokens around a
-message's text are template markers; *signatures* (``def``/``class`` headers of code in any
+(``system``, ``user``, ``tool``, ``assistant``) and every segment carries its turn index
+(``Span.turn``); the assistant turn a chat is still generating has no segment of its own,
+only its think, answer and code segments.  The tokens around a message's text are template
+markers; *signatures* (``def``/``class`` headers of code in any
 user turn) are always protected.  Each assistant turn's text is parsed incrementally as
 tokens stream in, and numbered across the whole conversation:
 
