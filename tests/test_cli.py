@@ -33,6 +33,8 @@ def _cli(*args):
         (["generate", "--vram-cap", "4", "--device", "cpu", "hi"],
          "a VRAM cap applies to a CUDA device, not cpu" if torch.cuda.is_available() else "needs a CUDA GPU"),
         (["generate", "--model", "random:GPT-9", "--quant", "none", "hi"], "Unknown random-weights model"),
+        (["bench", "overhead", "--policy", "lru"], "unknown policy 'lru'"),
+        (["bench", "overhead", "--policy", "knorm", "--budget", "16"], "budget (16) must be larger"),
     ],
 )
 def test_bad_arguments_exit_non_zero_with_one_line(args, reason):

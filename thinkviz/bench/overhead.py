@@ -79,13 +79,14 @@ def _greedy(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int, **options) 
 
 
 def measure_overhead(loaded: LoadedModel, new_tokens: int = 512, budget: int = 128, repeats: int = 2,
-                     interval: int = 1) -> OverheadResult:
-    """Alternate engine and baseline ``repeats`` times after a warm-up; keep each one's best."""
-    time_engine(loaded, 8, budget, interval=interval)
+                     interval: int = 1, policy: str = "h2o", scoring: bool = True) -> OverheadResult:
+    """Alternate engine (``policy`` at ``budget``, per-token scores shown or not) and baseline
+    ``repeats`` times after a warm-up; keep each one's best."""
+    time_engine(loaded, 8, budget, policy, scoring, interval)
     time_generate(loaded, 8)
     engine, baseline = [], []
     for _ in range(repeats):
-        engine.append(time_engine(loaded, new_tokens, budget, interval=interval))
+        engine.append(time_engine(loaded, new_tokens, budget, policy, scoring, interval))
         baseline.append(time_generate(loaded, new_tokens))
     return OverheadResult(new_tokens, max(engine), max(baseline))
 

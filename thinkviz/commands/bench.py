@@ -52,6 +52,9 @@ def _overhead_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", default=None, metavar="L1,L2,...",
                         help="prompt lengths in tokens: time decoding after a prompt that long, one ratio each")
     parser.add_argument("--interval", type=int, default=1, help="compression interval of the engine run")
+    parser.add_argument("--policy", default="h2o", help="the policy the engine runs (default h2o)")
+    parser.add_argument("--no-scoring", action="store_true",
+                        help="do not compute the per-token scores the views show (what a sweep does)")
 
 
 def _parse_contexts(text: str) -> list[int]:
@@ -64,16 +67,18 @@ def _parse_contexts(text: str) -> list[int]:
     return contexts
 
 
-def _print_overhead(result, budget: int, interval: int) -> None:
+def _print_overhead(result, policy: str, budget: int, interval: int, scoring: bool) -> None:
     engine = result.engine_tokens_per_second
-    print(f"engine   (h2o, budget {budget}, interval {interval}, scoring on): {engine:7.2f} tok/s")
+    setup = f"{policy}, budget {budget}, interval {interval}, scoring {'on' if scoring else 'off'}"
+    print(f"engine   ({setup}): {engine:7.2f} tok/s")
     print(f"baseline (model.generate, full cache):                   {result.generate_tokens_per_second:7.2f} tok/s")
     print(f"overhead ratio (engine / generate, {result.new_tokens} new tokens): {result.ratio:.3f}  (target >= 0.85)")
 
 
 @bench_kind("overhead", _overhead_args)
 def overhead(args: argparse.Namespace) -> int:
-    """Engine tok/s (h2o, interval 1, scoring on) ÷ plain model.generate tok/s; --context for long prompts."""
+    """Engine tok/s (a policy, default h2o, interval 1, scoring on) ÷ plain model.generate tok/s; --context for long
+    prompts."""
     contexts = _parse_contexts(args.context) if args.context is not None else None
     long = contexts is not None
     new_tokens = args.new_tokens or (128 if long else 512)
@@ -82,13 +87,15 @@ def overhead(args: argparse.Namespace) -> int:
     if new_tokens < 2 or budget < 8 or repeats < 1 or args.interval < 1:
         raise CliError("--new-tokens must be ≥ 2, --repeats and --interval ≥ 1 and --budget ≥ 8")
     try:
-        make_policy("h2o", budget=budget, interval=args.interval)
+        make_policy(args.policy, budget=budget, interval=args.interval)
     except PolicyConfigError as exc:
         raise CliError(str(exc)) from None
     loaded = load_from_args(args)
     print(f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device})")
     if not long:
-        _print_overhead(measure_overhead(loaded, new_tokens, budget, repeats, args.interval), budget, args.interval)
+        scoring = not args.no_scoring
+        result = measure_overhead(loaded, new_tokens, budget, repeats, args.interval, args.policy, scoring)
+        _print_overhead(result, args.policy, budget, args.interval, scoring)
         return 0
     if max(contexts) + new_tokens > loaded.geometry.max_context:
         raise CliError(f"--context {max(contexts)} + --new-tokens {new_tokens} exceeds the model's context "
