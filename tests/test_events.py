@@ -80,3 +80,19 @@ def test_prompt_labels_round_trip_and_older_recordings_load_without_them(record,
     json_path.write_text(json.dumps(doc))
     with pytest.raises(RecordingError, match="prompt_labels must be a list of str"):
         RunRecord.load(json_path)
+
+
+def test_kept_counts_and_logical_bytes_round_trip_and_bad_counts_are_refused(record, tmp_path):
+    layers, heads = record.meta["geometry"]["layers"], record.meta["geometry"]["kv_heads"]
+    for i, event in enumerate(record.events):
+        event.kept = np.arange(layers * heads).reshape(layers, heads) + i
+        event.logical_kv_bytes = event.kv_bytes - i
+    record.save(tmp_path / "run")
+    loaded = RunRecord.load(tmp_path / "run")
+    for a, b in zip(loaded.events, record.events, strict=True):
+        np.testing.assert_array_equal(a.kept_counts(layers, heads), b.kept)
+        assert a.logical_kv_bytes == b.logical_kv_bytes
+    record.events[0].kept = np.zeros((layers + 1, heads), dtype=np.int64)  # not the recorded geometry
+    record.save(tmp_path / "bad")
+    with pytest.raises(RecordingError, match="kept counts must be"):
+        RunRecord.load(tmp_path / "bad")

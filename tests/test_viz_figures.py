@@ -18,6 +18,7 @@ from thinkviz.viz.figures import (
     keep_heatmap,
     keep_matrix,
     coinciding,
+    kept_figure,
     memory_figure,
     oom_step,
     projection_outcome,
@@ -350,3 +351,44 @@ def test_keep_heatmap_marks_where_each_turn_of_a_transcript_begins(loaded, tmp_p
     # a single-turn chat: system, user, then the open assistant turn after them
     single = turn_starts(replayed(loaded, "window").record.segments)
     assert [role for _, role in single] == ["system", "user", "assistant"]
+
+
+def _ragged_record(kept: list[np.ndarray], padded_bytes: int = 0, params: dict | None = None) -> RunRecord:
+    """One event per ``(L, H_kv)`` kept array; physical bytes = logical + ``padded_bytes``."""
+    events = []
+    for s, counts in enumerate(kept):
+        seen = 40 + s
+        logical = int(counts.sum()) * 8
+        events.append(StepEvent(step=s, token_ids=[0], texts=["x"], positions=[seen - 1], scores=np.zeros(seen, np.float32),
+                                keep_fraction=np.ones(seen, np.float32), kv_bytes=logical + padded_bytes,
+                                logical_kv_bytes=logical, kv_tokens=round(counts.mean()), kept=counts))
+    meta = {"geometry": {"layers": 3, "kv_heads": 2, "head_dim": 2, "dtype_bytes": 2}, "budget": 16, "policy": "adakv",
+            "params": params or {"budget_mode": "tokens"}}
+    return RunRecord(meta=meta, prompt_texts=["x"] * 39, events=events)
+
+
+def test_kept_figure_shows_each_layer_and_head_and_falls_back_to_kv_tokens():
+    counts = np.array([[20, 12], [16, 16], [9, 23]])
+    fig = kept_figure(_ragged_record([counts]), 0)
+    np.testing.assert_array_equal(np.asarray(fig.data[0].z), counts)
+    assert "mean 16.0, total 96" in fig.layout.title.text
+    old = _ragged_record([counts])
+    old.events[0].kept = None  # a recording from before per-layer budgets
+    np.testing.assert_array_equal(np.asarray(kept_figure(old, 0).data[0].z), np.full((3, 2), 16))
+
+
+def test_memory_figure_draws_logical_bytes_only_when_padding_exists():
+    counts = np.array([[20, 12], [16, 16], [9, 23]])
+    names = [t.name for t in memory_figure(_ragged_record([counts, counts], padded_bytes=64)).data]
+    assert "KV cache (physical, padding included)" in names and "KV cache (logical: tokens held)" in names
+    names = [t.name for t in memory_figure(_ragged_record([counts, counts])).data]
+    assert "KV cache (physical)" in names and not any("logical" in n for n in names)
+
+
+def test_a_fractional_budget_line_grows_with_the_tokens_seen():
+    counts = np.full((3, 2), 10)
+    record = _ragged_record([counts] * 5, params={"budget_mode": "fraction", "budget_fraction": 0.25})
+    budget = next(t for t in memory_figure(record).data if t.name.startswith("budget"))
+    assert budget.name == "budget (25% of the tokens seen)"
+    seen = tokens_seen(record)
+    np.testing.assert_allclose(np.asarray(budget.y), np.ceil(0.25 * seen) * bytes_per_token(record) / MIB)

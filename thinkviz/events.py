@@ -38,8 +38,13 @@ class StepEvent:
     - ``keep_fraction``: ``(T,)`` fraction of the ``L * H_kv`` (layer, kv-head) slots that
       still hold each position, in ``[0, 1]``.
     - ``kv_bytes``: bytes of the tensors the cache holds (in a quantized format: codes, scales,
-      zero points and the full-precision residual); ``full_kv_bytes``: what the ``T`` tokens
-      would take in a full cache at the model's own precision.
+      zero points and the full-precision residual), padding included; ``logical_kv_bytes``: the
+      part that holds tokens (less than ``kv_bytes`` only when a ragged keep set padded some
+      heads); ``full_kv_bytes``: what the ``T`` tokens would take in a full cache at the model's
+      own precision.
+    - ``kv_tokens``: tokens held per layer and kv-head (on average, rounded, when they differ);
+      ``kept``: ``(L, H_kv)`` tokens each layer and kv-head holds (``None`` in recordings made
+      before per-layer budgets, when every one held ``kv_tokens``).
     """
 
     step: int
@@ -56,10 +61,22 @@ class StepEvent:
     seconds_policy: float = 0.0
     compressed: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    logical_kv_bytes: int | None = None
+    kept: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.logical_kv_bytes is None:
+            self.logical_kv_bytes = self.kv_bytes
 
     @property
     def text(self) -> str:
         return "".join(self.texts)
+
+    def kept_counts(self, layers: int, heads: int) -> np.ndarray:
+        """``(L, H_kv)`` tokens held per layer and kv-head (``kv_tokens`` everywhere if not recorded)."""
+        if self.kept is None:
+            return np.full((layers, heads), self.kv_tokens, dtype=np.int64)
+        return np.asarray(self.kept, dtype=np.int64)
 
 
 @dataclass
@@ -109,6 +126,10 @@ class RunRecord:
         """``(S,)`` physical KV bytes after each step."""
         return np.array([e.kv_bytes for e in self.events], dtype=np.int64)
 
+    def logical_kv_bytes_series(self) -> np.ndarray:
+        """``(S,)`` KV bytes after each step that hold tokens (the physical bytes minus padding)."""
+        return np.array([e.logical_kv_bytes for e in self.events], dtype=np.int64)
+
     def full_kv_bytes_series(self) -> np.ndarray:
         """``(S,)`` bytes the same steps would hold with nothing evicted."""
         return np.array([e.full_kv_bytes for e in self.events], dtype=np.int64)
@@ -124,9 +145,12 @@ class RunRecord:
             d = asdict(e)
             d.pop("scores")
             d.pop("keep_fraction")
+            d.pop("kept")
             events_meta.append(_jsonable(d))
             arrays[f"scores_{i}"] = np.asarray(e.scores, dtype=np.float32)
             arrays[f"keep_{i}"] = np.asarray(e.keep_fraction, dtype=np.float32)
+            if e.kept is not None:
+                arrays[f"kept_{i}"] = np.asarray(e.kept, dtype=np.int32)
         for step, mask in self.snapshots.items():
             mask = np.asarray(mask, dtype=bool)
             arrays[f"snapshot_{step}"] = np.packbits(mask, axis=-1)
@@ -183,7 +207,8 @@ class RunRecord:
             for i, d in enumerate(doc["events"]):
                 _check_event_fields(d, i)
                 events.append(
-                    StepEvent(scores=arrays[f"scores_{i}"], keep_fraction=arrays[f"keep_{i}"], **d)
+                    StepEvent(scores=arrays[f"scores_{i}"], keep_fraction=arrays[f"keep_{i}"],
+                              kept=_kept_array(arrays.get(f"kept_{i}"), doc["meta"], i), **d)
                 )
             snapshots = {}
             for step in doc.get("snapshot_steps", []):
@@ -204,7 +229,7 @@ class RunRecord:
             raise RecordingError(f"recording is incomplete or corrupted ({exc!r})") from exc
 
 
-_EVENT_SCALARS = {"step": int, "kv_bytes": int, "kv_tokens": int, "full_kv_bytes": int,
+_EVENT_SCALARS = {"step": int, "kv_bytes": int, "logical_kv_bytes": int, "kv_tokens": int, "full_kv_bytes": int,
                   "seconds_forward": (int, float), "seconds_policy": (int, float), "compressed": bool}
 _EVENT_LISTS = {"token_ids": int, "positions": int, "evicted": int, "texts": str}
 
@@ -241,6 +266,17 @@ def _check_event_fields(d: Any, i: int) -> None:
     for key, kind in _EVENT_LISTS.items():
         if key in d and not (isinstance(d[key], list) and all(isinstance(x, kind) for x in d[key])):
             raise RecordingError(f"recording event {i}: {key} must be a list of {_kind_name(kind)}")
+
+
+def _kept_array(kept: np.ndarray | None, meta: dict, i: int) -> np.ndarray | None:
+    """Event ``i``'s ``(L, H_kv)`` kept counts, checked against the recorded geometry."""
+    if kept is None:
+        return None
+    geometry = meta.get("geometry", {}) if isinstance(meta, dict) else {}
+    shape = (geometry.get("layers"), geometry.get("kv_heads"))
+    if kept.shape != shape or kept.dtype.kind not in "iu" or (kept < 0).any():
+        raise RecordingError(f"recording event {i}: kept counts must be {shape} non-negative integers")
+    return kept
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:

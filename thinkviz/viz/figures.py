@@ -1,5 +1,6 @@
 """Plotly figures of a run: memory over time (with a projection onto a bigger model),
-policy comparisons, the step × position keep/evict heatmap, and the empty chart shown before a run.
+policy comparisons, the step × position keep/evict heatmap, the layer × kv-head kept counts of
+one step, and the empty chart shown before a run.
 
 Pure functions of a :class:`~thinkviz.events.RunRecord` (and plain values); they read no
 model and keep figures light: line traces are thinned to :data:`MAX_POINTS` points and
@@ -49,6 +50,18 @@ def _policy_evicts(record: RunRecord) -> bool:
         return policy_class(str(record.meta.get("policy"))).evicts
     except PolicyConfigError:  # a recording from a policy this version does not know
         return True
+
+
+def budget_series(record: RunRecord, x: np.ndarray) -> tuple[np.ndarray, str]:
+    """The budget in KV bytes at each number of tokens seen ``x`` ``(S,)``, and its label: a flat
+    ``budget`` tokens, or ``⌈budget_fraction · x⌉`` tokens when the run kept a fraction."""
+    params = record.meta.get("params", {})
+    if params.get("budget_mode") == "fraction":
+        fraction = float(params["budget_fraction"])
+        tokens = np.ceil(np.round(fraction * x, 9))
+        return tokens * bytes_per_token(record), f"budget ({fraction:.0%} of the tokens seen)"
+    budget = int(record.meta["budget"])
+    return np.full(len(x), budget * bytes_per_token(record)), f"budget ({budget} tokens)"
 
 
 def _thin(n: int, limit: int) -> np.ndarray:
@@ -224,6 +237,8 @@ def memory_figure(
 
     ``show_device`` (or a VRAM cap in force) adds a small panel under it with the process's or
     GPU's memory and the weights, which dwarf a small model's cache and so get their own axis.
+    When a ragged keep set padded some heads, a second line shows the logical bytes (the slots
+    that hold tokens) under the physical ones (padding included).
     With ``projection``, a lower panel prices the same kept-token counts on the target model
     against the card's VRAM, on its own x axis: past the run's end the full cache and the
     policy's growth are extrapolated (dotted, labelled) to where they outgrow the card, and
@@ -246,12 +261,19 @@ def memory_figure(
     hover = "tokens %{x}<br>step %{customdata}<br>%{y:.3f} MiB<extra>%{fullData.name}</extra>"
     fig.add_trace(go.Scatter(x=x[pick], y=full[pick] / MIB, name="full cache (no eviction)", customdata=steps,
                              hovertemplate=hover, line=dict(color=FULL_COLOUR, dash="dash")), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x[pick], y=kv[pick] / MIB, name="KV cache (physical)", customdata=steps,
-                             hovertemplate=hover, line=dict(color=KV_COLOUR, width=2.5)), row=1, col=1)
+    logical = record.logical_kv_bytes_series()
+    padded = bool((logical != kv).any())
+    fig.add_trace(go.Scatter(x=x[pick], y=kv[pick] / MIB, customdata=steps, hovertemplate=hover,
+                             name="KV cache (physical, padding included)" if padded else "KV cache (physical)",
+                             line=dict(color=KV_COLOUR, width=2.5)), row=1, col=1)
+    if padded:
+        fig.add_trace(go.Scatter(x=x[pick], y=logical[pick] / MIB, name="KV cache (logical: tokens held)",
+                                 customdata=steps, hovertemplate=hover, line=dict(color=KV_COLOUR, width=1.5, dash="dot")),
+                      row=1, col=1)
     if _policy_evicts(record) and len(x):
-        budget = int(record.meta["budget"]) * bytes_per_token(record)
-        fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[budget / MIB] * 2, mode="lines", hoverinfo="name",
-                                 name=f"budget ({record.meta['budget']} tokens)",
+        budget, label = budget_series(record, x)
+        ends = pick if record.meta.get("params", {}).get("budget_mode") == "fraction" else [0, len(x) - 1]
+        fig.add_trace(go.Scatter(x=x[ends], y=budget[ends] / MIB, mode="lines", hoverinfo="name", name=label,
                                  line=dict(color=BUDGET_COLOUR, dash="dot")), row=1, col=1)
     fig.update_yaxes(title_text="KV cache (MiB)", rangemode="tozero", row=1, col=1)
     if device:
@@ -536,4 +558,23 @@ def keep_heatmap(record: RunRecord, layer: int | None = None, head: int | None =
     fig.update_layout(height=420, margin=dict(l=60, r=20, t=50, b=40), title=f"Keep / evict — {scope}",
                       xaxis_title="position", yaxis_title="step", plot_bgcolor="white")  # white: not seen yet
     fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def kept_figure(record: RunRecord, index: int) -> go.Figure:
+    """Tokens held per layer (rows, bottom layer first) and kv-head (columns) after event
+    ``index``: the allocation a per-layer (pyramidkv) or per-head (adakv) budget made; one flat
+    colour for a policy that keeps the same number everywhere."""
+    layers, heads = (int(record.meta["geometry"][key]) for key in ("layers", "kv_heads"))
+    event = record.events[index]
+    counts = event.kept_counts(layers, heads)  # (L, H_kv)
+    fig = go.Figure(go.Heatmap(
+        z=counts, x=[f"head {h}" for h in range(heads)], y=list(range(layers)), text=counts,
+        texttemplate="%{text}" if counts.size <= 256 else None, colorscale="Blues", zmin=0,
+        colorbar=dict(title="tokens"), hovertemplate="layer %{y}, %{x}: %{z} tokens<extra></extra>",
+    ))
+    fig.update_layout(height=max(260, 18 * layers + 120), margin=dict(l=60, r=20, t=50, b=40),
+                      title=f"Tokens held per layer and kv-head — step {event.step} "
+                            f"(mean {counts.mean():.1f}, total {int(counts.sum())})",
+                      xaxis_title="kv-head", yaxis_title="layer")
     return fig
