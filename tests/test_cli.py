@@ -33,6 +33,7 @@ def _cli(*args):
         (["generate", "--vram-cap", "4", "--device", "cpu", "hi"],
          "a VRAM cap applies to a CUDA device, not cpu" if torch.cuda.is_available() else "needs a CUDA GPU"),
         (["generate", "--model", "random:GPT-9", "--quant", "none", "hi"], "Unknown random-weights model"),
+        (["generate", "--budget-fraction", "2", "hi"], "budget_fraction must be between 0.01 and 1.0, got 2.0"),
         (["bench", "overhead", "--policy", "lru"], "unknown policy 'lru'"),
         (["bench", "overhead", "--policy", "knorm", "--budget", "16"], "budget (16) must be larger"),
     ],

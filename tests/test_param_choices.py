@@ -70,8 +70,9 @@ def test_policies_take_and_check_their_choices(choosy):
 
 
 def _cli_args(*params: str) -> argparse.Namespace:
-    return argparse.Namespace(policy="choosy", budget=32, interval=1, no_protect_system=False,
-                              no_protect_question=False, param=[tuple(p.split("=", 1)) for p in params])
+    return argparse.Namespace(policy="choosy", budget=32, budget_mode=None, budget_fraction=None, interval=1,
+                              no_protect_system=False, no_protect_question=False,
+                              param=[tuple(p.split("=", 1)) for p in params])
 
 
 def test_the_cli_takes_a_choice_by_name_and_refuses_others_in_one_line(choosy, capsys):
@@ -93,7 +94,8 @@ def test_the_cli_lists_each_policys_choices(choosy, capsys):
 def test_the_control_pool_has_a_dropdown_slot_for_a_choice(choosy):
     sizes = controls.pool_sizes()
     assert sizes.choices == 1
-    assert controls.pool_choices() == ["newest", "oldest"]
+    assert controls.pool_choices(["choosy"]) == ["newest", "oldest"]
+    assert {"newest", "oldest"} <= set(controls.pool_choices())  # beside the registered policies' choices
     specs = controls.slot_specs("choosy", sizes, {"keep": "oldest"})
     (choice,) = [s for s in specs.choices if s is not None]
     assert (choice.kind, choice.value, choice.choices, choice.label) == ("choice", "oldest", ("newest", "oldest"),

@@ -43,6 +43,23 @@ def test_policies_all_excludes_the_reference_and_unknown_names_fail():
         parse_policies("h2o,lru")
 
 
+def test_running_budgets_are_fractions_of_the_tokens_seen():
+    budgets = parse_budgets("0.1,0.25", running=True)
+    assert [(b.label, b.tokens(1001)) for b in budgets] == [("10% of seen", 101), ("25% of seen", 251)]
+    assert budgets[1].policy_values(1001) == {"budget_mode": "fraction", "budget_fraction": 0.25}
+    with pytest.raises(ValueError, match="tokens seen so far is a fraction"):
+        parse_budgets("0.25,128", running=True)
+
+
+def test_a_running_budget_sweep_keeps_that_share_of_the_tokens_seen(tiny_llama):
+    rows, replay = sweep_trace(tiny_llama, TRACE, ["window"], parse_budgets("0.5", running=True), interval=8,
+                               params={"protect_system": False, "protect_question": False})
+    assert [(r["policy"], r["budget"]) for r in rows] == [("full", "100%"), ("window", "50% of seen")]
+    events = replay.runs[0].record.events
+    assert all(e.kv_tokens == math.ceil(0.5 * (e.positions[-1] + 1)) for e in events if e.compressed)
+    assert rows[1]["kv_fraction"] < 0.6
+
+
 def test_sweep_rows_and_files_are_well_formed(tiny_llama, tmp_path):
     budgets = [Budget(0.5, True), Budget(40, False)]
     seen = []

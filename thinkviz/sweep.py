@@ -36,22 +36,38 @@ COLUMNS = (
 
 @dataclass(frozen=True)
 class Budget:
-    """A budget as given: a fraction of the sequence's tokens (``0 < value ≤ 1``) or a token count."""
+    """A budget as given: a fraction of the sequence's tokens (``0 < value ≤ 1``) or a token count.
+
+    ``running``: the fraction is of the tokens seen *so far*, at every step (the policies'
+    ``budget_mode`` ``fraction``), not of the whole sequence from the start."""
 
     value: float
     fraction: bool
+    running: bool = False
 
     @property
     def label(self) -> str:
+        if self.running:
+            return f"{self.value:.0%} of seen"
         return f"{self.value:.0%}" if self.fraction else str(int(self.value))
 
     def tokens(self, total: int) -> int:
-        """Tokens per layer and kv-head for a sequence of ``total`` tokens (prompt + trace)."""
+        """Tokens per layer and kv-head for a sequence of ``total`` tokens (prompt + trace); a running
+        fraction reaches this at the end."""
+        if self.running:
+            return max(1, math.ceil(round(self.value * total, 9)))
         return max(1, round(self.value * total)) if self.fraction else int(self.value)
 
+    def policy_values(self, total: int) -> dict[str, Any]:
+        """The common knobs that give a policy this budget."""
+        if self.running:
+            return {"budget_mode": "fraction", "budget_fraction": self.value}
+        return {"budget": self.tokens(total)}
 
-def parse_budgets(text: str) -> list[Budget]:
-    """``"0.1,0.25,0.5"`` (fractions) or ``"128,256"`` (tokens), mixed allowed; ValueError otherwise."""
+
+def parse_budgets(text: str, running: bool = False) -> list[Budget]:
+    """``"0.1,0.25,0.5"`` (fractions) or ``"128,256"`` (tokens), mixed allowed; ValueError otherwise.
+    ``running``: fractions of the tokens seen so far (then token counts are refused)."""
     budgets = []
     for item in (part.strip() for part in text.split(",")):
         try:
@@ -61,7 +77,9 @@ def parse_budgets(text: str) -> list[Budget]:
         if "." in item or "e" in item.lower():
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"a fractional budget must be in (0, 1], got {item}")
-            budgets.append(Budget(value, True))
+            budgets.append(Budget(value, True, running))
+        elif running:
+            raise ValueError(f"a budget of the tokens seen so far is a fraction (0.25), got {item}")
         elif value >= 1:
             budgets.append(Budget(value, False))
         else:
@@ -125,8 +143,8 @@ def sweep_trace(
     built = []
     for name, budget in pairs:
         try:
-            knobs = policy_values(name, params)
-            built.append(make_policy(name, budget=budget.tokens(total), interval=interval, **knobs))
+            values = {**policy_values(name, params), **budget.policy_values(total)}  # the budget given wins
+            built.append(make_policy(name, interval=interval, **values))
         except PolicyConfigError as exc:
             raise PolicyConfigError(f"{name} at budget {budget.label} of {trace.name}: {exc}") from None
     replay = LockstepReplay(loaded, built, prompt, ids, DecodeSettings(scoring=False))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -255,6 +256,9 @@ def _sweep_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default="all", help="comma-separated policy names, or 'all'")
     parser.add_argument("--budgets", default="0.1,0.25,0.5",
                         help="fractions of the sequence's tokens (0.25) and/or token counts (256)")
+    parser.add_argument("--budget-mode", choices=("tokens", "fraction"), default="tokens",
+                        help="tokens: a fraction is that share of the whole sequence, as a token budget from the "
+                             "start; fraction: that share of the tokens seen so far, at every step")
     parser.add_argument("--interval", type=int, default=32, help="tokens per forward = compression interval")
     parser.add_argument("--param", type=parse_param, action="append", default=[], metavar="KEY=VALUE",
                         help="a policy knob, given to every selected policy that declares it (repeatable)")
@@ -274,7 +278,7 @@ def _sweep_args(parser: argparse.ArgumentParser) -> None:
 def sweep(args: argparse.Namespace) -> int:
     """Replay traces through policies × budgets; write CSV, JSON and a memory-vs-fidelity Pareto plot."""
     try:
-        budgets = parse_budgets(args.budgets)
+        budgets = parse_budgets(args.budgets, running=args.budget_mode == "fraction")
         policies = parse_policies(args.policies)
         params = dict(args.param)
         check_params(policies, params)
@@ -306,9 +310,10 @@ def sweep(args: argparse.Namespace) -> int:
         rows.extend(trace_rows)
         if args.save_runs:
             for row, run in zip(trace_rows, [replay.reference, *replay.runs]):
-                run.record.save(out / "runs" / f"{trace.name}-{row['policy']}-{row['budget'].rstrip('%')}")
+                label = re.sub(r"\W+", "-", row["budget"]).strip("-")  # "25%" -> "25", "25% of seen" -> "25-of-seen"
+                run.record.save(out / "runs" / f"{trace.name}-{row['policy']}-{label}")
     meta = {"model": loaded.name, "quantization": loaded.quantization, "device": str(loaded.device),
-            "interval": args.interval, "budgets": args.budgets, "params": params, "traces": args.trace,
+            "interval": args.interval, "budgets": args.budgets, "budget_mode": args.budget_mode, "params": params, "traces": args.trace,
             "max_trace_tokens": args.max_trace_tokens}
     paths = write_rows(rows, out, meta)
     print(markdown_table(rows), end="")

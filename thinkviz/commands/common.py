@@ -45,6 +45,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 def add_policy_args(parser: argparse.ArgumentParser, default_policy: str = "h2o") -> None:
     parser.add_argument("--policy", default=default_policy, help=f"one of: {', '.join(policy_names())}")
     parser.add_argument("--budget", type=int, default=256, help="tokens kept per layer and kv-head")
+    parser.add_argument("--budget-mode", choices=("tokens", "fraction"), default=None,
+                        help="tokens: keep --budget tokens (the default); fraction: keep --budget-fraction "
+                             "of the tokens seen so far")
+    parser.add_argument("--budget-fraction", type=float, default=None, metavar="F",
+                        help="share of the tokens seen so far to keep, 0.01-1 (implies --budget-mode fraction)")
     parser.add_argument("--interval", type=int, default=1, help="compress every N steps")
     parser.add_argument("--param", type=parse_param, action="append", default=[], metavar="KEY=VALUE",
                         help="a policy parameter, e.g. --param recent=32, or a choice by name (repeatable; "
@@ -56,6 +61,10 @@ def add_policy_args(parser: argparse.ArgumentParser, default_policy: str = "h2o"
 def policy_from_args(args: argparse.Namespace, name: str | None = None, budget: int | None = None):
     """Build the policy named on the command line; :class:`CliError` on bad values."""
     values = dict(args.param)
+    if args.budget_fraction is not None:
+        values["budget_fraction"] = args.budget_fraction
+    if args.budget_mode is not None or args.budget_fraction is not None:
+        values["budget_mode"] = args.budget_mode or "fraction"
     values.update(
         budget=args.budget if budget is None else budget,
         interval=args.interval,

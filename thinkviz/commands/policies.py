@@ -13,7 +13,8 @@ from .common import CliError, command
 from ..policies import POLICIES, Param, policy_class
 from ..policies.base import COMMON_PARAMS
 
-COMMON_FLAGS = {"budget": "--budget N", "interval": "--interval N", "protect_system": "--no-protect-system",
+COMMON_FLAGS = {"budget": "--budget N", "budget_mode": "--budget-mode", "budget_fraction": "--budget-fraction F",
+                "interval": "--interval N", "protect_system": "--no-protect-system",
                 "protect_question": "--no-protect-question"}  # how generate takes the shared knobs
 
 

@@ -1,16 +1,23 @@
 """The policy interface, declared parameters, and the shared keep-set selection.
 
-A policy sees a :class:`CacheView` of the cache and returns which physical slots to keep,
-as indices of shape ``(L, H_kv, k)``.  Most policies only override :meth:`Policy.score`
-(higher = more worth keeping, shape ``(L, H_kv, T)``); :meth:`Policy.select` then forces the
-protected spans, the attention sinks and the recent window in and takes the top ``budget``
-slots per (layer, kv-head).  Block-level or value-modifying policies override
-:meth:`Policy.select` or :meth:`Policy.compress`.
+A policy sees a :class:`CacheView` of the cache and returns which physical slots to keep:
+indices of shape ``(L, H_kv, k)`` (the same number in every layer and kv-head), or a keep mask
+``(L, H_kv, T)`` bool whose counts may differ per layer and per kv-head (a *ragged* keep set,
+see :func:`keep_counts`).  Most policies only override :meth:`Policy.score` (higher = more worth
+keeping, shape ``(L, H_kv, T)``); :meth:`Policy.select` then forces the protected spans, the
+attention sinks and the recent window in and takes the top :meth:`Policy.target` slots per
+(layer, kv-head).  Block-level or value-modifying policies override :meth:`Policy.select` or
+:meth:`Policy.compress`.
+
+The budget is ``budget`` tokens (``budget_mode`` ``tokens``) or ``⌈budget_fraction · N⌉`` of the
+``N`` tokens seen so far (``fraction``, kvpress's compression-ratio decoding).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Callable, ClassVar, Sequence
 
 import torch
@@ -100,7 +107,11 @@ class ScoreScale:
 
 
 COMMON_PARAMS: tuple[Param, ...] = (
-    Param("budget", 256, 8, 16384, 8, "tokens kept per layer and kv-head after each compression"),
+    Param("budget", 256, 8, 16384, 8, "tokens kept per layer and kv-head after each compression (budget mode tokens)"),
+    Param("budget_mode", "tokens", choices=("tokens", "fraction"),
+          help="tokens: keep `budget` tokens; fraction: keep `budget_fraction` of the tokens seen so far"),
+    Param("budget_fraction", 0.25, 0.01, 1.0, 0.01,
+          "share of the tokens seen so far kept per layer and kv-head (budget mode fraction)"),
     Param("interval", 1, 1, 512, 1, "compress every N steps; the cache oscillates between budget and budget+N"),
     Param("protect_system", True, help="never evict the system prompt"),
     Param("protect_question", True, help="never evict the user's question"),
@@ -122,7 +133,10 @@ class CacheView:
     - ``keys`` per layer ``(B, H_kv, T, D)``: the cached keys as attention reads them (decoded
       from a quantized format on access);
     - ``texts`` per position, ``segments`` the live segmenter (or ``None``);
-    - ``model`` the loaded model's name (a learned policy checks it was trained for it).
+    - ``model`` the loaded model's name (a learned policy checks it was trained for it);
+    - ``valid`` ``(L, H_kv, T)`` bool, which slots hold a token, or ``None`` when all do.  Holes
+      (a padded head's spare slots, the end of a shorter layer) appear only after a ragged keep
+      set; their entries in the other tables are meaningless and a policy must never keep one.
     """
 
     positions: torch.Tensor
@@ -136,6 +150,12 @@ class CacheView:
     texts: list[str] = field(default_factory=list)
     segments: Any = None
     model: str = ""
+    valid: torch.Tensor | None = None
+
+    @property
+    def seen(self) -> int:
+        """``N``, the number of tokens seen so far."""
+        return self.current + 1
 
     @property
     def last(self) -> torch.Tensor:
@@ -162,6 +182,27 @@ class CacheView:
         return torch.stack(rows)
 
 
+def rank_desc(values: torch.Tensor) -> torch.Tensor:
+    """``values``' rank along the last axis, 0 for the largest; ties go to the lower index."""
+    order = values.argsort(dim=-1, descending=True, stable=True)
+    ranks = torch.arange(values.shape[-1], device=values.device).expand_as(order)
+    return torch.empty_like(order).scatter_(-1, order, ranks)
+
+
+def keep_counts(priority: torch.Tensor, forced: torch.Tensor, counts: torch.Tensor,
+                valid: torch.Tensor | None = None) -> torch.Tensor:
+    """A ragged keep mask ``(L, H_kv, T)``: in each (layer, kv-head) every ``forced`` slot, then the
+    highest ``priority``, ``max(counts, forced)`` slots in all (``counts`` ``(L, H_kv)``), never a hole
+    (``valid`` False) and never more than the slots held.  NaN ranks last among held slots."""
+    held = torch.ones_like(forced) if valid is None else valid
+    forced = forced & held
+    finite = torch.nan_to_num(priority.float(), nan=-3e38, posinf=3e38, neginf=-3e38)
+    ranked = torch.where(forced, torch.full_like(finite, float("inf")), finite)
+    ranked = torch.where(held, ranked, torch.full_like(finite, float("-inf")))
+    wanted = torch.maximum(counts.to(forced.device), forced.sum(-1)).clamp(max=held.sum(-1))
+    return rank_desc(ranked) < wanted[..., None]
+
+
 def keep_top(priority: torch.Tensor, forced: torch.Tensor, k: int) -> torch.Tensor:
     """Sorted physical indices ``(L, H_kv, k)``: every ``forced`` slot first, then the highest
     ``priority`` ``(L, H_kv, T)``; NaN ranks last.  ``k`` must not exceed ``T``."""
@@ -174,6 +215,8 @@ class Policy:
     """Base class: subclasses set ``name``, ``summary``, ``source``, ``params`` and override ``score``.
 
     ``window_rows``: how many recent query rows the policy needs in ``CacheView.window``;
+    ``reads_attention``: ``False`` when neither its decision nor its score reads attention (the
+    engine then runs the model's fused attention, which returns no weights);
     ``needs_hidden``: whether it reads final hidden states;
     ``hard_budget``: ``False`` when the rule may only evict certain spans and can therefore stay
     over budget; such a policy says so with ``"over_budget": True`` in :meth:`step_info`;
@@ -186,6 +229,7 @@ class Policy:
     source: ClassVar[str] = ""
     params: ClassVar[tuple[Param, ...]] = ()
     window_rows: ClassVar[int] = 1
+    reads_attention: ClassVar[bool] = True
     needs_hidden: ClassVar[bool] = False
     evicts: ClassVar[bool] = True
     hard_budget: ClassVar[bool] = True
@@ -203,10 +247,13 @@ class Policy:
             name: param.coerce(values.get(name, param.default)) for name, param in declared.items()
         }
         self.budget: int = self.config["budget"]
+        self.fraction: Fraction | None = (
+            Fraction(str(self.config["budget_fraction"])) if self.config["budget_mode"] == "fraction" else None
+        )
         self.interval: int = self.config["interval"]
         self.n_sink: int = self.config.get("n_sink", 0)
         self.recent: int = self.config.get("recent", 0)
-        if self.evicts and self.n_sink + self.recent >= self.budget:
+        if self.evicts and self.fraction is None and self.n_sink + self.recent >= self.budget:
             raise PolicyConfigError(
                 f"budget ({self.budget}) must be larger than sinks + recent window "
                 f"({self.n_sink} + {self.recent})"
@@ -217,6 +264,13 @@ class Policy:
         return COMMON_PARAMS + cls.params
 
     # ---- the decision ------------------------------------------------------------------
+    def target(self, seen: int) -> int:
+        """Slots to keep per layer and kv-head once ``seen`` tokens have been seen: ``budget``, or
+        ``⌈budget_fraction · seen⌉`` (at least 1) in fraction mode; forced slots may add to it."""
+        if self.fraction is None:
+            return self.budget
+        return max(1, math.ceil(self.fraction * seen))
+
     def score(self, view: CacheView) -> torch.Tensor:
         """Importance of every slot, ``(L, H_kv, T)``; higher is kept first."""
         raise NotImplementedError
@@ -226,16 +280,18 @@ class Policy:
         protected = view.by_position(view.protected)
         sinks = view.positions < self.n_sink
         recent = view.positions > view.current - self.recent
-        return protected | sinks | recent
+        forced = protected | sinks | recent
+        return forced if view.valid is None else forced & view.valid
 
     def select(self, view: CacheView) -> torch.Tensor:
-        """Physical indices to keep, ``(L, H_kv, k)`` sorted, ``k = max(budget, forced)`` capped at ``T``."""
+        """Physical indices to keep, ``(L, H_kv, k)`` sorted, ``k = max(target, forced)`` capped at ``T``
+        (or a ragged keep mask ``(L, H_kv, T)``, see the module docstring)."""
         forced = self.forced(view)
-        k = min(forced.shape[-1], max(self.budget, int(forced.sum(-1).max())))
+        k = min(forced.shape[-1], max(self.target(view.seen), int(forced.sum(-1).max())))
         return keep_top(self.score(view), forced, k)
 
     def compress(self, view: CacheView, cache) -> torch.Tensor:
-        """Decide and return the keep indices; value-modifying policies also edit ``cache`` here."""
+        """Decide and return the keep indices (or mask); value-modifying policies also edit ``cache`` here."""
         return self.select(view)
 
     def step_info(self, view: CacheView) -> dict[str, Any]:

@@ -90,7 +90,7 @@ class EntropyAnchors(Policy):
         anchors = view.by_position(self.anchors(view))  # (L, H_kv, T)
         n_forced = int(forced.sum(-1).max())
         wanted = max(self.config["max_capacity_tokens"], int((forced | anchors).sum(-1).max()))
-        k = min(forced.shape[-1], max(n_forced, min(self.budget, wanted)))
+        k = min(forced.shape[-1], max(n_forced, min(self.target(view.seen), wanted)))
         importance = self.score(view)
         priority = anchors.float() + importance / (1.0 + importance)  # anchors above all others, in [0, 2)
         return keep_top(priority, forced, k)

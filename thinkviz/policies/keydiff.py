@@ -30,6 +30,7 @@ class KeyDiff(Policy):
     summary = "Keep the most distinctive keys: the ones pointing furthest from the average key, no attention needed."
     source = "KeyDiff — Park et al., 2025 (arXiv:2504.15364)"
     params = (Param("recent", 32, 0, 1024, 1, "newest tokens always kept (0 = the pure similarity rule)"),)
+    reads_attention = False
 
     def score(self, view: CacheView) -> torch.Tensor:
         return view.key_scores(dissimilarity)

@@ -34,6 +34,7 @@ class KeyNorm(Policy):
     summary = "Keep the keys with the smallest length: they are the ones attention tends to pick, no attention needed."
     source = "K-norm — Devoto et al., EMNLP 2024 (arXiv:2406.11430)"
     params = (Param("recent", 32, 0, 1024, 1, "newest tokens always kept (0 = the pure norm rule)"),)
+    reads_attention = False
 
     def score(self, view: CacheView) -> torch.Tensor:
         return view.key_scores(lambda keys: -keys.norm(dim=-1).to(torch.bfloat16).float())

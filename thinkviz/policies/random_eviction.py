@@ -29,6 +29,7 @@ class RandomEviction(Policy):
         Param("seed", 0, 0, 65535, 1, "random seed: the same seed gives the same keep sets"),
         Param("recent", 0, 0, 1024, 1, "newest tokens always kept (0 = purely random)"),
     )
+    reads_attention = False
 
     def __init__(self, **values) -> None:
         super().__init__(**values)

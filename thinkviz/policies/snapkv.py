@@ -39,7 +39,7 @@ class SnapKV(Policy):
         if self.config["kernel"] % 2 == 0:
             raise PolicyConfigError(f"kernel must be odd, got {self.config['kernel']}")
         self.recent = self.config["window"]
-        if self.recent >= self.budget:
+        if self.fraction is None and self.recent >= self.budget:
             raise PolicyConfigError(f"budget ({self.budget}) must be larger than window ({self.recent})")
 
     def score(self, view: CacheView) -> torch.Tensor:

@@ -22,6 +22,7 @@ class StreamingLLM(Policy):
     summary = "Keep the first few 'sink' tokens forever, plus a sliding window of the newest ones."
     source = "StreamingLLM — Xiao et al., ICLR 2024 (arXiv:2309.17453)"
     params = (Param("n_sink", 4, 0, 64, 1, "attention-sink tokens kept at the start"),)
+    reads_attention = False
 
     def score(self, view: CacheView) -> torch.Tensor:
         return view.positions.float()

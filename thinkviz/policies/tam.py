@@ -135,16 +135,18 @@ class ThoughtAwareMatching(Policy):
         forced = self.forced(view)
         segments = view.by_position(self.segment_ids(view))  # (L, H_kv, T)
         keep = forced.clone()
+        budget = self.target(view.seen)
         layers, heads, _ = attention.shape
         for layer in range(layers):
             for head in range(heads):
-                keep[layer, head] |= self.choose(attention[layer, head], forced[layer, head], segments[layer, head])
+                keep[layer, head] |= self.choose(attention[layer, head], forced[layer, head], segments[layer, head], budget)
         return keep_top(attention, keep, int(keep.sum(-1).max()))
 
-    def choose(self, attention: torch.Tensor, forced: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+    def choose(self, attention: torch.Tensor, forced: torch.Tensor, segments: torch.Tensor, budget: int) -> torch.Tensor:
         """One (layer, kv-head): ``attention``, ``forced`` and segment numbers ``segments`` per slot
-        ``(T,)`` → ``(T,)`` bool, the pivotal and per-segment top slots kept besides ``forced``."""
-        left = self.budget - int(forced.sum())
+        ``(T,)`` → ``(T,)`` bool, the pivotal and per-segment top slots kept besides ``forced``, for a
+        ``budget`` of slots in all."""
+        left = budget - int(forced.sum())
         chosen = torch.zeros_like(forced)
         if left <= 0:
             return chosen

@@ -98,7 +98,7 @@ class ThinkDrop(Policy):
 
     def select(self, view: CacheView) -> torch.Tensor:
         total = view.positions.shape[-1]
-        excess = total - self.budget
+        excess = total - self.target(view.seen)
         drop = torch.zeros(len(view.protected), dtype=torch.bool)
         present = self._present(view)
         for block in self._blocks(view):
@@ -121,7 +121,7 @@ class ThinkDrop(Policy):
             unprotected = ~view.protected[block["start"] : block["end"]]
             held = present[block["start"] : block["end"]] & unprotected
             block["evicted"] = bool(unprotected.any()) and not bool(held.any())
-        excess = view.positions.shape[-1] - self.budget
+        excess = view.positions.shape[-1] - self.target(view.seen)
         left_to_drop = [b for b in blocks if _verified(b) and not b["evicted"]]
         info: dict[str, Any] = {"blocks": blocks, "over_budget": excess > 0 and not left_to_drop}
         if info["over_budget"]:

@@ -20,6 +20,7 @@ class SlidingWindow(Policy):
     score_scale = None  # position order only: nothing graded
     summary = "First in, first out: keep the newest tokens, drop the oldest, whatever they were."
     source = "FIFO baseline (the static eviction semantic policies are measured against)"
+    reads_attention = False
 
     def score(self, view: CacheView) -> torch.Tensor:
         return view.positions.float()
