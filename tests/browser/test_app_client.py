@@ -26,7 +26,7 @@ def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, stop_at_e
     numbers, flags, choices = slot_specs(policy, pool_sizes())
     slots = ([s.value if s else 0 for s in numbers] + [s.value if s else False for s in flags]
              + [s.value if s else pool_choices()[0] for s in choices])
-    return ["combined", "generate", None, QUESTION, "", policy, budget, interval, True, True, *slots,
+    return ["combined", "generate", None, QUESTION, "", policy, budget, "tokens", 0.25, interval, True, True, *slots,
             max_new_tokens, 0.0, stop_at_eos, "Qwen3-4B", 8, False]
 
 
@@ -46,8 +46,8 @@ def test_generation_streams_updates_from_the_embedded_model(client):
 
 
 def test_three_policy_comparison_returns_three_columns_and_a_fidelity_table(client):
-    job = client.submit("combined", "generate", None, QUESTION, "", ["full", "window", "h2o"], 64, 4, True, False,
-                        "", True, 8, 0.0, False, api_name="/compare")
+    job = client.submit("combined", "generate", None, QUESTION, "", ["full", "window", "h2o"], 64, "tokens", 0.25, 4,
+                        True, False, "", True, 8, 0.0, False, api_name="/compare")
     frames = list(job)
     status, bus, figure, table = frames[-1][:4]
     messages = json.loads(bus)
@@ -85,8 +85,8 @@ def test_stop_cancels_the_run_and_the_recording_exports_and_opens_again(client):
     assert str(archive).endswith(".zip")
     from gradio_client import handle_file
 
-    step, layer, head, caption, tokens, heatmap, segments = client.predict([handle_file(archive)], "evicted",
-                                                                           api_name="/open_recording")
+    step, layer, head, caption, tokens, heatmap, segments, kept = client.predict([handle_file(archive)], "evicted",
+                                                                                 api_name="/open_recording")
     assert "Step" in caption and tokens.count("data-pos=") > 30
     assert layer["choices"][:2] == [["all", "all"], ["0", "0"]]  # the recording's 30 layers, or all of them
 

@@ -203,6 +203,36 @@ def test_a_recording_downloads_and_opens_again_in_explore(page, tmp_path):
     wait_for_text(page, "#tv-explore-caption", rf"Step {LIVE_TOKENS - 1} of {LIVE_TOKENS - 1}", 60)
 
 
+def test_a_fraction_budget_with_adakv_shows_its_head_allocation_in_explore(page):
+    page.get_by_role("tab", name="Live").click()
+    pick(page, "#tv-live-policy", "adakv")
+    page.click("#tv-live-budget-mode label:has-text('fraction')")
+    page.wait_for_selector("#tv-live-budget-fraction", state="visible")
+    assert not page.locator("#tv-live-budget").is_visible()  # the token budget does not apply now
+    set_number(page, "#tv-live-budget-fraction", 0.5)
+    set_number(page, "#tv-live-max-new", 8)
+    if page.locator("#tv-live-protect-system input").is_checked():
+        page.click("#tv-live-protect-system input")
+    page.click("#tv-live-protect-question input")  # nothing protected: the heads share the budget freely
+    page.click("#tv-live-run")
+    wait_for_text(page, "#tv-live-status", r"Done: 8 tokens generated", RUN_TIMEOUT)
+    memory = page.inner_text("#tv-live-memory")
+    assert "50% of the tokens seen" in memory and "logical: tokens held" in memory  # padded heads
+    page.get_by_role("tab", name="Explore").click()
+    pick(page, "#tv-explore-source", "Live run")
+    page.click("#tv-explore-open")
+    wait_for_text(page, "#tv-explore-caption", r"on average \(\d+–\d+\) per layer and head", 60)
+    assert page.locator("#tv-explore-kept .main-svg").count() >= 1
+    assert "Tokens held per layer and kv-head" in page.inner_text("#tv-explore-kept")
+    # leave Live as the next test expects it: h2o on a token budget, both spans protected
+    page.get_by_role("tab", name="Live").click()
+    pick(page, "#tv-live-policy", "h2o")
+    page.click("#tv-live-budget-mode label:has-text('tokens')")
+    page.wait_for_selector("#tv-live-budget", state="visible")
+    page.click("#tv-live-protect-system input")
+    page.click("#tv-live-protect-question input")
+
+
 def test_an_uploaded_transcript_previews_its_turns_and_replays_with_tool_segments(page, tmp_path):
     import json
 

@@ -162,7 +162,8 @@ def knobs_for(name: str, knobs: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_policy(name: str, params: dict[str, Any], *, budget: Any, interval: Any,
-                 protect_system: bool, protect_question: bool) -> Policy:
+                 protect_system: bool, protect_question: bool, budget_mode: Any = "tokens",
+                 budget_fraction: Any = 0.25) -> Policy:
     """The policy the controls describe; :class:`ControlError` with the policy's own reason."""
     if not name:
         raise ControlError("choose a policy")
@@ -171,6 +172,8 @@ def build_policy(name: str, params: dict[str, Any], *, budget: Any, interval: An
             name,
             **params,
             budget=_integer("budget", budget),
+            budget_mode=budget_mode,
+            budget_fraction=budget_fraction,
             interval=_integer("interval", interval),
             protect_system=bool(protect_system),
             protect_question=bool(protect_question),

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..events import RunRecord
-from ..viz.figures import keep_heatmap
+from ..viz.figures import keep_heatmap, kept_figure
 from ..viz.tables import SEGMENT_TABLE_HEADERS, segment_table
 from ..viz.legend import view_legend
 from ..viz.tokens import TokenData, render_tokens, token_view
@@ -33,6 +33,7 @@ class ExploreView:
     step: int  # the event shown (a layer or head moves it back to the nearest snapshot)
     heatmap: Any
     segments: Any
+    kept: Any  # the layer × kv-head tokens held at the step shown
 
 
 def geometry(record: RunRecord) -> tuple[int, int]:
@@ -100,7 +101,9 @@ def token_data_at(
     data = token_view(record, step)
     if keep is not None:
         data = replace(data, keep_fraction=keep)
-    kv = event.kv_tokens
+    held = event.kept_counts(*geometry(record))
+    uniform = held.size == 0 or held.min() == held.max()
+    kv = f"{event.kv_tokens}" if uniform else f"{held.mean():.1f} on average ({held.min()}–{held.max()})"
     caption = (f"Step **{event.step}** of {record.events[-1].step} · {len(data.texts)} tokens seen · cache holds {kv} "
                f"per layer and head · shading: {scope}")
     return data, step, caption
@@ -122,4 +125,5 @@ def explore_view(record: RunRecord, step: int, layer: Any, head: Any, mode: str)
     rows = segment_table(record, record.events[shown].step)
     if data.scores is None:  # no graded score: no mean importance either
         rows = [row[:3] + [None] for row in rows]
-    return ExploreView(caption, tokens, legend, shown, heatmap, {"headers": SEGMENT_TABLE_HEADERS, "data": rows})
+    return ExploreView(caption, tokens, legend, shown, heatmap, {"headers": SEGMENT_TABLE_HEADERS, "data": rows},
+                       kept_figure(record, shown))

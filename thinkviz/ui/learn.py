@@ -51,8 +51,16 @@ def learn_markdown() -> str:
     intro = (
         "## How the policies decide\n\n"
         "Every policy keeps at most `budget` tokens per layer and kv-head (between compressions "
-        "the cache grows to `budget + interval`). Protected spans, attention sinks and the recent "
-        "window are always kept; the rest compete on the policy's score.\n\n"
+        "the cache grows to `budget + interval`), or, with `budget_mode` *fraction*, "
+        "`budget_fraction` of the tokens seen so far. Protected spans, attention sinks and the "
+        "recent window are always kept; the rest compete on the policy's score.\n\n"
+        "Most policies keep the same number of tokens in every layer and kv-head. `pyramidkv` gives "
+        "lower layers more and upper layers less, `adakv` lets the heads of a layer share its budget "
+        "by need: the same total, spread unevenly. Each layer's cache then has its own length, and "
+        "a head that keeps fewer tokens than its layer's longest is padded. The padding is hidden "
+        "from attention but is real memory: the memory chart shows the physical bytes (padding "
+        "included) and the logical ones (tokens held), and Explore shows how many tokens each "
+        "layer and head holds at every step.\n\n"
         "#### Knobs every policy shares\n\n" + params_table(COMMON_PARAMS)
     )
     return "\n\n---\n\n".join([intro] + [policy_card(n) for n in policy_names()])

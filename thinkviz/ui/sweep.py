@@ -121,10 +121,10 @@ def sweep_frames(
 
 
 def sweep_meta(loaded: LoadedModel, trace: Trace, policies: Sequence[str], budgets: str, interval: int,
-               max_trace_tokens: int | None, params: dict[str, Any]) -> dict[str, Any]:
+               max_trace_tokens: int | None, params: dict[str, Any], budget_mode: str = "tokens") -> dict[str, Any]:
     """What a sweep's result files say about how it was run (``budgets`` as the user wrote them)."""
     return {"model": loaded.name, "quantization": loaded.quantization, "trace": trace.name, "interval": interval,
-            "budgets": budgets, "policies": list(policies), "params": dict(params),
+            "budgets": budgets, "budget_mode": budget_mode, "policies": list(policies), "params": dict(params),
             "max_trace_tokens": max_trace_tokens}
 
 

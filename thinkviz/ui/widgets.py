@@ -25,8 +25,8 @@ from ..presets import MAX_NEW_TOKENS_RANGE
 from ..units import format_bytes
 from ..viz.tables import TURN_PREVIEW_HEADERS
 from . import inputs
-from .controls import (Pools, build_policy, collect_params, format_knobs, pool_bounds, pool_choices, pool_sizes,
-                       slot_specs)
+from .controls import (COMMON_NAMES, Pools, build_policy, collect_params, format_knobs, pool_bounds, pool_choices,
+                       pool_sizes, slot_specs)
 from .fields import slider
 from .handlers import MODEL_GROUP, shown, user_error
 from .model_slot import LoadStatus, ModelSlot, ModelUnavailable
@@ -62,36 +62,44 @@ def load_status_markdown(status: LoadStatus) -> str:
 # ---- the knobs every policy shares ------------------------------------------------------------
 @dataclass
 class CommonControls:
-    """Budget, interval and the two protection toggles (:data:`~thinkviz.policies.base.COMMON_PARAMS`)."""
+    """Budget (in tokens or as a fraction of the tokens seen), interval and the two protection
+    toggles, in :data:`~thinkviz.policies.base.COMMON_PARAMS` order."""
 
     budget: gr.Slider
+    budget_mode: gr.Radio
+    budget_fraction: gr.Slider
     interval: gr.Slider
     protect_system: gr.Checkbox
     protect_question: gr.Checkbox
 
     def inputs(self) -> list:
-        return [self.budget, self.interval, self.protect_system, self.protect_question]
+        return [self.budget, self.budget_mode, self.budget_fraction, self.interval, self.protect_system,
+                self.protect_question]
 
     @staticmethod
     def knobs(values: Sequence[Any]) -> dict[str, Any]:
         """The values (in :meth:`inputs` order) as :func:`~thinkviz.ui.controls.build_policy` takes them."""
-        budget, interval, protect_system, protect_question = values
-        return {"budget": budget, "interval": interval, "protect_system": protect_system,
-                "protect_question": protect_question}
+        return dict(zip(COMMON_NAMES, values, strict=True))
 
 
 def common_controls(tab: str, interval: int) -> CommonControls:
-    """Budget and interval sliders over the ranges the policies declare for them, and the protection toggles."""
+    """Budget and interval sliders over the ranges the policies declare for them, the budget mode
+    (tokens, or a fraction of the tokens seen: the slider shown follows it) and the protection toggles."""
     params = {p.name: p for p in COMMON_PARAMS}
-    b, i = params["budget"], params["interval"]
+    b, m, f, i = params["budget"], params["budget_mode"], params["budget_fraction"], params["interval"]
+    mode = gr.Radio(list(m.choices), value=m.default, label="Budget mode", info=m.help, elem_id=f"tv-{tab}-budget-mode")
     budget = slider(b.low, b.high, value=b.default, step=b.step, label="Budget (tokens per layer and kv-head)",
                     info=b.help, elem_id=f"tv-{tab}-budget")
+    fraction = slider(f.low, f.high, value=f.default, step=f.step, label="Budget (fraction of the tokens seen)",
+                      info=f.help, elem_id=f"tv-{tab}-budget-fraction", visible=m.default == "fraction")
+    mode.change(lambda chosen: [gr.update(visible=chosen != "fraction"), gr.update(visible=chosen == "fraction")],
+                mode, [budget, fraction], show_progress="hidden", api_visibility="private")
     interval_slider = slider(i.low, i.high, value=interval, step=i.step, label="Interval (compress every N tokens)",
                              info=i.help, elem_id=f"tv-{tab}-interval")
     with gr.Row():
         protect_system = gr.Checkbox(value=True, label="Protect system prompt", elem_id=f"tv-{tab}-protect-system")
         protect_question = gr.Checkbox(value=True, label="Protect question")
-    return CommonControls(budget, interval_slider, protect_system, protect_question)
+    return CommonControls(budget, mode, fraction, interval_slider, protect_system, protect_question)
 
 
 def preset_knobs(params: dict[str, Any]) -> list:

@@ -565,9 +565,12 @@ def kept_figure(record: RunRecord, index: int) -> go.Figure:
     """Tokens held per layer (rows, bottom layer first) and kv-head (columns) after event
     ``index``: the allocation a per-layer (pyramidkv) or per-head (adakv) budget made; one flat
     colour for a policy that keeps the same number everywhere."""
-    layers, heads = (int(record.meta["geometry"][key]) for key in ("layers", "kv_heads"))
+    geometry = record.meta.get("geometry") or {}
     event = record.events[index]
-    counts = event.kept_counts(layers, heads)  # (L, H_kv)
+    counts = event.kept_counts(int(geometry.get("layers", 0)), int(geometry.get("kv_heads", 0)))  # (L, H_kv)
+    if counts.size == 0:
+        return placeholder_figure("this recording has no layer geometry")
+    layers, heads = counts.shape
     fig = go.Figure(go.Heatmap(
         z=counts, x=[f"head {h}" for h in range(heads)], y=list(range(layers)), text=counts,
         texttemplate="%{text}" if counts.size <= 256 else None, colorscale="Blues", zmin=0,

@@ -39,9 +39,11 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
                            elem_id="tv-explore-head")
     mode = gr.Radio(list(MODES), value="combined", label="Token view", elem_id="tv-explore-mode")
     tokens = gr.HTML("", elem_id="tv-explore-tokens")
-    heatmap = gr.Plot(label="Kept per step and position", elem_id="tv-explore-heatmap")
+    with gr.Row():
+        heatmap = gr.Plot(label="Kept per step and position", elem_id="tv-explore-heatmap", scale=3)
+        kept = gr.Plot(label="Tokens held per layer and kv-head at this step", elem_id="tv-explore-kept", scale=1)
     segments = gr.Dataframe(label="Segments at this step", interactive=False, elem_id="tv-explore-segments")
-    view_outputs = [caption, tokens, heatmap, segments]
+    view_outputs = [caption, tokens, heatmap, segments, kept]
     export_run, export_fig, exported = export_controls("explore")
     session = app.session
     pickers = [step, layer, head]
@@ -61,8 +63,8 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
             return [gr.skip()] * len(view_outputs), None
         shown_view = view(s, *view_values)
         tokens_html = pin_host("explore", f"<div class='tv-container'>{shown_view.tokens_html}</div>")
-        return [shown_view.caption, shown_view.legend + tokens_html, shown_view.heatmap, shown_view.segments], \
-            shown_view.step
+        return [shown_view.caption, shown_view.legend + tokens_html, shown_view.heatmap, shown_view.segments,
+                shown_view.kept], shown_view.step
 
     def show(s: Session, *view_values) -> list:
         values, at = rendered(s, *view_values)

@@ -50,6 +50,10 @@ def build(app: AppContext) -> None:
                                         elem_id="tv-sweep-policies")
             budgets = gr.Textbox("0.25, 0.5", label="Budgets",
                                  info="fractions of the sequence (0.25) and/or token counts (256), comma-separated")
+            budget_mode = gr.Radio(["tokens", "fraction"], value="tokens", label="Budget mode",
+                                   info="tokens: a fraction is that share of the whole trace, from the start; "
+                                        "fraction: that share of the tokens seen so far, at every step",
+                                   elem_id="tv-sweep-budget-mode")
             interval = slider(1, 128, value=first.interval, step=1, label="Interval (tokens per forward pass)",
                               elem_id="tv-sweep-interval")
             with gr.Row():
@@ -78,7 +82,7 @@ def build(app: AppContext) -> None:
                   api_visibility="private")
 
     def run_sweep(s: Session, name: str | None, names: list[str], budget_text: str, interval_value, *rest):
-        protect_system, protect_question, knob_text, limit_value, metric_value = rest
+        protect_system, protect_question, knob_text, limit_value, metric_value, mode_value = rest
 
         def prepare():
             if not name:
@@ -86,7 +90,8 @@ def build(app: AppContext) -> None:
             chosen = parse_policies(",".join(names or []))
             params = {**parse_knobs(knob_text, chosen), "protect_system": bool(protect_system),
                       "protect_question": bool(protect_question)}
-            return (load_trace(name), parse_budgets(budget_text or ""), chosen, int(interval_value),
+            running = mode_value == "fraction"
+            return (load_trace(name), parse_budgets(budget_text or "", running), chosen, int(interval_value),
                     int(limit_value) or None, params)
 
         def frames(loaded, request, cancel):
@@ -97,13 +102,14 @@ def build(app: AppContext) -> None:
                     yield [frame.status, gr.skip(), gr.skip(), gr.skip()]
                     continue
                 s.sweep_rows = frame.rows
-                meta = sweep_meta(loaded, trace, chosen, budget_text, every, max_tokens, params)
+                meta = sweep_meta(loaded, trace, chosen, budget_text, every, max_tokens, params, mode_value)
                 yield [frame.status, frame.figure, frame.table,
                        export_sweep(frame.rows, meta, tempfile.mkdtemp(prefix="thinkviz-sweep-"))]
 
         yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, gr.skip(), gr.skip(), gr.skip()])
 
-    run.click(run_sweep, [app.session, preset, policies, budgets, interval, *protect, knobs, limit, metric],
+    run.click(run_sweep, [app.session, preset, policies, budgets, interval, *protect, knobs, limit, metric,
+                          budget_mode],
               [status, figure, table, files], concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="sweep",
               show_progress="hidden")
 
