@@ -28,17 +28,28 @@ TOLERANCE = 1e-4
 EMBEDDED_4BIT_TOLERANCE = 0.6
 
 
+def held_positions(cache, seen):
+    """``(L, H_kv, seen)`` bool: the positions each layer and kv-head holds (a ragged cache's
+    holes hold none)."""
+    table, valid = cache.position_table(), cache.valid_table()
+    if valid is not None:
+        table = torch.where(valid, table, seen)
+    return torch.zeros(*table.shape[:2], seen + 1, dtype=torch.bool).scatter(-1, table, True)[..., :seen]
+
+
 def replay_with_visibility(loaded, policy, prompt, trace, kv_quant=KVQuant()):
     """Replay ``trace`` through ``policy``; return per-chunk logits and, for every chunk, the
-    ``(L, H_kv, k)`` positions its queries could see and the per-layer ``(keys, values)`` it
-    read, as stored (both recorded when the previous chunk ended)."""
+    ``(L, H_kv, N)`` positions its queries could see (:func:`held_positions`) and the per-layer
+    ``(keys, values)`` it read, as stored (both recorded when the previous chunk ended).  Eager
+    attention, as the reference uses: this checks eviction; test_fast_attention.py checks that
+    the fused kernel an attention-free policy gets computes the same."""
     ids = prompt.ids if isinstance(prompt, ChatPrompt) else prompt
-    run = Run(loaded, policy, prompt, DecodeSettings(prefill_chunk=len(ids)), kv_quant=kv_quant)
+    run = Run(loaded, policy, prompt, DecodeSettings(prefill_chunk=len(ids), fast_attention=False), kv_quant=kv_quant)
     visible, logits, stored = [], [], []
 
     def on_logits(positions, chunk_logits):
         logits.append(chunk_logits.to("cpu", copy=True))
-        visible.append(run.cache.position_table().clone())
+        visible.append(held_positions(run.cache, run.processed))
         stored.append([tuple(t.clone() for t in run.cache.layer_kv(i)) for i in range(len(run.cache.layers))])
 
     events = list(run.replay(trace, on_logits=on_logits))
@@ -143,6 +154,50 @@ def test_embedded_model_eviction_is_exact_with_4bit_weights(embedded_model_int4)
     _check(embedded_model_int4, make_policy("h2o", budget=24, interval=4, recent=4), (5, 6), EMBEDDED_4BIT_TOLERANCE)
 
 
+# Ragged keep sets: pyramidkv gives layers different lengths, adakv pads the heads of a layer
+# that keep fewer slots; the padding must be invisible to attention.
+RAGGED = [("pyramidkv", {"window": 4, "kernel": 3}), ("adakv", {"scorer": "h2o", "recent": 4, "alpha": 0.1})]
+
+
+def _ragged_kept(events):
+    """Every compressing step's ``(L, H_kv)`` kept counts."""
+    return [e.kept for e in events if e.compressed]
+
+
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("name, params", RAGGED)
+def test_ragged_eviction_matches_masked_full_cache(arch_fixture, name, params, request):
+    loaded = request.getfixturevalue(arch_fixture)
+    policy = make_policy(name, budget=24, interval=4, **params)
+    vocab = loaded.model.config.vocab_size
+    prompt, trace = _random_ids(48, vocab, 13), _random_ids(40, vocab, 14)
+    events, logits, visible, _ = replay_with_visibility(loaded, policy, prompt, trace)
+    kept = _ragged_kept(events)
+    assert len(kept) >= 3, "the test must exercise several evictions"
+    if name == "pyramidkv":
+        assert all(k[0, 0] > k[-1, 0] for k in kept), "lower layers keep more"
+    else:
+        assert any((k != k[:, :1]).any() for k in kept), "heads of a layer keep different numbers"
+    reference = reference_logits(loaded, prompt, trace, policy.interval, visible)
+    for got, want in zip(logits, reference, strict=True):
+        assert (got - want).abs().max().item() <= TOLERANCE
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name, params", RAGGED)
+def test_embedded_model_ragged_eviction_is_exact(embedded_model_fp32, name, params):
+    loaded = embedded_model_fp32
+    policy = make_policy(name, budget=24, interval=4, **params)
+    vocab = loaded.model.config.vocab_size
+    prompt, trace = _random_ids(48, vocab, 15), _random_ids(40, vocab, 16)
+    events, logits, visible, _ = replay_with_visibility(loaded, policy, prompt, trace)
+    kept = _ragged_kept(events)
+    assert len(kept) >= 3 and any(len(set(k.flatten().tolist())) > 1 for k in kept)
+    reference = reference_logits(loaded, prompt, trace, policy.interval, visible)
+    for got, want in zip(logits, reference, strict=True):
+        assert (got - want).abs().max().item() <= TOLERANCE
+
+
 def reference_logits(loaded, prompt, trace, interval, visible, cache=None):
     """Full cache, the same chunks; each chunk's queries see, per layer and kv-head, only the
     slots the evicting run held when that chunk ran.  Each layer gets its own mask through a
@@ -177,8 +232,7 @@ def reference_logits(loaded, prompt, trace, interval, visible, cache=None):
             for j, start in enumerate(range(0, len(trace), interval)):
                 chunk = trace[start : start + interval]
                 for layer in range(len(layers)):
-                    hidden = torch.ones(geometry.kv_heads, seen, dtype=torch.bool)
-                    hidden.scatter_(1, visible[j][layer], False)
+                    hidden = ~visible[j][layer]  # (H_kv, seen)
                     hidden_per_head = hidden.repeat_interleave(group, 0)
                     masks[layer] = causal_mask(seen, len(chunk), dtype, device, hidden=hidden_per_head)
                 logits = model(

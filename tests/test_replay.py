@@ -89,13 +89,17 @@ def test_full_replay_reproduces_a_plain_teacher_forced_forward(tiny_llama):
 
 # ---- replay vs live decoding ------------------------------------------------------------
 def _recording_compress(policy):
-    """Wrap ``policy.compress`` so every decision is recorded as absolute kept positions ``(L, H_kv, k)``."""
+    """Wrap ``policy.compress`` so every decision is recorded as absolute kept positions ``(L, H_kv, k)``
+    (or, for a ragged keep mask, ``(L, H_kv, T)`` with -1 where a slot goes)."""
     kept = []
     decide = policy.compress
 
     def compress(view, cache):
         keep = decide(view, cache)
-        kept.append(view.positions.gather(-1, keep.to(view.positions.device)))
+        if keep.dtype == torch.bool:  # a ragged keep mask: the positions it keeps, -1 elsewhere
+            kept.append(torch.where(keep, view.positions, -1))
+        else:
+            kept.append(view.positions.gather(-1, keep.to(view.positions.device)))
         return keep
 
     policy.compress = compress

@@ -12,15 +12,22 @@ do all layers' full matrices exist together:
 
 GQA: query heads are grouped ``H = H_kv * G``; a kv-head's score is the mean over its group.
 Optionally the final hidden states ``(q, d)`` are captured from the model's last norm
-(the DynTS predictor reads them).
+(the DynTS predictor reads them).  When layers hold different numbers of slots (a ragged
+cache), each layer's rows are padded with zeros on the right to the longest layer's ``T``, so
+column ``t`` is physical slot ``t`` of every layer.
+
+:class:`LayerMasks` gives each decoder layer its own attention mask for one forward pass (a
+ragged cache's layers differ in length and in which slots are padding).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 _LN2 = math.log(2.0)
@@ -99,10 +106,62 @@ class AttentionCapture:
         if not self._received:
             raise RuntimeError("no attention was captured (capture disabled or no forward pass)")
         scores = ForwardScores(
-            received=torch.stack(self._received),
-            tail=torch.stack(self._tail),
+            received=_stack_padded(self._received),
+            tail=_stack_padded(self._tail),
             row_entropy=self._entropy_sum / len(self._received),
             hidden=self._hidden,
         )
         self._reset()
         return scores
+
+
+def _stack_padded(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Stack per-layer tensors ``(..., T_l)`` into ``(L, ..., max T_l)``, zeros on the right."""
+    width = max(row.shape[-1] for row in rows)
+    return torch.stack([F.pad(row, (0, width - row.shape[-1])) for row in rows])
+
+
+@contextlib.contextmanager
+def attention_implementation(model: nn.Module, name: str):
+    """Run ``model`` with the attention kernel ``name`` (``"eager"`` or ``"sdpa"``) inside the block,
+    then restore its own.  Only eager returns attention weights; SDPA's fused kernel is faster.
+    The caller holds the model's forward lock, so no other run sees the switch."""
+    own = model.config._attn_implementation
+    if name == own:
+        yield
+        return
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(own)
+
+
+class LayerMasks:
+    """Context manager: while installed, decoder layer ``l``'s attention gets ``masks[l]`` (a 4-D
+    additive mask ``(1, H or 1, q, T_l + q)``) instead of the one the model passes to all layers."""
+
+    def __init__(self, model: nn.Module, masks: list[torch.Tensor]) -> None:
+        self.modules = attention_modules(model)
+        if len(masks) != len(self.modules):
+            raise ValueError(f"{len(masks)} masks for {len(self.modules)} layers")
+        self.masks = masks
+        self._handles: list = []
+
+    def __enter__(self) -> LayerMasks:
+        for module, mask in zip(self.modules, self.masks):
+            self._handles.append(module.register_forward_pre_hook(_mask_swapper(mask), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def _mask_swapper(mask: torch.Tensor):
+    def hook(module, args, kwargs):
+        kwargs["attention_mask"] = mask
+        return args, kwargs
+
+    return hook

@@ -8,10 +8,15 @@ feed explicit absolute ``position_ids`` to new tokens (their rotary phase) while
 already in the cache keep the phase they were written with.
 
 Eviction gathers the kept slots into new, smaller tensors (:meth:`EvictingCache.keep`), so
-:meth:`EvictingCache.nbytes` reports memory that really exists.  Different kv-heads of one
-layer may keep different positions (per-head policies) but the same *number* of them, so each
-layer stays one dense tensor; every layer keeps the same number of slots, which keeps the
-causal mask the model builds consistent across layers.
+:meth:`EvictingCache.nbytes` reports memory that really exists.  A *dense* keep set (indices
+``(L, H_kv, k)``) leaves every layer and kv-head with ``k`` slots: one mask serves all layers.
+A *ragged* keep set (a mask ``(L, H_kv, T)`` whose counts differ) gives each layer its own
+length ``T_l``, the most any of its heads keeps, and pads the heads that keep fewer with slots
+they no longer hold (:func:`ragged_layout`).  The position table is then ``(L, H_kv, W)``,
+``W = max T_l``, and :meth:`EvictingCache.valid_table` marks which entries hold a token; the
+engine hides the rest from attention with one mask per layer.  Padding is real memory and
+:meth:`EvictingCache.nbytes` counts it; :meth:`EvictingCache.logical_nbytes` counts only the
+slots that hold a token.
 
 **Per-layer storage.**  Each layer is a *store*: a transformers cache layer with this small
 interface, and the only code that knows how K and V are laid out in memory:
@@ -34,12 +39,9 @@ unchanged, so that path is bit-identical to a plain ``DynamicCache``), :class:`B
 ``kivi4``: key groups over tokens plus a full-precision residual; its own docstring says how it
 stays dense when kv-heads evict differently).
 
-Extending (ragged per-layer or per-head budgets, per-slot attention biases): everything a slot
-carries lives in its store, and ``gather`` moves it, so a new per-slot tensor (a validity mask
-for padded heads, an additive attention bias) is one more field gathered with the others.
-Layers of different lengths need ``EvictingCache`` to keep one ``(H_kv, T_l)`` position table
-per layer (today: one ``(L, H_kv, T)`` tensor) and the engine to pass each layer its own mask
-(today: one mask for all layers); the stores already take any ``k`` per call.
+Extending (per-slot attention biases): everything a slot carries lives in its store, and
+``gather`` moves it, so a new per-slot tensor is one more field gathered with the others; the
+stores take any ``k`` per call, so layers of different lengths need nothing from them.
 """
 
 from __future__ import annotations
@@ -351,6 +353,31 @@ class LayerKeys(Sequence):
         return self._layers[index].kv()[0]
 
 
+def ragged_layout(mask: torch.Tensor, lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Physical slots for a ragged keep mask ``(L, H_kv, T)`` over layers of ``lengths`` slots.
+
+    Layer ``l`` keeps ``T_l = max_h count(l, h)`` slots in every head: a head that keeps fewer is
+    padded with its lowest-numbered slots it does not keep, so each head's slots stay in physical
+    (and so in position) order.  Returns ``index`` ``(L, H_kv, W)``, the old slot each new slot
+    comes from (``W = max T_l``; 0 past a layer's end), and ``valid`` ``(L, H_kv, W)``, which of
+    them hold a kept token.
+    """
+    layers, heads, _ = mask.shape
+    counts = mask.sum(-1)  # (L, H_kv)
+    width = int(counts.max())
+    index = torch.zeros(layers, heads, width, dtype=torch.long)
+    valid = torch.zeros(layers, heads, width, dtype=torch.bool)
+    for layer, length in enumerate(lengths):
+        kept = mask[layer, :, :length]
+        size = int(counts[layer].max())
+        spare = ~kept
+        chosen = kept | spare & (spare.cumsum(-1) <= (size - counts[layer])[:, None])
+        columns = chosen.nonzero()[:, 1].view(heads, size)  # row-major: sorted per head
+        index[layer, :, :size] = columns
+        valid[layer, :, :size] = kept.gather(-1, columns)
+    return index, valid
+
+
 class EvictingCache(DynamicCache):
     """A dynamic KV cache with per-layer, per-kv-head eviction, absolute positions and a storage format."""
 
@@ -362,28 +389,51 @@ class EvictingCache(DynamicCache):
         self.layers = [make_store(kv_quant) for _ in self.layers]
         text = config.get_text_config(decoder=True)
         self.kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        self._positions: torch.Tensor | None = None  # (L, H_kv, T) int64, on the CPU
+        self._positions: torch.Tensor | None = None  # (L, H_kv, W) int64, on the CPU
+        self._valid: torch.Tensor | None = None  # (L, H_kv, W) bool once ragged; None while dense
 
     # ---- growth ----------------------------------------------------------------------
     def record_positions(self, new_positions: torch.Tensor) -> None:
-        """Append the absolute positions ``(q,)`` of the tokens just written by a forward pass."""
+        """Append the absolute positions ``(q,)`` of the tokens just written by a forward pass
+        (a ragged cache writes each layer's new tokens after that layer's own slots)."""
         block = new_positions.to(torch.long).cpu().expand(len(self.layers), self.kv_heads, -1)  # (L, H_kv, q)
-        self._positions = block.clone() if self._positions is None else torch.cat([self._positions, block], -1)
+        if self._positions is None:
+            self._positions = block.clone()
+        elif self._valid is None:
+            self._positions = torch.cat([self._positions, block], -1)
+        else:
+            q = block.shape[-1]
+            ends = torch.tensor(self.lengths()) - q  # each layer's length before this forward
+            columns = (ends[:, None] + torch.arange(q))[:, None, :].expand_as(block)  # (L, H_kv, q)
+            self._positions = torch.cat([self._positions, torch.zeros_like(block)], -1).scatter(2, columns, block)
+            grown = torch.cat([self._valid, torch.zeros(block.shape, dtype=torch.bool)], -1)
+            self._valid = grown.scatter(2, columns, True)
 
     # ---- eviction --------------------------------------------------------------------
-    def keep(self, indices: torch.Tensor) -> None:
-        """Keep only the slots ``indices`` ``(L, H_kv, k)`` (physical, sorted per head).
+    def keep(self, keep: torch.Tensor) -> torch.Tensor:
+        """Keep the slots ``keep``: indices ``(L, H_kv, k)`` (physical, sorted per head; dense) or a
+        keep mask ``(L, H_kv, W)`` bool (ragged, laid out by :func:`ragged_layout`).
 
         Each layer's store gathers its own tensors (one ``index_select`` per tensor when every
-        head keeps the same slots, advanced indexing otherwise); positions follow.
+        head keeps the same slots, advanced indexing otherwise); positions follow.  Returns the
+        ``(L, H_kv, W')`` old slot of every new one, for statistics that move with the slots.  A
+        mask that keeps the same count everywhere leaves the cache dense.
         """
-        n_layers = indices.shape[0]
+        n_layers = keep.shape[0]
         if n_layers != len(self.layers):
             raise ValueError(f"keep indices cover {n_layers} layers, cache has {len(self.layers)}")
-        indices = indices.cpu()
-        for layer, layer_indices in zip(self.layers, indices):
-            layer.gather(layer_indices)
-        self._positions = torch.gather(self._positions, 2, indices)
+        keep = keep.cpu()
+        if keep.dtype == torch.bool:
+            index, valid = ragged_layout(keep, self.lengths())
+            sizes = keep.sum(-1).amax(-1).tolist()  # each layer's new length T_l
+            valid = None if bool(valid.all()) else valid
+        else:
+            index, valid, sizes = keep, None, [keep.shape[-1]] * n_layers
+        for layer, layer_index, size in zip(self.layers, index, sizes):
+            layer.gather(layer_index[:, :size])
+        self._positions = torch.gather(self._positions, 2, index)
+        self._valid = valid
+        return index
 
     # ---- contents ----------------------------------------------------------------------
     def layer_kv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -401,8 +451,41 @@ class EvictingCache(DynamicCache):
     # ---- accounting ------------------------------------------------------------------
     @property
     def n_slots(self) -> int:
-        """Physical length ``T`` (slots per layer and kv-head)."""
+        """Physical length ``T`` (slots per layer and kv-head); a ragged cache's longest layer, ``W``."""
         return 0 if self._positions is None else self._positions.shape[-1]
+
+    @property
+    def ragged(self) -> bool:
+        """Whether layers differ in length or heads are padded (then :meth:`valid_table` is set)."""
+        return self._valid is not None
+
+    def lengths(self) -> list[int]:
+        """Each layer's physical length ``T_l``."""
+        return [layer.get_seq_length() for layer in self.layers]
+
+    def kept_counts(self) -> torch.Tensor:
+        """``(L, H_kv)`` tokens each layer and kv-head holds (its logical length)."""
+        if self._valid is None:
+            return torch.full((len(self.layers), self.kv_heads), self.n_slots)
+        return self._valid.sum(-1)
+
+    def mean_kept(self) -> float:
+        """Tokens held per layer and kv-head, on average (``T`` for a dense cache)."""
+        return float(self.n_slots) if self._valid is None else float(self._valid.sum(-1).float().mean())
+
+    def logical_nbytes(self) -> int:
+        """:meth:`nbytes` without the padding: each layer's bytes times the share of its slots
+        that hold a token (every slot of a layer costs the same)."""
+        if self._valid is None:
+            return self.nbytes()
+        held = self.kept_counts().sum(-1).tolist()  # (L,)
+        return int(sum(layer.nbytes() * kept / max(1, self.kv_heads * length)
+                       for layer, kept, length in zip(self.layers, held, self.lengths())))
+
+    def valid_table(self) -> torch.Tensor | None:
+        """``(L, H_kv, W)`` bool, which entries of :meth:`position_table` hold a token; ``None`` while
+        the cache is dense (all of them)."""
+        return self._valid
 
     def nbytes(self) -> int:
         """Bytes of every tensor the layers hold right now (codes, scales, zero points, residual)."""

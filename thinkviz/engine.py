@@ -11,11 +11,15 @@ steps it asks the policy which slots to keep and gathers them.  Each step yields
 Positions: a new token at absolute position ``p`` gets ``position_ids = p`` (its rotary
 phase) whatever the physical length of the cache.  The attention mask is passed as a
 prepared 4-D additive mask ``(1, 1, q, T + q)``: every cached slot is visible, the ``q`` new
-tokens see each other causally.
+tokens see each other causally.  After a ragged keep set (layers of different lengths ``T_l``,
+padded heads) every layer gets its own mask ``(1, H, q, T_l + q)`` that also hides its padding
+per head (:class:`~thinkviz.attention.LayerMasks`); the per-slot statistics then live on the
+cache's padded ``(L, H_kv, W)`` table, zero at its holes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -25,7 +29,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .attention import AttentionCapture
+from .attention import AttentionCapture, LayerMasks, attention_implementation
 from .cache import EvictingCache
 from .chat import ChatPrompt, token_texts
 from .events import RunRecord, StepEvent
@@ -41,7 +45,9 @@ class EngineError(ValueError):
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """How to decode. ``temperature == 0`` means greedy."""
+    """How to decode. ``temperature == 0`` means greedy.  ``scoring``: compute the per-token
+    scores the views show; ``fast_attention``: run the model's fused attention (SDPA) when nothing
+    needs the attention weights (:func:`attention_kernel`)."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -51,6 +57,7 @@ class DecodeSettings:
     scoring: bool = True
     snapshot_limit: int = 64
     stop_at_eos: bool = True
+    fast_attention: bool = True
 
     def validate(self) -> None:
         if not 1 <= self.max_new_tokens <= 32768:
@@ -61,6 +68,19 @@ class DecodeSettings:
             raise EngineError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.prefill_chunk < 1:
             raise EngineError("prefill_chunk must be at least 1")
+
+
+def needs_weights(policy: Policy, settings: DecodeSettings) -> bool:
+    """Whether a run needs the attention weights: its policy reads them, to decide (when it evicts)
+    or to show its scores (when scoring is on)."""
+    return policy.reads_attention and (settings.scoring or policy.evicts)
+
+
+def attention_kernel(model: torch.nn.Module, policy: Policy, settings: DecodeSettings) -> str:
+    """``"sdpa"`` (the fused kernel, no weights) when nothing needs the weights and the model has it,
+    else ``"eager"``."""
+    fast = settings.fast_attention and not needs_weights(policy, settings)
+    return "sdpa" if fast and getattr(model, "_supports_sdpa", False) else "eager"
 
 
 def causal_mask(cached: int, new: int, dtype: torch.dtype, device, hidden: torch.Tensor | None = None) -> torch.Tensor:
@@ -184,7 +204,8 @@ class Run:
         self.capture = AttentionCapture(
             loaded.model, heads, tail_rows=self.window_rows, capture_hidden=policy.needs_hidden
         )
-        self.capture.enabled = settings.scoring or policy.evicts
+        self.attention = attention_kernel(loaded.model, policy, settings)
+        self.capture.enabled = needs_weights(policy, settings)
         self._snapshot_stride = 1
         self.record = RunRecord(
             meta={
@@ -204,6 +225,7 @@ class Run:
                 },
                 "weights_bytes": loaded.weights_bytes,
                 "settings": settings.__dict__.copy(),
+                "attention": self.attention,
             },
             prompt_ids=list(ids),
             prompt_texts=list(texts),
@@ -282,13 +304,19 @@ class Run:
     @torch.inference_mode()
     def _forward(self, ids: list[int], logits_to_keep: int) -> torch.Tensor:
         """Run ``ids`` at the next absolute positions; return logits ``(q', V)`` (float32)."""
-        q, cached = len(ids), self.cache.n_slots
+        q = len(ids)
         positions = torch.arange(self.processed, self.processed + q)
-        with model_lock(self.loaded.model), self.capture:
+        if self.cache.ragged:
+            masks = self._layer_masks(q)
+            mask, per_layer = masks[0], LayerMasks(self.loaded.model, masks)
+        else:
+            mask, per_layer = causal_mask(self.cache.n_slots, q, self.mask_dtype, self.device), contextlib.nullcontext()
+        model = self.loaded.model
+        with model_lock(model), attention_implementation(model, self.attention), self.capture, per_layer:
             out = self.loaded.model(
                 input_ids=torch.tensor([ids], device=self.device),
                 position_ids=positions[None].to(self.device),
-                attention_mask=causal_mask(cached, q, self.mask_dtype, self.device),
+                attention_mask=mask,
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
@@ -299,6 +327,16 @@ class Run:
         if self.capture.enabled:
             self._absorb(self.capture.take(), q)
         return out.logits[0].float()
+
+    def _layer_masks(self, q: int) -> list[torch.Tensor]:
+        """One mask ``(1, H, q, T_l + q)`` per layer of a ragged cache: its padding hidden per head."""
+        valid = self.cache.valid_table()
+        group = self.loaded.geometry.q_heads // self.loaded.geometry.kv_heads
+        masks = []
+        for layer, length in enumerate(self.cache.lengths()):
+            padding = ~valid[layer, :, :length].repeat_interleave(group, 0)  # (H, T_l)
+            masks.append(causal_mask(length, q, self.mask_dtype, self.device, hidden=padding))
+        return masks
 
     def _absorb(self, scores, q: int) -> None:
         """Fold one forward's reduced attention into the slot-aligned statistics."""
@@ -332,6 +370,7 @@ class Run:
             texts=self.texts,
             segments=self.segmenter,
             model=self.loaded.name,
+            valid=self.cache.valid_table(),
         )
 
     def _maybe_compress(self) -> tuple[np.ndarray | None, float]:
@@ -342,20 +381,29 @@ class Run:
         """
         if not self.policy.evicts or self.steps_since_compress < self.policy.interval:
             return None, 0.0
-        if self.cache.n_slots <= self.policy.budget:
+        if self.cache.mean_kept() <= self.policy.target(self.processed):
             return None, 0.0
         start = time.perf_counter()
         held_before = self._holders()
         keep = self.policy.compress(self._view(), self.cache)
         expected = (len(self.cache.layers), self.loaded.geometry.kv_heads)
-        if keep.dim() != 3 or tuple(keep.shape[:2]) != expected:
+        mask_width = keep.dtype == torch.bool and keep.shape[-1:] != (self.cache.n_slots,)
+        if keep.dim() != 3 or tuple(keep.shape[:2]) != expected or mask_width:
             raise RuntimeError(f"policy {self.policy.name} returned keep indices of shape {tuple(keep.shape)}")
-        keep = keep.cpu()
-        self.cache.keep(keep)
-        self.received = self.received.gather(-1, keep)
-        self.window = self.window.gather(-1, keep[:, :, None, :].expand(-1, -1, self.window_rows, -1))
+        index = self.cache.keep(keep.cpu())  # (L, H_kv, W): each new slot's old slot
+        if self.capture.enabled:
+            self._move_statistics(index)
         self.steps_since_compress = 0
         return held_before, time.perf_counter() - start
+
+    def _move_statistics(self, index: torch.Tensor) -> None:
+        """Gather the per-slot attention statistics along with the slots (holes get zeros)."""
+        self.received = self.received.gather(-1, index)
+        self.window = self.window.gather(-1, index[:, :, None, :].expand(-1, -1, self.window_rows, -1))
+        valid = self.cache.valid_table()
+        if valid is not None:
+            self.received = self.received * valid
+            self.window = self.window * valid[:, :, None, :]
 
     def _advance(self, step: int, ids: list[int], logits_to_keep: int) -> tuple[StepEvent, torch.Tensor]:
         """Append ``ids``, compress if due; return the StepEvent and the logits ``(q', V)``."""
@@ -384,7 +432,9 @@ class Run:
             keep_fraction=after / float(self.cache.position_table()[..., 0].numel()),
             evicted=evicted,
             kv_bytes=self.cache.nbytes(),
-            kv_tokens=self.cache.n_slots,
+            logical_kv_bytes=self.cache.logical_nbytes(),
+            kv_tokens=round(self.cache.mean_kept()),
+            kept=self.cache.kept_counts().numpy(),
             full_kv_bytes=self.cache.full_precision_nbytes(self.processed),
             seconds_forward=seconds_forward,
             seconds_policy=seconds_policy,
@@ -395,18 +445,25 @@ class Run:
         self._maybe_snapshot(step)
         return event, logits
 
+    def _slot_positions(self) -> torch.Tensor:
+        """``(L, H_kv, W)`` the position each slot holds; a hole gets ``N``, one past the last
+        position, a bin every count below drops."""
+        table, valid = self.cache.position_table(), self.cache.valid_table()
+        return table if valid is None else torch.where(valid, table, self.processed)
+
     def _holders(self) -> np.ndarray:
         """``(N,)`` number of (layer, kv-head) slots holding each absolute position."""
-        table = self.cache.position_table().flatten()
-        return torch.bincount(table, minlength=self.processed).numpy().astype(np.float32)
+        table = self._slot_positions().flatten()
+        return torch.bincount(table, minlength=self.processed + 1)[: self.processed].numpy().astype(np.float32)
 
     def _position_scores(self, view: CacheView, holders: np.ndarray) -> np.ndarray:
         """``(N,)`` the policy's importance per position: mean over the slots that hold it."""
-        if not self.capture.enabled or not self.settings.scoring:
+        if not self.settings.scoring:
             return np.full(self.processed, np.nan, dtype=np.float32)
         slot_scores = self.policy.score(view).float().flatten()
-        table = view.positions.flatten()
-        sums = torch.bincount(table, weights=torch.nan_to_num(slot_scores), minlength=self.processed).numpy()
+        table = self._slot_positions().flatten()
+        weights = torch.nan_to_num(slot_scores)
+        sums = torch.bincount(table, weights=weights, minlength=self.processed + 1)[: self.processed].numpy()
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(holders > 0, sums / holders, np.nan).astype(np.float32)
 
@@ -414,10 +471,10 @@ class Run:
         """Keep a bounded, evenly thinned set of ``(L, H_kv, N)`` keep masks for drill-down."""
         if step % self._snapshot_stride:
             return
-        table = self.cache.position_table()  # (L, H_kv, T)
-        mask = torch.zeros(*table.shape[:2], self.processed, dtype=torch.bool)
+        table = self._slot_positions()  # (L, H_kv, W)
+        mask = torch.zeros(*table.shape[:2], self.processed + 1, dtype=torch.bool)
         mask.scatter_(-1, table, True)
-        self.record.snapshots[step] = mask.numpy()
+        self.record.snapshots[step] = mask[..., : self.processed].contiguous().numpy()
         if len(self.record.snapshots) > self.settings.snapshot_limit:
             self._snapshot_stride *= 2
             self.record.snapshots = {
@@ -436,7 +493,7 @@ class Run:
                 "peak_kv_bytes": self.peak_kv_bytes,
                 "final_kv_bytes": final.kv_bytes if final else self.cache.nbytes(),
                 "final_full_kv_bytes": final.full_kv_bytes if final else self.cache.nbytes(),
-                "kept_fraction": (self.cache.n_slots / self.processed) if self.processed else 1.0,
+                "kept_fraction": (self.cache.mean_kept() / self.processed) if self.processed else 1.0,
             }
         )
         if self.segmenter is not None:

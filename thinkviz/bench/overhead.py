@@ -1,7 +1,9 @@
 """Engine overhead: ThinkViz's evicting, scoring decode loop vs plain ``model.generate``.
 
 Both decode the same number of tokens greedily from the same prompt on the same loaded
-model, in the same process, alternating, so machine noise hits both alike.
+model, in the same process, alternating, so machine noise hits both alike, and with the same
+attention kernel: eager when the engine needs the attention weights, SDPA when it runs an
+attention-free policy without scores (so the ratio is the engine's own cost).
 
 At long context (:func:`measure_context_overhead`) the prompt is ``L`` tokens of the shipped
 traces, and only the decode steps after the first generated token are timed (the prefill is
@@ -12,7 +14,6 @@ should pay off.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -20,8 +21,9 @@ from typing import Sequence
 import torch
 from transformers import StoppingCriteria
 
+from ..attention import attention_implementation
 from ..chat import REASONING_SYSTEM_PROMPT, build_chat
-from ..engine import DecodeSettings, Run
+from ..engine import DecodeSettings, Run, attention_kernel
 from ..model import LoadedModel
 from ..policies import make_policy
 from ..presets import PRESETS_DIR
@@ -34,6 +36,7 @@ class OverheadResult:
     new_tokens: int
     engine_tokens_per_second: float
     generate_tokens_per_second: float
+    attention: str = "eager"  # the kernel both ran with
 
     @property
     def ratio(self) -> float:
@@ -55,12 +58,14 @@ def time_engine(loaded: LoadedModel, new_tokens: int, budget: int, policy: str =
     return produced / (time.perf_counter() - start)
 
 
-def time_generate(loaded: LoadedModel, new_tokens: int) -> float:
-    """Tokens per second of ``model.generate`` (greedy, EOS ignored) on the same prompt."""
+def time_generate(loaded: LoadedModel, new_tokens: int, attention: str = "eager") -> float:
+    """Tokens per second of ``model.generate`` (greedy, EOS ignored) on the same prompt, with the
+    ``attention`` kernel."""
     prompt = build_chat(loaded.tokenizer, REASONING_SYSTEM_PROMPT, PROMPT)
     ids = torch.tensor([prompt.ids], device=loaded.device)
     start = time.perf_counter()
-    out = _greedy(loaded, ids, new_tokens)
+    with attention_implementation(loaded.model, attention):
+        out = _greedy(loaded, ids, new_tokens)
     return (out.shape[1] - ids.shape[1]) / (time.perf_counter() - start)
 
 
@@ -82,13 +87,14 @@ def measure_overhead(loaded: LoadedModel, new_tokens: int = 512, budget: int = 1
                      interval: int = 1, policy: str = "h2o", scoring: bool = True) -> OverheadResult:
     """Alternate engine (``policy`` at ``budget``, per-token scores shown or not) and baseline
     ``repeats`` times after a warm-up; keep each one's best."""
+    attention = attention_kernel(loaded.model, make_policy(policy, budget=budget), DecodeSettings(scoring=scoring))
     time_engine(loaded, 8, budget, policy, scoring, interval)
-    time_generate(loaded, 8)
+    time_generate(loaded, 8, attention)
     engine, baseline = [], []
     for _ in range(repeats):
         engine.append(time_engine(loaded, new_tokens, budget, policy, scoring, interval))
-        baseline.append(time_generate(loaded, new_tokens))
-    return OverheadResult(new_tokens, max(engine), max(baseline))
+        baseline.append(time_generate(loaded, new_tokens, attention))
+    return OverheadResult(new_tokens, max(engine), max(baseline), attention)
 
 
 @dataclass
@@ -127,17 +133,6 @@ class _FirstToken(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
-@contextlib.contextmanager
-def _attention(model, implementation: str):
-    """Run ``model`` with another attention implementation, then restore eager."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(implementation)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
-
-
 def time_engine_context(loaded: LoadedModel, prompt: Sequence[int], new_tokens: int, budget: int,
                         interval: int = 1, policy: str = "h2o") -> tuple[float, float]:
     """``(prefill seconds, decode tok/s after the first token)`` of an engine run on ``prompt``."""
@@ -155,7 +150,7 @@ def time_generate_context(loaded: LoadedModel, prompt: Sequence[int], new_tokens
     """``(prefill seconds, decode tok/s after the first token)`` of ``model.generate`` with SDPA attention."""
     ids = torch.tensor([list(prompt)], device=loaded.device)
     first = _FirstToken()
-    with _attention(loaded.model, "sdpa"):
+    with attention_implementation(loaded.model, "sdpa"):
         start = time.perf_counter()
         out = _greedy(loaded, ids, new_tokens, stopping_criteria=[first])
         end = time.perf_counter()

@@ -71,8 +71,9 @@ def _parse_contexts(text: str) -> list[int]:
 def _print_overhead(result, policy: str, budget: int, interval: int, scoring: bool) -> None:
     engine = result.engine_tokens_per_second
     setup = f"{policy}, budget {budget}, interval {interval}, scoring {'on' if scoring else 'off'}"
-    print(f"engine   ({setup}): {engine:7.2f} tok/s")
-    print(f"baseline (model.generate, full cache):                   {result.generate_tokens_per_second:7.2f} tok/s")
+    print(f"engine   ({setup}, {result.attention} attention): {engine:7.2f} tok/s")
+    print(f"baseline (model.generate, full cache, {result.attention} attention): "
+          f"{result.generate_tokens_per_second:7.2f} tok/s")
     print(f"overhead ratio (engine / generate, {result.new_tokens} new tokens): {result.ratio:.3f}  (target >= 0.85)")
 
 
@@ -313,7 +314,8 @@ def sweep(args: argparse.Namespace) -> int:
                 label = re.sub(r"\W+", "-", row["budget"]).strip("-")  # "25%" -> "25", "25% of seen" -> "25-of-seen"
                 run.record.save(out / "runs" / f"{trace.name}-{row['policy']}-{label}")
     meta = {"model": loaded.name, "quantization": loaded.quantization, "device": str(loaded.device),
-            "interval": args.interval, "budgets": args.budgets, "budget_mode": args.budget_mode, "params": params, "traces": args.trace,
+            "interval": args.interval, "budgets": args.budgets, "budget_mode": args.budget_mode, "params": params,
+            "traces": args.trace,
             "max_trace_tokens": args.max_trace_tokens}
     paths = write_rows(rows, out, meta)
     print(markdown_table(rows), end="")
