@@ -23,9 +23,16 @@ def _view(received, window=None, protected=None, valid=None):
     )
 
 
-@pytest.mark.parametrize("budget, layers, seen, floor, beta", [
-    (256, 30, 4000, 16, 20), (64, 2, 500, 16, 20), (100, 7, 101, 8, 5), (40, 12, 41, 4, 1), (24, 5, 2000, 6, 100),
-])
+@pytest.mark.parametrize(
+    "budget, layers, seen, floor, beta",
+    [
+        (256, 30, 4000, 16, 20),
+        (64, 2, 500, 16, 20),
+        (100, 7, 101, 8, 5),
+        (40, 12, 41, 4, 1),
+        (24, 5, 2000, 6, 100),
+    ],
+)
 def test_pyramid_budgets_sum_to_budget_times_layers_and_shrink_with_depth(budget, layers, seen, floor, beta):
     budgets = pyramid_budgets(budget, layers, seen, floor, beta)
     assert sum(budgets) == budget * layers
@@ -96,6 +103,8 @@ def test_ragged_policies_never_keep_a_hole(name):
     received = torch.rand(2, 2, 120, generator=generator)
     valid = torch.rand(2, 2, 120, generator=generator) > 0.3
     valid[..., -20:] = True
-    keep = make_policy(name, budget=40, protect_system=False, protect_question=False).select(_view(received, valid=valid))
+    keep = make_policy(name, budget=40, protect_system=False, protect_question=False).select(
+        _view(received, valid=valid)
+    )
     assert not (keep & ~valid).any()
     assert (keep.sum(-1) > 0).all()

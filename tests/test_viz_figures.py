@@ -359,7 +359,8 @@ def _ragged_record(kept: list[np.ndarray], padded_bytes: int = 0, params: dict |
     for s, counts in enumerate(kept):
         seen = 40 + s
         logical = int(counts.sum()) * 8
-        events.append(StepEvent(step=s, token_ids=[0], texts=["x"], positions=[seen - 1], scores=np.zeros(seen, np.float32),
+        events.append(StepEvent(step=s, token_ids=[0], texts=["x"], positions=[seen - 1],
+                                scores=np.zeros(seen, np.float32),
                                 keep_fraction=np.ones(seen, np.float32), kv_bytes=logical + padded_bytes,
                                 logical_kv_bytes=logical, kv_tokens=round(counts.mean()), kept=counts))
     meta = {"geometry": {"layers": 3, "kv_heads": 2, "head_dim": 2, "dtype_bytes": 2}, "budget": 16, "policy": "adakv",

@@ -110,9 +110,8 @@ def test_compare_refuses_bad_policy_lists(client, policies):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError):
-        client.predict("combined", "generate", None, "Hi", "", policies, 64, "tokens", 0.25, 4, True, False, "", True, 2,
-                       0.0, False,
-                       api_name="/compare")
+        client.predict("combined", "generate", None, "Hi", "", policies, 64, "tokens", 0.25, 4, True, False, "", True,
+                       2, 0.0, False, api_name="/compare")
 
 
 def test_sweep_takes_only_listed_presets(client):

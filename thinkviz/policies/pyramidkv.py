@@ -59,7 +59,14 @@ class PyramidKV(SnapKV):
     source = "PyramidKV — Cai et al., 2024 (arXiv:2406.02069)"
     params = (
         *SnapKV.params,
-        Param("beta", 20.0, 1.0, 100.0, 1.0, "pyramid steepness: the top layer keeps 1/beta of the mean share beyond what every layer must keep"),
+        Param(
+            "beta",
+            20.0,
+            1.0,
+            100.0,
+            1.0,
+            "pyramid steepness: the top layer keeps 1/beta of the mean share beyond what every layer must keep",
+        ),
     )
 
     def select(self, view: CacheView) -> torch.Tensor:

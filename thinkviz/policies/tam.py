@@ -139,10 +139,12 @@ class ThoughtAwareMatching(Policy):
         layers, heads, _ = attention.shape
         for layer in range(layers):
             for head in range(heads):
-                keep[layer, head] |= self.choose(attention[layer, head], forced[layer, head], segments[layer, head], budget)
+                keep[layer, head] |= self.choose(attention[layer, head], forced[layer, head], segments[layer, head],
+                                                 budget)
         return keep_top(attention, keep, int(keep.sum(-1).max()))
 
-    def choose(self, attention: torch.Tensor, forced: torch.Tensor, segments: torch.Tensor, budget: int) -> torch.Tensor:
+    def choose(self, attention: torch.Tensor, forced: torch.Tensor, segments: torch.Tensor,
+               budget: int) -> torch.Tensor:
         """One (layer, kv-head): ``attention``, ``forced`` and segment numbers ``segments`` per slot
         ``(T,)`` → ``(T,)`` bool, the pivotal and per-segment top slots kept besides ``forced``, for a
         ``budget`` of slots in all."""

@@ -98,7 +98,7 @@ def common_controls(tab: str, interval: int) -> CommonControls:
                              info=i.help, elem_id=f"tv-{tab}-interval")
     with gr.Row():
         protect_system = gr.Checkbox(value=True, label="Protect system prompt", elem_id=f"tv-{tab}-protect-system")
-        protect_question = gr.Checkbox(value=True, label="Protect question")
+        protect_question = gr.Checkbox(value=True, label="Protect question", elem_id=f"tv-{tab}-protect-question")
     return CommonControls(budget, mode, fraction, interval_slider, protect_system, protect_question)
 
 

@@ -268,8 +268,8 @@ def memory_figure(
                              line=dict(color=KV_COLOUR, width=2.5)), row=1, col=1)
     if padded:
         fig.add_trace(go.Scatter(x=x[pick], y=logical[pick] / MIB, name="KV cache (logical: tokens held)",
-                                 customdata=steps, hovertemplate=hover, line=dict(color=KV_COLOUR, width=1.5, dash="dot")),
-                      row=1, col=1)
+                                 customdata=steps, hovertemplate=hover,
+                                 line=dict(color=KV_COLOUR, width=1.5, dash="dot")), row=1, col=1)
     if _policy_evicts(record) and len(x):
         budget, label = budget_series(record, x)
         ends = pick if record.meta.get("params", {}).get("budget_mode") == "fraction" else [0, len(x) - 1]
