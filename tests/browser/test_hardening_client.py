@@ -16,7 +16,7 @@ from test_app_client import _live_args  # the /generate argument layout, kept in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-BUDGET, INTERVAL, POLICY, RUN_MODE, QUESTION_AT = 6, 7, 5, 1, 3
+BUDGET, BUDGET_MODE, BUDGET_FRACTION, INTERVAL, POLICY, RUN_MODE, QUESTION_AT = 6, 7, 8, 9, 5, 1, 3
 MAX_NEW, TEMPERATURE = -6, -5  # counted from the end: decode settings, then the chart controls (3)
 
 
@@ -80,6 +80,8 @@ def test_two_clients_generating_at_once_each_get_what_they_would_alone(app_url):
     (BUDGET, 10**9, "greater than maximum value"),        # above it
     (BUDGET, "lots", "must be a number, got 'lots'"),     # not a number
     (INTERVAL, 0, "less than minimum value 1"),
+    (BUDGET_MODE, "bogus", "not in the list of choices"),
+    (BUDGET_FRACTION, 5.0, "greater than maximum value"),
     (POLICY, "nope", "not in the list of choices"),       # not a registered policy
     (POLICY, "../../etc/passwd", "not in the list of choices"),
     (RUN_MODE, "bogus", "not in the list of choices"),

@@ -38,8 +38,8 @@ def test_a_comparison_with_a_policy_that_raises_ends_with_a_message(client):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError, match="the comparison of full, exploding failed: ZeroDivisionError"):
-        client.predict("combined", "generate", None, "What is 2 + 3?", "", ["full", "exploding"], 16, 1, True, True,
-                       "", False, 4, 0.0, False, api_name="/compare")
+        client.predict("combined", "generate", None, "What is 2 + 3?", "", ["full", "exploding"], 16, "tokens", 0.25,
+                       1, True, True, "", False, 4, 0.0, False, api_name="/compare")
 
 
 def test_a_failed_live_run_leaves_its_memory_chart_and_says_why(client):
