@@ -2,8 +2,9 @@
 
 Under ``attn_implementation="eager"`` every ``self_attn`` module returns
 ``(attn_output, attn_weights)`` with weights of shape ``(B, H, q, T)``: ``H`` query heads,
-``q`` new tokens, ``T`` cached slots + ``q``.  A hook reduces them right away, so at no time
-do all layers' full matrices exist together:
+``q`` new tokens, ``T`` cached slots + ``q``.  The hooks hold them until they pass
+:data:`BATCH_BYTES`, then reduce what they hold together (a decode step's weights of every
+layer at once), so the full matrices of all layers of a long forward never exist together:
 
 - ``received``  ``(L, H_kv, T)``   attention each slot received, summed over the ``q`` queries;
 - ``tail``      ``(L, H_kv, r, T)`` the last ``r = min(q, tail_rows)`` query rows;
@@ -31,6 +32,12 @@ import torch.nn.functional as F
 from torch import nn
 
 _LN2 = math.log(2.0)
+# The hooks hold up to this many bytes of attention weights and reduce them together, batched
+# over consecutive layers: a decode step's weights (30 layers × 9 heads × 1 row × T floats) are
+# reduced once after the forward, about ten operator calls instead of nine per layer.  Larger
+# ones (prefill chunks, replays at long context) are reduced as soon as they pass the bound, so
+# the full matrices of all layers never exist together.
+BATCH_BYTES = 8 * 2**20
 
 
 @dataclass
@@ -66,9 +73,11 @@ class AttentionCapture:
         self._reset()
 
     def _reset(self) -> None:
-        self._received: list[torch.Tensor] = []
-        self._tail: list[torch.Tensor] = []
-        self._entropy_sum: torch.Tensor | None = None
+        self._pending: list[torch.Tensor] = []  # (1, H, q, T) weights of consecutive layers, not reduced yet
+        self._pending_bytes = 0
+        self._received: list[torch.Tensor] = []  # blocks (N, H_kv, T) of consecutive layers
+        self._tail: list[torch.Tensor] = []  # blocks (N, H_kv, r, T)
+        self._entropy_sum: torch.Tensor | None = None  # (q,) bits, summed over layers
         self._hidden: torch.Tensor | None = None
 
     def __enter__(self) -> AttentionCapture:
@@ -89,13 +98,35 @@ class AttentionCapture:
         weights = output[1]
         if weights is None:
             raise RuntimeError("attention weights are missing: load the model with attn_implementation='eager'")
-        weights = weights[0].float()  # (H, q, T)
-        heads, q, total = weights.shape
-        grouped = weights.view(self.kv_heads, heads // self.kv_heads, q, total).mean(1)  # (H_kv, q, T)
-        self._received.append(grouped.sum(1))
-        self._tail.append(grouped[:, -self.tail_rows :, :].clone())
-        entropy = torch.special.entr(weights).sum(-1).mean(0) / _LN2  # (q,) bits
+        weights = weights.float()  # (1, H, q, T)
+        self._pending.append(weights)
+        self._pending_bytes += weights.numel() * weights.element_size()
+        if self._pending_bytes > BATCH_BYTES:
+            self._reduce_pending()
+
+    def _reduce(self, weights: torch.Tensor) -> None:
+        """Reduce the ``(N, H, q, T)`` attention of ``N`` consecutive layers into the buffers."""
+        layers, heads, q, total = weights.shape
+        grouped = weights.view(layers, self.kv_heads, heads // self.kv_heads, q, total).mean(2)  # (N, H_kv, q, T)
+        tail = grouped[:, :, -self.tail_rows :, :]
+        self._received.append(grouped.sum(2))
+        self._tail.append(tail if self.tail_rows >= q else tail.clone())  # keep no view of all q rows
+        entropy = torch.special.entr(weights).sum(-1).mean(1).sum(0) / _LN2  # (q,) bits, summed over layers
         self._entropy_sum = entropy if self._entropy_sum is None else self._entropy_sum + entropy
+
+    def _reduce_pending(self) -> None:
+        """Reduce the held weights: one batched reduction per run of layers of the same shape (the
+        layers of a ragged cache differ in ``T``)."""
+        start = 0
+        while start < len(self._pending):
+            shape = self._pending[start].shape
+            end = start + 1
+            while end < len(self._pending) and self._pending[end].shape == shape:
+                end += 1
+            block = self._pending[start:end]
+            self._reduce(block[0] if len(block) == 1 else torch.cat(block))
+            start = end
+        self._pending, self._pending_bytes = [], 0
 
     def _on_hidden(self, module, args, output) -> None:
         if self.enabled:
@@ -103,22 +134,26 @@ class AttentionCapture:
 
     def take(self) -> ForwardScores:
         """Return the reductions of the last forward pass and clear the buffers."""
+        self._reduce_pending()
         if not self._received:
             raise RuntimeError("no attention was captured (capture disabled or no forward pass)")
+        received = _stack_padded(self._received)
         scores = ForwardScores(
-            received=_stack_padded(self._received),
+            received=received,
             tail=_stack_padded(self._tail),
-            row_entropy=self._entropy_sum / len(self._received),
+            row_entropy=self._entropy_sum / received.shape[0],
             hidden=self._hidden,
         )
         self._reset()
         return scores
 
 
-def _stack_padded(rows: list[torch.Tensor]) -> torch.Tensor:
-    """Stack per-layer tensors ``(..., T_l)`` into ``(L, ..., max T_l)``, zeros on the right."""
-    width = max(row.shape[-1] for row in rows)
-    return torch.stack([F.pad(row, (0, width - row.shape[-1])) for row in rows])
+def _stack_padded(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """Join blocks ``(N_i, ..., T_i)`` of consecutive layers into ``(L, ..., max T_i)``, zeros on the right."""
+    width = max(block.shape[-1] for block in blocks)
+    if all(block.shape[-1] == width for block in blocks):
+        return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    return torch.cat([F.pad(block, (0, width - block.shape[-1])) for block in blocks])
 
 
 @contextlib.contextmanager
