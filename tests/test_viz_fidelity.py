@@ -86,6 +86,11 @@ def test_compare_draws_per_token_curves_and_leaves_divergence_out_of_a_replay():
     )[-1]
     assert final.done and final.fidelity is not None
     assert {t.name for t in final.fidelity.data} == {"window", "h2o"}  # the full cache against itself is all zero
+    # each policy has one colour and dash: in both fidelity panels and in the memory chart
+    memory = {t.name: (t.line.color, t.line.dash) for t in final.figure.data if t.name != "full cache"}
+    assert len(set(memory.values())) == 3
+    for trace in final.fidelity.data:
+        assert (trace.line.color, trace.line.dash) == memory[trace.name]
     assert len(final.table[0]) == len(FIDELITY_COLUMNS)
     shown = final.shown_table
     assert "diverges at step" not in shown["headers"] and len(shown["data"][0]) == len(FIDELITY_COLUMNS) - 1

@@ -27,7 +27,7 @@ from ..presets import Preset
 from ..replay import LockstepReplay
 from ..units import format_bytes
 from ..viz.fidelity import fidelity_figure
-from ..viz.figures import compare_memory_figure
+from ..viz.figures import compare_memory_figure, series_styles
 from ..viz.tables import stats_html
 from ..viz.legend import view_legend
 from ..viz.tokens import TokenData, token_view
@@ -135,7 +135,8 @@ class _Columns:
         figure = compare_memory_figure(records) if due else None
         curves = {n: fidelity[n] for n in self.names if fidelity and n in fidelity and n != REFERENCE_POLICY}
         measured = any(len(c.positions) for c in curves.values())
-        per_token = fidelity_figure(curves, reference.segments, texts=reference.texts) \
+        per_token = fidelity_figure(curves, reference.segments, texts=reference.texts,
+                                    styles=series_styles(self.names)) \
             if due and measured and reference is not None else None
         bus = [m for channel in self.channels for m in channel.recent()]
         return CompareFrame(status, messages, bus, headers, legend, figure, table, records, views, done, per_token)

@@ -19,12 +19,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..metrics import TokenFidelity
+from .figures import SeriesStyle, series_styles
 from .tokens import segment_colour
 
 DEFAULT_WINDOW = 32
 MAX_POINTS = 1500  # per curve, after smoothing
 BAND_KINDS = ("think", "answer", "code", "tool", "user")
-LINE_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
 def smoothed(values: np.ndarray, window: int) -> np.ndarray:
@@ -52,13 +52,17 @@ def fidelity_figure(
     *,
     window: int = DEFAULT_WINDOW,
     texts: Sequence[str] | None = None,
+    styles: Mapping[str, SeriesStyle] | None = None,
 ) -> go.Figure:
     """ΔNLL and KL per token for each policy in ``curves`` (name → its per-token fidelity).
 
     ``segments``: spans over absolute positions (:class:`~thinkviz.segments.Span` or their
     ``dict`` form); those of :data:`BAND_KINDS` inside the curves' range become background
-    bands.  ``texts``: token texts by absolute position, shown on hover.
+    bands.  ``texts``: token texts by absolute position, shown on hover.  ``styles``: each policy's
+    colour and dash, the same in both panels (default: :func:`~thinkviz.viz.figures.series_styles`
+    of ``curves``; the Compare tab passes its columns' styles, so a policy matches its memory line).
     """
+    styles = series_styles(list(curves)) if styles is None else styles
     fig = make_subplots(
         rows=2,
         cols=1,
@@ -70,7 +74,7 @@ def fidelity_figure(
         ],
     )
     lo, hi = None, None
-    for i, (name, fidelity) in enumerate(curves.items()):
+    for name, fidelity in curves.items():
         positions = np.asarray(fidelity.positions)
         if not len(positions):
             continue
@@ -78,7 +82,7 @@ def fidelity_figure(
         hi = positions[-1] if hi is None else max(hi, positions[-1])
         pick = _thin(len(positions), MAX_POINTS)
         hover_text = [texts[p] if texts is not None and 0 <= p < len(texts) else "" for p in positions[pick]]
-        dash = LINE_DASHES[i % len(LINE_DASHES)]
+        style = styles[name]
         for row, values, what in ((1, fidelity.nll - fidelity.nll_full, "ΔNLL"), (2, fidelity.kl, "KL")):
             fig.add_trace(
                 go.Scatter(
@@ -88,7 +92,7 @@ def fidelity_figure(
                     legendgroup=name,
                     showlegend=row == 1,
                     customdata=hover_text,
-                    line=dict(width=2, dash=dash),
+                    line=dict(width=2, color=style.colour, dash=style.dash),
                     hovertemplate=f"position %{{x}} %{{customdata}}<br>{what} %{{y:.3f}}<extra>{name}</extra>",
                 ),
                 row=row,

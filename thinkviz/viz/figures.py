@@ -13,7 +13,7 @@ generation (one token per step) and replay (a chunk per step) read the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -401,6 +401,25 @@ def placeholder_figure(text: str) -> go.Figure:
 
 COMPARE_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 COMPARE_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star")
+COMPARE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")  # D3's first six
+
+
+class SeriesStyle(NamedTuple):
+    """How one compared run is drawn in every Compare chart: its colour, dash and marker."""
+
+    colour: str
+    dash: str
+    symbol: str
+
+
+def series_styles(names: Sequence[str]) -> dict[str, SeriesStyle]:
+    """One style per name, by its place in ``names`` (the Compare columns' order), so a policy
+    looks the same in the memory chart and in the per-token fidelity curves."""
+    return {
+        name: SeriesStyle(COMPARE_COLOURS[i % len(COMPARE_COLOURS)], COMPARE_DASHES[i % len(COMPARE_DASHES)],
+                          COMPARE_SYMBOLS[i % len(COMPARE_SYMBOLS)])
+        for i, name in enumerate(names)
+    }
 
 
 def coinciding(series: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> list[list[str]]:
@@ -420,9 +439,10 @@ def coinciding(series: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> list[list
 def compare_memory_figure(records: Mapping[str, RunRecord]) -> go.Figure:
     """Physical KV bytes of several runs overlaid, with the full-cache curve of the longest one.
 
-    Each run has its own dash and marker; runs with the same memory at every step (a budget every
-    policy holds) are drawn widest first and thinner on top, so each stays visible, and a note
-    names the policies that coincide.
+    Each run has its own colour, dash and marker (:func:`series_styles`, by its place in
+    ``records``); runs with the same memory at every step (a budget every policy holds) are drawn
+    widest first and thinner on top, so each stays visible, and a note names the policies that
+    coincide.
     """
     fig = go.Figure()
     longest = max(records.values(), key=lambda r: len(r.events), default=None)
@@ -438,13 +458,15 @@ def compare_memory_figure(records: Mapping[str, RunRecord]) -> go.Figure:
         pick = _thin(len(x), MAX_POINTS)
         series[label] = (x[pick], record.kv_bytes_series()[pick] / MIB)
     groups = coinciding(series)
-    for i, label in enumerate(records):
+    styles = series_styles(list(records))
+    for label in records:
         group = next((g for g in groups if label in g), [label])
         above = len(group) - 1 - group.index(label)  # lines of its group drawn after it, on top
+        style = styles[label]
         fig.add_trace(go.Scatter(
             x=series[label][0], y=series[label][1], name=label, mode="lines+markers",
-            line=dict(dash=COMPARE_DASHES[i % len(COMPARE_DASHES)], width=2 + 2.5 * above),
-            marker=dict(symbol=COMPARE_SYMBOLS[i % len(COMPARE_SYMBOLS)], size=7 + 3 * above, maxdisplayed=14),
+            line=dict(color=style.colour, dash=style.dash, width=2 + 2.5 * above),
+            marker=dict(color=style.colour, symbol=style.symbol, size=7 + 3 * above, maxdisplayed=14),
             hovertemplate="tokens %{x}<br>%{y:.3f} MiB"))
     for i, group in enumerate(groups):
         fig.add_annotation(text="same memory at every step: " + " = ".join(group), xref="paper", yref="paper",
