@@ -15,6 +15,7 @@ from thinkviz.viz.figures import (
     bytes_per_token,
     compare_memory_figure,
     device_cap,
+    growth_rate,
     keep_heatmap,
     keep_matrix,
     coinciding,
@@ -212,6 +213,20 @@ def test_the_projection_note_names_a_policy_that_does_not_hold_its_budget(loaded
     assert ahead.policy_oom == pytest.approx(4 * x[-1], rel=0.05) and ahead.horizon >= ahead.policy_oom
     text = " ".join(a.text or "" for a in memory_figure(record, projection=later).layout.annotations)
     assert "think_drop fits to the end of the run but keeps growing" in text and "(extrapolated)" in text
+
+
+def test_a_sawtooth_that_holds_its_budget_does_not_grow():
+    # budget 96, compressed every 8 tokens: up one token per token, back to 96 at each compression;
+    # a run that ends at a peak has a rising least-squares slope, but the cache does not grow
+    seen = np.arange(125, 157)
+    sawtooth = 96 + (seen - 125) % 8
+    half = slice(len(seen) // 2, None)
+    assert np.polyfit(seen[half], sawtooth[half], 1)[0] > 0.01
+    assert growth_rate(seen, sawtooth) == 0
+    # a budget that is a fraction of the tokens seen: the counts after each compression rise with it
+    fraction = (seen // 8 * 8 * 0.5).astype(int) + (seen - 125) % 8
+    assert growth_rate(seen, fraction) == pytest.approx(0.5, abs=0.05)
+    assert growth_rate(seen, seen) == pytest.approx(1.0)  # never compressed: the full cache's slope
 
 
 def test_the_projection_extrapolates_the_full_cache_past_the_run_to_where_it_runs_out(h2o_run):

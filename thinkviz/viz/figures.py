@@ -188,9 +188,20 @@ GROWTH_EPSILON = 1e-3  # kept tokens per token seen below which a policy holds i
 
 def growth_rate(seen: np.ndarray, kept: np.ndarray) -> float:
     """Kept tokens added per token seen: the least-squares slope over the second half of the run
-    (what compressions settled to), never below 0; 0 for fewer than two points."""
-    half = slice(len(seen) // 2, None)
-    x, y = seen[half].astype(np.float64), kept[half].astype(np.float64)
+    (what compressions settled to), never below 0; 0 for fewer than two points.
+
+    A policy that compresses every few tokens draws a sawtooth (up by one token per token between
+    compressions, down to its budget at each); its slope over a short run is the sawtooth's
+    phase, not growth.  So where the run has two or more compressions (drops), the slope is that
+    of the counts right after the later half of them (at least two): flat for a policy that holds
+    its budget, rising for one that does not (a fraction budget, think_drop keeping code)."""
+    after_drop = np.flatnonzero(np.diff(kept) < 0) + 1
+    if len(after_drop) >= 2:
+        pick = after_drop[-max(2, len(after_drop) // 2):]
+        x, y = seen[pick].astype(np.float64), kept[pick].astype(np.float64)
+    else:
+        half = slice(len(seen) // 2, None)
+        x, y = seen[half].astype(np.float64), kept[half].astype(np.float64)
     if len(x) < 2 or np.ptp(x) == 0:
         return 0.0
     return max(0.0, float(np.polyfit(x, y, 1)[0]))
