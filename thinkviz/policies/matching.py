@@ -1,0 +1,263 @@
+"""Attention matching: fit a per-slot log-mass bias ``β`` and new values for a kept subset of slots.
+
+Zweiger, Fu, Guo, Kim, "Fast KV Compaction via Attention Matching" (arXiv:2602.16284): keep a
+subset ``S`` of ``k`` of the ``T`` cached keys, then choose, per (layer, kv-head), an additive
+bias ``β_j`` for every kept key and new values ``C_j`` so that for a set of *reference queries*
+the compacted cache reproduces the full cache's attention **mass** and attention **output**.
+Both are small linear problems once the keys are fixed:
+
+- Reference query ``r`` (scaled, so its logits are ``s_rj = q_r·k_j + b_j``, ``b`` the bias the
+  slots already carry) attends to the full cache with ``p_rj = softmax_j(s_rj)`` over the slots it
+  can see (causal, and never a hole of a ragged layout).
+- **Mass** (``w = e^β``, non-negative least squares): ``Σ_{j∈S} w_j p_rj ≈ Σ_j p_rj`` — a kept key
+  with ``w_j = 3`` weighs like three copies of itself: it *stands for* the dropped keys near it.
+- **Values** (least squares): with ``x_rj = w_j p_rj / Σ_{i∈S} w_i p_ri`` the compacted attention,
+  ``Σ_{j∈S} x_rj C_j ≈ Σ_j p_rj V_j``.
+
+*Groups* (TAM's thought segments, seed 003; one group for ``am``) split both problems
+block-wise: each group's kept slots match that group's own mass and its own share of the
+output, ``Σ_{j∈S_g} w_j p_rj ≈ Σ_{j∈g} p_rj`` and ``Σ_{j∈S_g} x_rj C_j ≈ Σ_{j∈g} p_rj V_j``
+(the paper's chunked compaction: per-chunk mass and output add up to the whole).  A group with
+no kept slot in a head joins the nearest earlier group that has one (else the first later one),
+so no mass is left without a slot to carry it.
+
+Numerics, per (kv-head), in float64 whatever the input dtype:
+
+- both fits are ridge regressions *towards selection* (``w = 1``, ``C = V_S``), with
+  ``λ = ridge · trace(G) / k`` (``G`` the problem's Gram matrix, so ``ridge`` is relative to the
+  data's own scale) plus ``1e-12``: with few reference queries or duplicate keys the problem is
+  underdetermined and the ridge picks the solution nearest to plain selection; with no
+  attention at all (``G = 0``) it *is* selection (``β`` unchanged, values unchanged);
+- both are solved in the dual, one ``n × n`` Cholesky system per group (there are far fewer
+  reference queries than kept slots);
+- mass: the ridge solution in closed form, then, where it leaves ``[W_MIN, T]``, up to
+  :data:`ACTIVE_SET_ROUNDS` active-set rounds (fix the weights past a bound at it, solve again
+  for the others) and a final clamp;
+- values: closed form, ``C = V_S + Xᵀ(XXᵀ + λI)⁻¹ r`` (``r`` the output residual of ``V_S``);
+- fallbacks: every candidate (selection, bias only, bias + values) is scored by the mean
+  squared output error over the reference queries and the best finite one is kept, so on the
+  reference queries a fit is never worse than selection alone.  When nothing is dropped the
+  exact solution ``w = 1, C = V`` is the unique optimum.
+
+Shapes: ``H`` kv-heads, ``n`` reference queries per kv-head (a GQA group's query heads stacked),
+``T`` slots, ``k`` kept, ``D`` key and ``D_v`` value width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+W_MIN = 1e-6  # smallest mass weight: β ≥ ln(1e-6) ≈ -13.8
+RIDGE = 0.1  # default relative ridge (module docstring): few reference queries need a firm one
+ACTIVE_SET_ROUNDS = 4  # mass fit: rounds of fixing out-of-bound weights and solving again
+
+
+@dataclass
+class MatchFit:
+    """A fitted compaction of one layer.
+
+    - ``bias`` ``(H, k)`` float32: the new total bias of every kept slot (old bias + ``ln w``);
+    - ``values`` ``(H, k, D_v)`` in the input values' dtype;
+    - ``error_select`` / ``error_fit`` ``(H,)``: mean squared attention-output error over the
+      reference queries of plain selection and of the fit kept;
+    - ``choice`` ``(H,)`` int: 0 selection kept, 1 bias only, 2 bias and values (the fallbacks).
+    """
+
+    bias: torch.Tensor
+    values: torch.Tensor
+    error_select: torch.Tensor
+    error_fit: torch.Tensor
+    choice: torch.Tensor
+
+
+def effective_groups(groups: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``(H, T)`` group of every slot after orphan groups (no kept slot in that head) joined the
+    nearest earlier group with one, else the first later one.  ``groups`` ``(H, T)`` non-negative
+    ints, ``keep`` ``(H, k)``; the result numbers groups ``0 ..`` densely per head."""
+    out = torch.empty_like(groups)
+    for head in range(groups.shape[0]):
+        kept = torch.unique(groups[head, keep[head]])  # sorted
+        slot = torch.searchsorted(kept, groups[head], right=True) - 1  # index of the last kept group ≤ g
+        out[head] = slot.clamp(min=0)
+    return out
+
+
+def _masses(logits: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention ``p`` ``(H, n, T)`` of every reference query over what it can see, and ``(H, n)``
+    whether the row sees anything at all."""
+    logits = logits.masked_fill(~visible, float("-inf"))
+    alive = visible.any(-1)
+    peak = logits.amax(-1, keepdim=True).masked_fill(~alive[..., None], 0.0)
+    raw = torch.exp(logits - peak).masked_fill(~visible, 0.0)
+    total = raw.sum(-1, keepdim=True)
+    return raw / total.clamp(min=torch.finfo(raw.dtype).tiny), alive
+
+
+def _blocks(kept_groups: torch.Tensor) -> list[list[tuple[int, torch.Tensor]]]:
+    """Per head, ``(group, indices of its kept slots)`` for every group with kept slots
+    (``kept_groups`` ``(H, k)``)."""
+    blocks = []
+    for row in kept_groups:
+        order = row.argsort(stable=True)
+        counts = torch.bincount(row).tolist()
+        pieces = order.split(counts)
+        blocks.append([(g, piece) for g, piece in enumerate(pieces) if len(piece)])
+    return blocks
+
+
+def _dual_solve(rows: torch.Tensor, blocks: list, targets: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """``argmin_u Σ_g ‖R_g u_g − t_g‖² + λ‖u‖²`` for ``rows`` ``(H, n, k)`` split into the column
+    blocks ``R_g`` of :func:`_blocks`, ``targets`` ``(H, n, G, m)``: ``u`` ``(H, k, m)``.
+
+    In the dual, ``u_g = R_gᵀ (R_g R_gᵀ + λI)⁻¹ t_g``: one ``n × n`` system per group instead of a
+    ``k × k`` one (there are far fewer reference queries than kept slots)."""
+    heads, n, k = rows.shape
+    eye = torch.eye(n, dtype=rows.dtype, device=rows.device)
+    out = torch.zeros(heads, k, targets.shape[-1], dtype=rows.dtype, device=rows.device)
+    for head, head_blocks in enumerate(blocks):
+        pieces = [rows[head][:, index] for _, index in head_blocks]  # (n, k_g) each
+        system = torch.stack([piece @ piece.T for piece in pieces]) + lam[head] * eye  # (G', n, n)
+        dual = _solve_spd(system, torch.stack([targets[head, :, g] for g, _ in head_blocks]))  # (G', n, m)
+        for piece, (_, index), z in zip(pieces, head_blocks, dual):
+            out[head, index] = piece.T @ z
+    return out
+
+
+def _solve_spd(matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """``matrix⁻¹ rhs`` for symmetric positive definite ``(..., n, n)``; falls back to lstsq."""
+    factor, info = torch.linalg.cholesky_ex(matrix)
+    if bool((info == 0).all()):
+        return torch.cholesky_solve(rhs, factor)
+    return torch.linalg.lstsq(matrix, rhs).solution
+
+
+def _ridge(rows: torch.Tensor, ridge: float) -> torch.Tensor:
+    """``λ`` ``(H,)`` = ``ridge · trace(RᵀR) / k + 1e-12``: relative to the data's own scale."""
+    return ridge * rows.pow(2).sum((1, 2)) / rows.shape[-1] + 1e-12
+
+
+def _group_sums(rows: torch.Tensor, kept_hot: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``(H, n, G)``: ``Σ_{j∈S_g} w_j R_rj`` (``rows`` ``(H, n, k)``, ``kept_hot`` ``(H, k, G)``)."""
+    return (rows * w[:, None, :]) @ kept_hot
+
+
+def _fit_weights(p_kept: torch.Tensor, mass: torch.Tensor, blocks: list, kept_hot: torch.Tensor,
+                 ridge: float, w_max: float) -> torch.Tensor:
+    """Mass weights ``w`` ``(H, k)``: ``min Σ_g ‖Σ_{j∈S_g} w_j p_·j − mass_·g‖² + λ‖w − 1‖²`` with
+    ``W_MIN ≤ w ≤ w_max`` — the ridge solution, then up to :data:`ACTIVE_SET_ROUNDS` rounds that
+    fix the weights past a bound at it and solve again for the others (an active-set NNLS), then a
+    final clamp."""
+    lam = _ridge(p_kept, ridge)
+    free = torch.ones_like(p_kept[:, 0, :], dtype=torch.bool)  # (H, k)
+    base = torch.ones_like(p_kept[:, 0, :])  # 1 where free, the bound where fixed
+    for _ in range(ACTIVE_SET_ROUNDS):
+        residual = mass - _group_sums(p_kept, kept_hot, base)  # (H, n, G)
+        rows = p_kept * free[:, None, :]
+        w = base + _dual_solve(rows, blocks, residual[..., None], lam)[..., 0] * free
+        low, high = free & (w < W_MIN), free & (w > w_max)
+        if not bool((low | high).any()):
+            return w
+        base = torch.where(low, W_MIN, torch.where(high, w_max, base))
+        free &= ~(low | high)
+    return w.clamp(W_MIN, w_max)
+
+
+def _output_error(x: torch.Tensor, values: torch.Tensor, target: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """``(H,)`` mean over live rows of ``‖x C − o‖²``: ``x`` ``(H, n, k)``, ``values`` ``(H, k, D_v)``,
+    ``target`` ``(H, n, D_v)``."""
+    squared = ((x @ values - target) ** 2).sum(-1) * alive
+    return squared.sum(-1) / alive.sum(-1).clamp(min=1)
+
+
+def _compacted(p_kept: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The compacted attention ``x`` ``(H, n, k)`` from ``p_kept`` ``(H, n, k)`` and weights ``w`` ``(H, k)``."""
+    weighted = p_kept * w[:, None, :]
+    total = weighted.sum(-1, keepdim=True)
+    return weighted / total.clamp(min=torch.finfo(weighted.dtype).tiny)
+
+
+def _group_outputs(p: torch.Tensor, values: torch.Tensor, groups: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """``(H, n, G, D_v)``: each group's share ``Σ_{t∈g} p_rt V_t`` of every row's attention output
+    (``p`` ``(H, n, T)``, ``values`` ``(H, T, D_v)``, ``groups`` ``(H, T)``)."""
+    heads, n, _ = p.shape
+    if n_groups == 1:
+        return (p @ values)[:, :, None, :]
+    out = torch.zeros(heads, n, n_groups, values.shape[-1], dtype=p.dtype, device=p.device)
+    for head, head_blocks in enumerate(_blocks(groups)):
+        for g, index in head_blocks:
+            out[head, :, g] = p[head][:, index] @ values[head, index]
+    return out
+
+
+def fit_compaction(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    keep: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    visible: torch.Tensor | None = None,
+    groups: torch.Tensor | None = None,
+    ridge: float = RIDGE,
+) -> MatchFit:
+    """Fit ``β`` and values for the kept slots of one layer (module docstring).
+
+    ``queries`` ``(H, n, D)`` reference queries already multiplied by the attention scale;
+    ``keys`` ``(H, T, D)``, ``values`` ``(H, T, D_v)`` as attention reads them; ``keep`` ``(H, k)``
+    kept slot indices; ``bias`` ``(H, T)`` the slots' current bias (default 0); ``visible``
+    ``(H, n, T)`` bool, which slots each reference query may attend to (default all);
+    ``groups`` ``(H, T)`` int, the group of every slot (default one group).
+    """
+    heads, total, _ = keys.shape
+    f64 = torch.float64
+    q, k_all, v_all = queries.to(f64), keys.to(f64), values.to(f64)
+    b_all = torch.zeros(heads, total, dtype=f64, device=keys.device) if bias is None else bias.to(f64)
+    if visible is None:
+        visible = torch.ones(heads, q.shape[1], total, dtype=torch.bool, device=keys.device)
+    if groups is None:
+        groups = torch.zeros(heads, total, dtype=torch.long, device=keys.device)
+    groups = effective_groups(groups.long(), keep)
+    n_groups = int(groups.max()) + 1
+
+    p, alive = _masses(q @ k_all.transpose(1, 2) + b_all[:, None, :], visible)  # (H, n, T)
+    p = p * alive[..., None]
+    mass = torch.zeros(heads, p.shape[1], n_groups, dtype=f64, device=p.device).scatter_add_(
+        2, groups[:, None, :].expand_as(p), p)  # (H, n, G): each group's share of every row's attention
+    output_parts = _group_outputs(p, v_all, groups, n_groups)  # (H, n, G, D_v)
+    output = output_parts.sum(2)  # (H, n, D_v) the full cache's attention output
+
+    p_kept = p.gather(2, keep[:, None, :].expand(-1, p.shape[1], -1))  # (H, n, k)
+    g_kept = groups.gather(1, keep)  # (H, k)
+    kept_hot = torch.nn.functional.one_hot(g_kept, n_groups).to(f64)  # (H, k, G)
+    v_kept = v_all.gather(1, keep[..., None].expand(-1, -1, v_all.shape[-1]))  # (H, k, D_v)
+
+    # mass: Σ_{j∈S_g} w_j p_rj ≈ mass_rg, one block per group
+    blocks = _blocks(g_kept)
+    w = _fit_weights(p_kept, mass, blocks, kept_hot, ridge, float(max(total, 1)))
+
+    # values: Σ_{j∈S_g} x_rj C_j ≈ output_rg, ridge towards the selected values
+    x = _compacted(p_kept, w)  # (H, n, k)
+    residual = output_parts - _group_outputs(x, v_kept, g_kept, n_groups)  # (H, n, G, D_v)
+    c_fit = v_kept + _dual_solve(x, blocks, residual, _ridge(x, ridge))
+
+    # fallbacks: the best finite candidate on the reference queries
+    ones = torch.ones_like(w)
+    errors = torch.stack([
+        _output_error(_compacted(p_kept, ones), v_kept, output, alive),
+        _output_error(x, v_kept, output, alive),
+        _output_error(x, c_fit, output, alive),
+    ])  # (3, H)
+    finite = torch.stack([torch.ones_like(w[:, 0], dtype=torch.bool), w.isfinite().all(-1),
+                          w.isfinite().all(-1) & c_fit.isfinite().all(-1).all(-1)])
+    errors = torch.where(finite & errors.isfinite(), errors, torch.full_like(errors, float("inf")))
+    choice = errors.argmin(0)  # (H,) ties keep the simpler candidate
+    new_w = torch.where((choice >= 1)[:, None], w, ones)
+    new_values = torch.where((choice == 2)[:, None, None], c_fit, v_kept)
+    return MatchFit(
+        bias=(b_all.gather(1, keep) + torch.log(new_w)).float(),
+        values=new_values.to(values.dtype),
+        error_select=errors[0].float(),
+        error_fit=errors.gather(0, choice[None])[0].float(),
+        choice=choice,
+    )
