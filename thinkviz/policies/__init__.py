@@ -1,7 +1,7 @@
 """Eviction policies: one per module, each registered under its ``name``."""
 
 from . import full, window, streaming, h2o, tova, snapkv  # noqa: F401  (registration, in this order)
-from . import entropy, think_drop, tam, dynts, rkv, merge  # noqa: F401
+from . import entropy, think_drop, tam, am, dynts, rkv, merge  # noqa: F401
 from . import knorm, keydiff, random_eviction, pyramidkv, adakv  # noqa: F401
 from .base import CacheView, Param, Policy, PolicyConfigError, ScoreScale
 from .full import REFERENCE_POLICY

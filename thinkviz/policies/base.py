@@ -136,7 +136,13 @@ class CacheView:
     - ``model`` the loaded model's name (a learned policy checks it was trained for it);
     - ``valid`` ``(L, H_kv, T)`` bool, which slots hold a token, or ``None`` when all do.  Holes
       (a padded head's spare slots, the end of a shorter layer) appear only after a ragged keep
-      set; their entries in the other tables are meaningless and a policy must never keep one.
+      set; their entries in the other tables are meaningless and a policy must never keep one;
+    - ``queries`` ``(L, H, R, D)`` the last ``R`` queries of every layer and *query* head, after
+      RoPE and multiplied by the attention scale (logits are ``q·k + bias``), oldest first, and
+      ``query_positions`` ``(R,)`` their absolute positions — only for a policy that asks for them
+      (:attr:`Policy.query_rows`), else ``None``;
+    - ``bias`` ``(L, H_kv, T)`` float32 the additive attention bias every slot carries, or ``None``
+      when the cache has none (every policy but the attention-matching ones).
     """
 
     positions: torch.Tensor
@@ -151,6 +157,9 @@ class CacheView:
     segments: Any = None
     model: str = ""
     valid: torch.Tensor | None = None
+    queries: torch.Tensor | None = None
+    query_positions: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
 
     @property
     def seen(self) -> int:
@@ -218,6 +227,11 @@ class Policy:
     ``reads_attention``: ``False`` when neither its decision nor its score reads attention (the
     engine then runs the model's fused attention, which returns no weights);
     ``needs_hidden``: whether it reads final hidden states;
+    ``fits_bias``: whether the cache carries a per-slot attention bias the policy fits (the
+    attention-matching policies; the engine then runs :mod:`thinkviz.attention`'s biased
+    attention; every other policy runs the model's own attention unchanged);
+    ``query_rows``: how many of the newest queries per layer and query head it reads in
+    ``CacheView.queries`` (0: none kept);
     ``hard_budget``: ``False`` when the rule may only evict certain spans and can therefore stay
     over budget; such a policy says so with ``"over_budget": True`` in :meth:`step_info`;
     ``score_scale``: what its score grades (the token view paints it as heat), or ``None`` when
@@ -234,6 +248,14 @@ class Policy:
     evicts: ClassVar[bool] = True
     hard_budget: ClassVar[bool] = True
     score_scale: ClassVar[ScoreScale | None] = ScoreScale("the policy's score", "evicted first", "kept first")
+
+    @property
+    def fits_bias(self) -> bool:
+        return False
+
+    @property
+    def query_rows(self) -> int:
+        return 0
 
     def __init__(self, **values: Any) -> None:
         declared = {p.name: p for p in self.all_params()}

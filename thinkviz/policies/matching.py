@@ -45,9 +45,12 @@ Shapes: ``H`` kv-heads, ``n`` reference queries per kv-head (a GQA group's query
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
+
+from .base import CacheView
 
 W_MIN = 1e-6  # smallest mass weight: β ≥ ln(1e-6) ≈ -13.8
 RIDGE = 0.1  # default relative ridge (module docstring): few reference queries need a firm one
@@ -261,3 +264,74 @@ def fit_compaction(
         error_fit=errors.gather(0, choice[None])[0].float(),
         choice=choice,
     )
+
+
+@dataclass
+class MatchStats:
+    """What one compaction's fits did, over all layers and kv-heads: ``seconds`` spent fitting,
+    the mean output error of selection and of the fits kept (over the reference queries), and
+    how many (layer, kv-head) fits kept selection / the bias only / bias and values."""
+
+    seconds: float
+    error_select: float
+    error_fit: float
+    choices: tuple[int, int, int]
+
+    def info(self) -> dict[str, float | int]:
+        return {"fit_seconds": self.seconds, "fit_error_select": self.error_select, "fit_error": self.error_fit,
+                "fits_select": self.choices[0], "fits_bias": self.choices[1], "fits_values": self.choices[2]}
+
+
+def layer_queries(view: CacheView, layer: int, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference queries of one layer grouped by kv-head, ``(H_kv, G·R, D)``, and their positions
+    ``(H_kv, G·R)`` (a GQA group's query heads stacked, as :func:`fit_compaction` takes them)."""
+    queries = view.queries[layer]  # (H, R, D)
+    heads, rows, dim = queries.shape
+    group = heads // kv_heads
+    positions = view.query_positions.repeat(group)  # (G·R,), head-major like the reshape
+    return queries.reshape(kv_heads, group * rows, dim), positions.expand(kv_heads, -1)
+
+
+def match_cache(view: CacheView, cache, keep: torch.Tensor, groups: torch.Tensor | None = None,
+                ridge: float = RIDGE) -> MatchStats:
+    """Fit every layer's kept slots ``keep`` ``(L, H_kv, k)`` against ``view``'s reference queries and
+    write the fitted values and biases into ``cache`` (before the engine gathers ``keep``).
+
+    ``groups`` ``(L, H_kv, T)`` the group of every slot (default one group).  Keys and values are
+    read as attention reads them; only the kept rows whose values changed are written back (a
+    quantized store re-encodes just those).  A cache without reference queries yet is left alone.
+    """
+    start = time.perf_counter()
+    if view.queries is None or view.query_positions is None or len(view.query_positions) == 0:
+        return MatchStats(0.0, 0.0, 0.0, (0, 0, 0))
+    errors_select, errors_fit, choices = [], [], torch.zeros(3, dtype=torch.long)
+    for layer in range(len(cache.layers)):
+        keys, values = cache.layer_kv(layer)  # (1, H_kv, T_l, D)
+        kv_heads, length = keys.shape[1], keys.shape[2]
+        queries, positions = layer_queries(view, layer, kv_heads)
+        slots = view.positions[layer, :, :length]  # (H_kv, T_l)
+        visible = slots[:, None, :] <= positions[:, :, None]  # (H_kv, n, T_l)
+        if view.valid is not None:
+            visible &= view.valid[layer, :, None, :length]
+        device = keys.device
+        layer_keep = keep[layer].to(device)
+        bias = None if view.bias is None else view.bias[layer, :, :length].to(device)
+        fit = fit_compaction(
+            queries.to(device), keys[0], values[0], layer_keep, bias=bias, visible=visible.to(device),
+            groups=None if groups is None else groups[layer, :, :length].to(device), ridge=ridge,
+        )
+        changed = fit.choice == 2  # (H_kv,)
+        if bool(changed.any()):
+            new_values = values[0].clone()
+            new_values.scatter_(1, layer_keep[..., None].expand_as(fit.values), fit.values)
+            rows = torch.zeros(kv_heads, length, dtype=torch.bool, device=device)
+            rows.scatter_(1, layer_keep, changed[:, None].expand_as(layer_keep))
+            cache.set_values(layer, new_values[None], rows)
+        new_bias = torch.zeros(kv_heads, length, device=device) if bias is None else bias.float().clone()
+        new_bias.scatter_(1, layer_keep, fit.bias.to(device))
+        cache.set_bias(layer, new_bias)
+        errors_select.append(fit.error_select)
+        errors_fit.append(fit.error_fit)
+        choices += torch.bincount(fit.choice.cpu(), minlength=3)
+    return MatchStats(time.perf_counter() - start, float(torch.cat(errors_select).mean()),
+                      float(torch.cat(errors_fit).mean()), tuple(choices.tolist()))

@@ -19,8 +19,20 @@ instead of as a flat sequence.  Three mechanisms, at every compression and in ev
    Inside each segment the ``t_i`` slots with the highest ``a`` are kept.
 
 The kept count is therefore exactly ``budget`` (or the forced count, if larger).  TAM's
-allocation is optimal under its convex error model; keeping the top keys per segment is this
-app's selection-only reading of its attention matching.
+allocation is optimal under its convex error model.
+
+4. *Compaction* (``compaction``).  ``select`` stops here: the kept keys and values are the
+   cache's own (this app's first, selection-only reading of TAM).  ``match`` is TAM's attention
+   matching: for every segment's kept slots :func:`~thinkviz.policies.matching.match_cache`
+   fits a log-mass bias ``β`` (``w = e^β``, non-negative least squares) and new values (least
+   squares) so that they reproduce *that segment's* attention mass and its share of the
+   attention output for the reference queries (Zweiger et al., arXiv:2602.16284, per segment
+   instead of per fixed-size chunk); a segment left with no kept slot in a head is matched
+   together with the nearest earlier one.  A kept token then stands for ``≈ e^β`` tokens of its
+   step.  Reference queries are the last ``window`` queries of every query head — the same
+   rows that weigh segments and tokens, so the fit matches what the newest tokens attend to,
+   the best cheap guess of what the next ones will (a segment nobody attends to keeps its
+   selection: the ridge holds ``w = 1`` and its values where its rows carry no mass).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import numpy as np
 import torch
 
 from .base import CacheView, Param, Policy, ScoreScale, keep_top
+from .matching import RIDGE, MatchStats, match_cache
 from .registry import register
 
 
@@ -111,8 +124,24 @@ class ThoughtAwareMatching(Policy):
         Param("window", 16, 1, 64, 1, "R: the newest queries whose attention weighs segments and tokens"),
         Param("l_min", 16, 1, 512, 1, "segments shorter than this merge into the previous one"),
         Param("pivot_factor", 4.0, 1.0, 100.0, 0.5, "pivotal token: attention above this multiple of the mean"),
+        Param("compaction", "select", choices=("select", "match"),
+              help="select: keep the chosen keys as they are; match: also fit a bias β and new values per segment "
+                   "so the kept keys reproduce the segment's attention"),
+        Param("ridge", RIDGE, 0.0, 10.0, 0.01, "match: how firmly the fit is pulled towards plain selection"),
     )
     window_rows = 64
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        self.last_fit: MatchStats | None = None
+
+    @property
+    def fits_bias(self) -> bool:
+        return self.config["compaction"] == "match"
+
+    @property
+    def query_rows(self) -> int:
+        return self.config["window"] if self.fits_bias else 0
 
     def score(self, view: CacheView) -> torch.Tensor:
         return view.window[:, :, -self.config["window"] :, :].mean(dim=2)  # (L, H_kv, T)
@@ -173,5 +202,14 @@ class ThoughtAwareMatching(Policy):
         chosen[candidates[order[rank < budgets[seg[order]]]]] = True
         return chosen
 
+    def compress(self, view: CacheView, cache) -> torch.Tensor:
+        keep = self.select(view)
+        if self.fits_bias:
+            groups = view.by_position(self.segment_ids(view))  # (L, H_kv, T)
+            self.last_fit = match_cache(view, cache, keep, groups, ridge=self.config["ridge"])
+        return keep
+
     def step_info(self, view: CacheView) -> dict[str, Any]:
-        return {"segments": int(self.segment_ids(view).max()) + 1 if len(view.protected) else 0}
+        fit, self.last_fit = self.last_fit, None
+        info = {} if fit is None else fit.info()
+        return {"segments": int(self.segment_ids(view).max()) + 1 if len(view.protected) else 0, **info}

@@ -1,0 +1,82 @@
+"""am: Attention Matching on the whole cache — keep the keys with the highest RMS attention, then
+fit a log-mass bias β and new values for them.
+
+Zweiger, Fu, Guo, Kim, "Fast KV Compaction via Attention Matching", 2026 (arXiv:2602.16284),
+the "highest attention keys" variant, applied here at every compression of a running decode
+(the paper compacts a prefix once).  Per layer and kv-head:
+
+1. *Keys.*  Score ``(L, H_kv, T)`` = root mean square of the attention the last ``window``
+   queries paid each slot (``view.window``: the kv group's mean attention rows), so a key that
+   one reference query relies on heavily outranks one that many brush past.  Protected spans
+   and the ``recent`` newest tokens are always kept; the rest by score, ``budget`` in all.
+2. *Bias and values.*  :func:`~thinkviz.policies.matching.match_cache` fits, for the kept slots
+   and against the last ``window`` queries of every query head (RoPE applied, as attention saw
+   them), ``w = e^β ≥ 0`` by ridge-regularised non-negative least squares so the kept keys carry
+   the whole cache's attention mass, then values by least squares so they reproduce its
+   attention output; one group for the whole cache (``tam``'s ``compaction=match`` does the
+   same per thought segment).  The cache stores ``β`` beside every kept slot and attention adds
+   it to the logits from then on: a kept token with ``e^β ≈ 4`` stands for about four.
+
+Because values change, the eviction oracle (evicted cache = full cache with slots hidden) does
+not apply; ``tests/test_oracle.py`` checks the biased step against the full cache with the same
+kept keys, biases and values applied by an explicit mask and value substitution.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import CacheView, Param, Policy, ScoreScale
+from .matching import RIDGE, MatchStats, match_cache
+from .registry import register
+
+
+@register
+class AttentionMatching(Policy):
+    """Score ``(L, H_kv, T)`` = RMS attention over the last ``window`` query rows; the kept slots'
+    ``β`` and values fitted against those queries (module docstring)."""
+
+    name = "am"
+    score_scale = ScoreScale(
+        "root mean square of the attention from the newest `window` queries",
+        "no recent query relies on it",
+        "some recent query relies on it heavily",
+    )
+    summary = (
+        "Keep the keys the newest queries rely on most, then fit a weight and a value for each kept "
+        "key so the small cache gives the same attention as the full one."
+    )
+    source = "Attention Matching — Zweiger, Fu, Guo, Kim, 2026 (arXiv:2602.16284)"
+    params = (
+        Param("recent", 32, 0, 1024, 1, "newest tokens always kept"),
+        Param("window", 16, 1, 64, 1, "reference queries: the newest queries the fit matches"),
+        Param("ridge", RIDGE, 0.0, 10.0, 0.01, "how firmly the fit is pulled towards plain selection"),
+    )
+    window_rows = 64
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        self.last_fit: MatchStats | None = None
+
+    @property
+    def fits_bias(self) -> bool:
+        return True
+
+    @property
+    def query_rows(self) -> int:
+        return self.config["window"]
+
+    def score(self, view: CacheView) -> torch.Tensor:
+        rows = view.window[:, :, -self.config["window"] :, :].float()  # (L, H_kv, R, T)
+        return rows.pow(2).mean(dim=2).sqrt()
+
+    def compress(self, view: CacheView, cache) -> torch.Tensor:
+        keep = self.select(view)  # (L, H_kv, k)
+        self.last_fit = match_cache(view, cache, keep, ridge=self.config["ridge"])
+        return keep
+
+    def step_info(self, view: CacheView) -> dict[str, Any]:
+        fit, self.last_fit = self.last_fit, None
+        return {} if fit is None else fit.info()
