@@ -198,11 +198,13 @@ def test_embedded_model_ragged_eviction_is_exact(embedded_model_fp32, name, para
         assert (got - want).abs().max().item() <= TOLERANCE
 
 
-def reference_logits(loaded, prompt, trace, interval, visible, cache=None):
+def reference_logits(loaded, prompt, trace, interval, visible, cache=None, compacted=None):
     """Full cache, the same chunks; each chunk's queries see, per layer and kv-head, only the
     slots the evicting run held when that chunk ran.  Each layer gets its own mask through a
     pre-hook on its attention module.  ``cache``: the full cache to use (default: a plain
-    full-precision ``DynamicCache``)."""
+    full-precision ``DynamicCache``).  ``compacted``: per chunk, per layer ``(positions, bias,
+    values)`` of the compacted run's slots (``(H_kv, T_l)``, ``(H_kv, T_l)``, ``(1, H_kv, T_l, D)``):
+    each bias is added to the mask at its slot's position and each value substituted there."""
     model, geometry, device = loaded.model, loaded.geometry, loaded.device
     group = geometry.q_heads // geometry.kv_heads
     layers = model.model.layers
@@ -235,6 +237,8 @@ def reference_logits(loaded, prompt, trace, interval, visible, cache=None):
                     hidden = ~visible[j][layer]  # (H_kv, seen)
                     hidden_per_head = hidden.repeat_interleave(group, 0)
                     masks[layer] = causal_mask(seen, len(chunk), dtype, device, hidden=hidden_per_head)
+                    if compacted is not None:
+                        _substitute(cache.layers[layer], masks[layer], *compacted[j][layer], group)
                 logits = model(
                     input_ids=torch.tensor([chunk], device=device),
                     attention_mask=causal_mask(seen, len(chunk), dtype, device),
@@ -247,6 +251,58 @@ def reference_logits(loaded, prompt, trace, interval, visible, cache=None):
         for handle in handles:
             handle.remove()
     return out
+
+
+def _substitute(full_layer, mask, positions, bias, values, group):
+    """Put a compacted layer's biases into ``mask`` ``(1, H, q, N + q)`` and its values into the full
+    cache layer, at the positions its slots hold (explicitly, slot by slot)."""
+    for head in range(positions.shape[0]):
+        for slot, position in enumerate(positions[head].tolist()):
+            full_layer.values[0, head, position] = values[0, head, slot]
+            mask[0, head * group : (head + 1) * group, :, position] += bias[head, slot]
+
+
+# Attention matching (am; tam with compaction=match) adds a fitted bias to every kept slot and
+# rewrites kept values: a step on the compacted cache equals the full cache with the same kept
+# keys, the biases added through the mask and the refit values substituted by position.
+MATCHING = [("am", {"recent": 4, "window": 8}), ("tam", {"compaction": "match", "recent": 4, "window": 8, "l_min": 4})]
+
+
+def _replay_compacted(loaded, policy, prompt, trace):
+    run = Run(loaded, policy, prompt, DecodeSettings(prefill_chunk=len(prompt.ids)))
+    visible, logits, compacted = [], [], []
+
+    def on_logits(positions, chunk_logits):
+        logits.append(chunk_logits.to("cpu", copy=True))
+        visible.append(held_positions(run.cache, run.processed))
+        layers = []
+        for layer, length in enumerate(run.cache.lengths()):
+            values = run.cache.layer_kv(layer)[1].clone()
+            layers.append((run.cache.position_table()[layer, :, :length].clone(),
+                           run.cache.layer_bias(layer).clone(), values))
+        compacted.append(layers)
+
+    events = list(run.replay(trace, on_logits=on_logits))
+    return events, logits[1:], visible[:-1], compacted[:-1]
+
+
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("name, params", MATCHING)
+def test_matched_compaction_equals_full_cache_with_its_biases_and_values(arch_fixture, name, params, request):
+    loaded = request.getfixturevalue(arch_fixture)
+    prompt, trace = chat_and_trace(loaded.tokenizer)
+    policy = make_policy(name, budget=len(prompt.ids) + 24, interval=4, **params)
+    events, logits, visible, compacted = _replay_compacted(loaded, policy, prompt, trace)
+    assert sum(len(e.evicted) for e in events) >= 30, "the test must exercise real evictions"
+    biases = torch.cat([bias.flatten() for layers in compacted for _, bias, _ in layers])
+    assert biases.abs().max() > 0.1, "the fit must have moved some biases"
+    assert sum(e.info.get("fits_values", 0) for e in events) > 0, "and refit some values"
+    reference = reference_logits(loaded, prompt.ids, trace, policy.interval, visible, compacted=compacted)
+    for got, want in zip(logits, reference, strict=True):
+        assert (got - want).abs().max().item() <= TOLERANCE
+    # the biases and values matter: without them the full cache gives other logits
+    plain = reference_logits(loaded, prompt.ids, trace, policy.interval, visible)
+    assert max((a - b).abs().max().item() for a, b in zip(logits, plain)) > 100 * TOLERANCE
 
 
 # ---- quantized storage ------------------------------------------------------------------

@@ -25,6 +25,11 @@ def _own_params(name):
     return values
 
 
+# policies whose choice knobs change what they do run through the matrix in each mode too
+VARIANTS = [(name, {}) for name in policy_names()] + [("tam", {"compaction": "match"})]
+VARIANT_IDS = [name + "".join(f"-{v}" for v in knobs.values()) for name, knobs in VARIANTS]
+
+
 def _run(loaded, name, budget, interval, kv_quant=KVQuant(), **flags):
     policy = make_policy(name, budget=budget, interval=interval, **_own_params(name), **flags)
     prompt = build_chat(loaded.tokenizer, SYSTEM, QUESTION)
@@ -37,23 +42,23 @@ def _protected_positions(run):
     return np.flatnonzero(run.segmenter.protected_mask())
 
 
-@pytest.mark.parametrize("name", policy_names())
+@pytest.mark.parametrize("name, knobs", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("interval", [1, 4])
-def test_policy_invariants(tiny_llama, name, interval):
-    _check_invariants(tiny_llama, name, interval, KVQuant())
+def test_policy_invariants(tiny_llama, name, knobs, interval):
+    _check_invariants(tiny_llama, name, interval, KVQuant(), **knobs)
 
 
 # every policy in every quantized format (KIVI with a residual short enough to flush often)
-@pytest.mark.parametrize("name", policy_names())
+@pytest.mark.parametrize("name, knobs", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("fmt", [f for f in format_names() if f != "none"])
-def test_policy_invariants_in_every_kv_format(tiny_llama_d32, name, fmt):
-    _check_invariants(tiny_llama_d32, name, 4, KVQuant(fmt, residual=8))
+def test_policy_invariants_in_every_kv_format(tiny_llama_d32, name, knobs, fmt):
+    _check_invariants(tiny_llama_d32, name, 4, KVQuant(fmt, residual=8), **knobs)
 
 
-def _check_invariants(loaded, name, interval, kv_quant):
+def _check_invariants(loaded, name, interval, kv_quant, **knobs):
     prompt_len = len(build_chat(loaded.tokenizer, SYSTEM, QUESTION).ids)
     budget = prompt_len + 16  # protected spans fit, so the budget binds on the generated part
-    run, events = _run(loaded, name, budget, interval, kv_quant)
+    run, events = _run(loaded, name, budget, interval, kv_quant, **knobs)
     policy = run.policy
     protected = _protected_positions(run)
     assert len(protected) > 10
@@ -76,8 +81,10 @@ def _check_invariants(loaded, name, interval, kv_quant):
         if kv_quant.format in ("q8_0", "q4_0"):
             geometry = loaded.geometry
             per_slot = kv_quant.slot_bytes(geometry.kv_heads, geometry.head_dim, geometry.dtype_bytes)
-            # per slot that holds a token (a ragged cache's padding costs extra, in kv_bytes)
-            assert event.logical_kv_bytes == event.kept.sum() * per_slot / geometry.kv_heads
+            # per slot that holds a token (a ragged cache's padding costs extra, in kv_bytes), and
+            # a float32 attention bias per (layer, kv-head) slot for a policy that fits biases
+            bias = 4 if policy.fits_bias else 0
+            assert event.logical_kv_bytes == event.kept.sum() * (per_slot / geometry.kv_heads + bias)
     last = events[-1]
     if policy.evicts and policy.hard_budget:
         assert any(e.evicted for e in events), "a binding budget must evict something"

@@ -17,8 +17,17 @@ Optionally the final hidden states ``(q, d)`` are captured from the model's last
 cache), each layer's rows are padded with zeros on the right to the longest layer's ``T``, so
 column ``t`` is physical slot ``t`` of every layer.
 
-:class:`LayerMasks` gives each decoder layer its own attention mask for one forward pass (a
-ragged cache's layers differ in length and in which slots are padding).
+:class:`LayerArguments` gives each decoder layer's attention its own keyword arguments for one
+forward pass: its own mask (a ragged cache's layers differ in length and in which slots are
+padding), and for :func:`biased_attention` its slots' biases and a sink for its queries.
+
+**Biased attention.**  :func:`biased_attention`, registered in transformers'
+``AttentionInterface`` as :data:`BIASED_ATTENTION`, is eager attention plus an additive bias per
+(kv-head, cached slot) — the log-mass ``β`` attention matching fits (``policies/matching.py``)
+— added to the logits before the softmax, so the weights the hooks capture are the biased
+ones.  With ``query_sink`` it also hands every layer's queries (RoPE applied, multiplied by the
+attention scale) to :meth:`AttentionCapture.keep_queries`, the reference queries of the fit.
+Only policies that fit biases run it; every other run keeps the model's own kernel.
 """
 
 from __future__ import annotations
@@ -26,10 +35,12 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import AttentionInterface
 
 _LN2 = math.log(2.0)
 # The hooks hold up to this many bytes of attention weights and reduce them together, batched
@@ -38,6 +49,7 @@ _LN2 = math.log(2.0)
 # ones (prefill chunks, replays at long context) are reduced as soon as they pass the bound, so
 # the full matrices of all layers never exist together.
 BATCH_BYTES = 8 * 2**20
+BIASED_ATTENTION = "thinkviz_biased"
 
 
 @dataclass
@@ -48,6 +60,7 @@ class ForwardScores:
     tail: torch.Tensor
     row_entropy: torch.Tensor
     hidden: torch.Tensor | None
+    queries: torch.Tensor | None = None  # (L, H, r, D) the last r = min(q, query_rows) queries, scaled
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -60,14 +73,18 @@ class AttentionCapture:
     """Context manager installing the reducing hooks on a causal LM.
 
     ``kv_heads``: number of key/value heads; ``tail_rows``: how many of the latest query rows to
-    keep per forward (the widest observation window any policy asked for).
+    keep per forward (the widest observation window any policy asked for); ``query_rows``: how
+    many of the latest queries :meth:`keep_queries` keeps per layer (when the run's attention is
+    :func:`biased_attention` with this capture's sink).
     """
 
-    def __init__(self, model: nn.Module, kv_heads: int, tail_rows: int = 1, capture_hidden: bool = False):
+    def __init__(self, model: nn.Module, kv_heads: int, tail_rows: int = 1, capture_hidden: bool = False,
+                 query_rows: int = 0):
         self.model = model
         self.kv_heads = kv_heads
         self.tail_rows = max(1, tail_rows)
         self.capture_hidden = capture_hidden
+        self.query_rows = query_rows
         self.enabled = True
         self._handles: list = []
         self._reset()
@@ -79,6 +96,7 @@ class AttentionCapture:
         self._tail: list[torch.Tensor] = []  # blocks (N, H_kv, r, T)
         self._entropy_sum: torch.Tensor | None = None  # (q,) bits, summed over layers
         self._hidden: torch.Tensor | None = None
+        self._queries: list[torch.Tensor] = []
 
     def __enter__(self) -> AttentionCapture:
         for module in attention_modules(self.model):
@@ -128,6 +146,14 @@ class AttentionCapture:
             start = end
         self._pending, self._pending_bytes = [], 0
 
+    def keep_queries(self, layer_idx: int, queries: torch.Tensor) -> None:
+        """Sink for :func:`biased_attention`: keep the last ``query_rows`` of one layer's scaled
+        queries ``(B, H, q, D)`` (layers arrive in order)."""
+        if self.enabled and self.query_rows:
+            if layer_idx != len(self._queries):
+                raise RuntimeError(f"queries of layer {layer_idx} arrived after {len(self._queries)} layers")
+            self._queries.append(queries[0, :, -self.query_rows :, :].detach().float().clone())
+
     def _on_hidden(self, module, args, output) -> None:
         if self.enabled:
             self._hidden = output[0].detach().float()  # (q, d)
@@ -143,6 +169,7 @@ class AttentionCapture:
             tail=_stack_padded(self._tail),
             row_entropy=self._entropy_sum / received.shape[0],
             hidden=self._hidden,
+            queries=torch.stack(self._queries) if self._queries else None,
         )
         self._reset()
         return scores
@@ -172,20 +199,23 @@ def attention_implementation(model: nn.Module, name: str):
         model.set_attn_implementation(own)
 
 
-class LayerMasks:
-    """Context manager: while installed, decoder layer ``l``'s attention gets ``masks[l]`` (a 4-D
-    additive mask ``(1, H or 1, q, T_l + q)``) instead of the one the model passes to all layers."""
+class LayerArguments:
+    """Context manager: while installed, decoder layer ``l``'s attention module is called with the
+    keyword arguments ``arguments[l]`` added (replacing the model's own of the same name), e.g.
+    ``attention_mask`` a 4-D additive mask ``(1, H or 1, q, T_l + q)`` instead of the one the
+    model passes to all layers, or :func:`biased_attention`'s ``slot_bias`` and ``query_sink``."""
 
-    def __init__(self, model: nn.Module, masks: list[torch.Tensor]) -> None:
+    def __init__(self, model: nn.Module, arguments: list[dict[str, Any]]) -> None:
         self.modules = attention_modules(model)
-        if len(masks) != len(self.modules):
-            raise ValueError(f"{len(masks)} masks for {len(self.modules)} layers")
-        self.masks = masks
+        if len(arguments) != len(self.modules):
+            raise ValueError(f"{len(arguments)} argument sets for {len(self.modules)} layers")
+        self.arguments = arguments
         self._handles: list = []
 
-    def __enter__(self) -> LayerMasks:
-        for module, mask in zip(self.modules, self.masks):
-            self._handles.append(module.register_forward_pre_hook(_mask_swapper(mask), with_kwargs=True))
+    def __enter__(self) -> LayerArguments:
+        for module, extra in zip(self.modules, self.arguments):
+            if extra:
+                self._handles.append(module.register_forward_pre_hook(_adder(extra), with_kwargs=True))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -194,9 +224,51 @@ class LayerMasks:
         self._handles.clear()
 
 
-def _mask_swapper(mask: torch.Tensor):
+def _adder(extra: dict[str, Any]):
     def hook(module, args, kwargs):
-        kwargs["attention_mask"] = mask
+        kwargs.update(extra)
         return args, kwargs
 
     return hook
+
+
+def biased_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    slot_bias: torch.Tensor | None = None,
+    query_sink: Callable[[int, torch.Tensor], None] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention with an additive bias per (kv-head, cached slot).
+
+    ``query`` ``(B, H, q, D)``, ``key`` / ``value`` ``(B, H_kv, T + q, D)`` (the cache's ``T`` slots,
+    then the ``q`` new tokens), ``attention_mask`` additive ``(B, 1 or H, q, T + q)``;
+    ``slot_bias`` ``(H_kv, T)`` is added to the logits of the cached slots of every query head of
+    a kv group (the new tokens get none).  Returns ``(output (B, q, H, D), weights (B, H, q, T + q))``
+    as transformers' eager attention does, and computes exactly what it computes when
+    ``slot_bias`` is ``None``.  ``query_sink(layer_idx, query · scaling)`` sees the queries first.
+    """
+    if query_sink is not None:
+        query_sink(module.layer_idx, query * scaling)
+    groups = module.num_key_value_groups
+    keys = key.repeat_interleave(groups, dim=1)  # (B, H, T + q, D), query head h reads kv-head h // G
+    values = value.repeat_interleave(groups, dim=1)
+    logits = torch.matmul(query, keys.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        logits = logits + attention_mask[:, :, :, : keys.shape[-2]]
+    if slot_bias is not None:
+        cached = slot_bias.shape[-1]
+        bias = slot_bias.to(logits.dtype).repeat_interleave(groups, dim=0)  # (H, T)
+        logits = torch.cat([logits[..., :cached] + bias[None, :, None, :], logits[..., cached:]], dim=-1)
+    weights = F.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, values).transpose(1, 2).contiguous()
+    return output, weights
+
+
+AttentionInterface.register(BIASED_ATTENTION, biased_attention)

@@ -39,9 +39,17 @@ unchanged, so that path is bit-identical to a plain ``DynamicCache``), :class:`B
 ``kivi4``: key groups over tokens plus a full-precision residual; its own docstring says how it
 stays dense when kv-heads evict differently).
 
-Extending (per-slot attention biases): everything a slot carries lives in its store, and
-``gather`` moves it, so a new per-slot tensor is one more field gathered with the others; the
+Extending: everything a slot carries *in its format* lives in its store, and ``gather`` moves
+it, so a new per-slot tensor of the format is one more field gathered with the others; the
 stores take any ``k`` per call, so layers of different lengths need nothing from them.
+
+**Per-slot attention biases.**  A cache made with ``bias_device`` (the attention-matching
+policies) also holds an additive attention bias for every slot, ``(L, H_kv, W)`` float32 on
+that device, beside the position table and laid out like it: new tokens get 0, ``keep``
+gathers it with the same index, :meth:`EvictingCache.set_bias` rewrites a layer's row, and
+:meth:`EvictingCache.nbytes` counts it.  It is independent of the storage format (biases stay
+float32 next to any codes), so every format composes with it.  Without ``bias_device`` there
+is no bias tensor at all and nothing changes.
 """
 
 from __future__ import annotations
@@ -381,7 +389,7 @@ def ragged_layout(mask: torch.Tensor, lengths: Sequence[int]) -> tuple[torch.Ten
 class EvictingCache(DynamicCache):
     """A dynamic KV cache with per-layer, per-kv-head eviction, absolute positions and a storage format."""
 
-    def __init__(self, config, kv_quant: KVQuant = KVQuant()) -> None:
+    def __init__(self, config, kv_quant: KVQuant = KVQuant(), bias_device: torch.device | str | None = None) -> None:
         super().__init__(config=config)
         if any(type(layer) is not DynamicLayer for layer in self.layers):
             raise ValueError("EvictingCache supports full-attention layers only (no sliding or linear layers)")
@@ -391,6 +399,8 @@ class EvictingCache(DynamicCache):
         self.kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         self._positions: torch.Tensor | None = None  # (L, H_kv, W) int64, on the CPU
         self._valid: torch.Tensor | None = None  # (L, H_kv, W) bool once ragged; None while dense
+        self.bias_device = None if bias_device is None else torch.device(bias_device)
+        self._bias: torch.Tensor | None = None  # (L, H_kv, W) float32 on bias_device, when biased
 
     # ---- growth ----------------------------------------------------------------------
     def record_positions(self, new_positions: torch.Tensor) -> None:
@@ -399,8 +409,10 @@ class EvictingCache(DynamicCache):
         block = new_positions.to(torch.long).cpu().expand(len(self.layers), self.kv_heads, -1)  # (L, H_kv, q)
         if self._positions is None:
             self._positions = block.clone()
+            columns = None
         elif self._valid is None:
             self._positions = torch.cat([self._positions, block], -1)
+            columns = None
         else:
             q = block.shape[-1]
             ends = torch.tensor(self.lengths()) - q  # each layer's length before this forward
@@ -408,6 +420,19 @@ class EvictingCache(DynamicCache):
             self._positions = torch.cat([self._positions, torch.zeros_like(block)], -1).scatter(2, columns, block)
             grown = torch.cat([self._valid, torch.zeros(block.shape, dtype=torch.bool)], -1)
             self._valid = grown.scatter(2, columns, True)
+        if self.bias_device is not None:
+            self._grow_bias(block.shape, columns)
+
+    def _grow_bias(self, shape: torch.Size, columns: torch.Tensor | None) -> None:
+        """New tokens' bias is 0: appended columns (dense) or the columns they were written to (ragged,
+        which may be a shorter layer's former padding)."""
+        zeros = torch.zeros(shape, device=self.bias_device)
+        if self._bias is None:
+            self._bias = zeros
+            return
+        self._bias = torch.cat([self._bias, zeros], -1)
+        if columns is not None:
+            self._bias = self._bias.scatter(2, columns.to(self.bias_device), 0.0)
 
     # ---- eviction --------------------------------------------------------------------
     def keep(self, keep: torch.Tensor) -> torch.Tensor:
@@ -432,6 +457,8 @@ class EvictingCache(DynamicCache):
         for layer, layer_index, size in zip(self.layers, index, sizes):
             layer.gather(layer_index[:, :size])
         self._positions = torch.gather(self._positions, 2, index)
+        if self._bias is not None:
+            self._bias = torch.gather(self._bias, 2, index.to(self.bias_device))
         self._valid = valid
         return index
 
@@ -447,6 +474,28 @@ class EvictingCache(DynamicCache):
     def set_values(self, layer_idx: int, values: torch.Tensor, rows: torch.Tensor) -> None:
         """Store ``values`` ``(B, H_kv, T, D)`` for the slots marked in ``rows`` ``(H_kv, T)`` of one layer."""
         self.layers[layer_idx].set_values(values, rows)
+
+    def bias_table(self) -> torch.Tensor | None:
+        """``(L, H_kv, W)`` float32 every slot's attention bias, ``None`` for a cache without biases."""
+        return self._bias
+
+    def layer_bias(self, layer_idx: int) -> torch.Tensor | None:
+        """``(H_kv, T_l)`` the bias of one layer's slots as attention adds it (``None`` without biases)."""
+        if self._bias is None:
+            return None
+        return self._bias[layer_idx, :, : self.layers[layer_idx].get_seq_length()]
+
+    def set_bias(self, layer_idx: int, bias: torch.Tensor) -> None:
+        """Store ``bias`` ``(H_kv, T_l)`` for one layer's slots (out of place: the table may be an
+        inference tensor)."""
+        if self._bias is None:
+            raise ValueError("this cache holds no attention biases (make it with bias_device)")
+        length = bias.shape[-1]
+        if length != self.layers[layer_idx].get_seq_length():
+            raise ValueError(f"layer {layer_idx} holds {self.layers[layer_idx].get_seq_length()} slots, got {length} biases")
+        table = self._bias.clone()
+        table[layer_idx, :, :length] = bias.to(table)
+        self._bias = table
 
     # ---- accounting ------------------------------------------------------------------
     @property
@@ -479,8 +528,9 @@ class EvictingCache(DynamicCache):
         if self._valid is None:
             return self.nbytes()
         held = self.kept_counts().sum(-1).tolist()  # (L,)
-        return int(sum(layer.nbytes() * kept / max(1, self.kv_heads * length)
-                       for layer, kept, length in zip(self.layers, held, self.lengths())))
+        stores = sum(layer.nbytes() * kept / max(1, self.kv_heads * length)
+                     for layer, kept, length in zip(self.layers, held, self.lengths()))
+        return int(stores + sum(held) * self._bias_slot_bytes())
 
     def valid_table(self) -> torch.Tensor | None:
         """``(L, H_kv, W)`` bool, which entries of :meth:`position_table` hold a token; ``None`` while
@@ -488,8 +538,13 @@ class EvictingCache(DynamicCache):
         return self._valid
 
     def nbytes(self) -> int:
-        """Bytes of every tensor the layers hold right now (codes, scales, zero points, residual)."""
-        return sum(layer.nbytes() for layer in self.layers)
+        """Bytes of every tensor the layers hold right now (codes, scales, zero points, residual),
+        and the bias table when there is one."""
+        bias = 0 if self._bias is None else self._bias.nbytes
+        return sum(layer.nbytes() for layer in self.layers) + bias
+
+    def _bias_slot_bytes(self) -> int:
+        return 0 if self._bias is None else self._bias.element_size()
 
     def full_precision_nbytes(self, tokens: int) -> int:
         """Bytes ``tokens`` slots per layer would take at the model's own precision, nothing evicted."""

@@ -13,8 +13,14 @@ phase) whatever the physical length of the cache.  The attention mask is passed 
 prepared 4-D additive mask ``(1, 1, q, T + q)``: every cached slot is visible, the ``q`` new
 tokens see each other causally.  After a ragged keep set (layers of different lengths ``T_l``,
 padded heads) every layer gets its own mask ``(1, H, q, T_l + q)`` that also hides its padding
-per head (:class:`~thinkviz.attention.LayerMasks`); the per-slot statistics then live on the
-cache's padded ``(L, H_kv, W)`` table, zero at its holes.
+per head (:class:`~thinkviz.attention.LayerArguments`); the per-slot statistics then live on
+the cache's padded ``(L, H_kv, W)`` table, zero at its holes.
+
+A policy that fits attention biases (:attr:`~thinkviz.policies.base.Policy.fits_bias`: the
+attention-matching ones) gets a cache that holds a bias per slot and runs
+:func:`~thinkviz.attention.biased_attention`, which adds it to the logits and hands the engine
+the newest ``query_rows`` queries of every layer (``CacheView.queries``, the fit's reference
+queries); every other policy runs the model's own attention kernel exactly as before.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .attention import AttentionCapture, LayerMasks, attention_implementation
+from .attention import BIASED_ATTENTION, AttentionCapture, LayerArguments, attention_implementation
 from .cache import EvictingCache
 from .chat import ChatPrompt, token_texts
 from .events import RunRecord, StepEvent
@@ -77,8 +83,10 @@ def needs_weights(policy: Policy, settings: DecodeSettings) -> bool:
 
 
 def attention_kernel(model: torch.nn.Module, policy: Policy, settings: DecodeSettings) -> str:
-    """``"sdpa"`` (the fused kernel, no weights) when nothing needs the weights and the model has it,
-    else ``"eager"``."""
+    """:data:`~thinkviz.attention.BIASED_ATTENTION` for a policy that fits biases; ``"sdpa"`` (the
+    fused kernel, no weights) when nothing needs the weights and the model has it; else ``"eager"``."""
+    if policy.fits_bias:
+        return BIASED_ATTENTION
     fast = settings.fast_attention and not needs_weights(policy, settings)
     return "sdpa" if fast and getattr(model, "_supports_sdpa", False) else "eager"
 
@@ -188,13 +196,16 @@ class Run:
         self.texts: list[str] = texts
         self.device = loaded.device
         self.mask_dtype = loaded.model.get_input_embeddings().weight.dtype  # the attention compute dtype
-        self.cache = EvictingCache(loaded.model.config, kv_quant)
+        self.cache = EvictingCache(loaded.model.config, kv_quant, bias_device=self.device if policy.fits_bias else None)
         layers, heads = geometry.layers, geometry.kv_heads
         self.window_rows = max(1, policy.window_rows)
         self.received = torch.zeros(layers, heads, 0)
         self.window = torch.zeros(layers, heads, self.window_rows, 0)
         self.token_entropy = torch.zeros(0)
         self.hidden: torch.Tensor | None = None
+        self.query_rows = policy.query_rows
+        self.queries: torch.Tensor | None = None  # (L, H, R, D) scaled, when the policy reads queries
+        self.query_positions = torch.zeros(0, dtype=torch.long)  # (R,)
         self.processed = 0  # tokens already run through the model
         self.steps_since_compress = 0
         self.peak_kv_bytes = 0
@@ -202,7 +213,8 @@ class Run:
         # Hooks are installed around each forward pass only, so several runs sharing one model
         # can be interleaved (Compare, lockstep fidelity) without seeing each other's attention.
         self.capture = AttentionCapture(
-            loaded.model, heads, tail_rows=self.window_rows, capture_hidden=policy.needs_hidden
+            loaded.model, heads, tail_rows=self.window_rows, capture_hidden=policy.needs_hidden,
+            query_rows=self.query_rows,
         )
         self.attention = attention_kernel(loaded.model, policy, settings)
         self.capture.enabled = needs_weights(policy, settings)
@@ -306,12 +318,21 @@ class Run:
         """Run ``ids`` at the next absolute positions; return logits ``(q', V)`` (float32)."""
         q = len(ids)
         positions = torch.arange(self.processed, self.processed + q)
+        arguments: list[dict] = [{} for _ in self.cache.layers]  # each layer's own attention arguments
         if self.cache.ragged:
             masks = self._layer_masks(q)
-            mask, per_layer = masks[0], LayerMasks(self.loaded.model, masks)
+            mask = masks[0]
+            for extra, layer_mask in zip(arguments, masks):
+                extra["attention_mask"] = layer_mask
         else:
-            mask, per_layer = causal_mask(self.cache.n_slots, q, self.mask_dtype, self.device), contextlib.nullcontext()
+            mask = causal_mask(self.cache.n_slots, q, self.mask_dtype, self.device)
+        if self.policy.fits_bias:
+            for layer, extra in enumerate(arguments):
+                extra["slot_bias"] = self.cache.layer_bias(layer)
+                if self.query_rows and self.capture.enabled:
+                    extra["query_sink"] = self.capture.keep_queries
         model = self.loaded.model
+        per_layer = LayerArguments(model, arguments) if any(arguments) else contextlib.nullcontext()
         with model_lock(model), attention_implementation(model, self.attention), self.capture, per_layer:
             out = self.loaded.model(
                 input_ids=torch.tensor([ids], device=self.device),
@@ -349,6 +370,12 @@ class Run:
         if scores.hidden is not None:
             hidden = scores.hidden.cpu()
             self.hidden = hidden if self.hidden is None else torch.cat([self.hidden, hidden])
+        if scores.queries is not None:  # (L, H, r, D), the forward's last r tokens
+            rows = scores.queries.shape[2]
+            grown = scores.queries if self.queries is None else torch.cat([self.queries, scores.queries], dim=2)
+            self.queries = grown[:, :, -self.query_rows :]
+            new_positions = torch.arange(self.processed - rows, self.processed)
+            self.query_positions = torch.cat([self.query_positions, new_positions])[-self.query_rows :]
 
     def _view(self) -> CacheView:
         total = self.processed
@@ -371,6 +398,9 @@ class Run:
             segments=self.segmenter,
             model=self.loaded.name,
             valid=self.cache.valid_table(),
+            queries=self.queries,
+            query_positions=None if self.queries is None else self.query_positions,
+            bias=self.cache.bias_table(),
         )
 
     def _maybe_compress(self) -> tuple[np.ndarray | None, float]:
@@ -429,6 +459,7 @@ class Run:
             texts=new_texts,
             positions=positions,
             scores=self._position_scores(view, after),
+            mass=self._position_mass(after),
             keep_fraction=after / float(self.cache.position_table()[..., 0].numel()),
             evicted=evicted,
             kv_bytes=self.cache.nbytes(),
@@ -460,9 +491,19 @@ class Run:
         """``(N,)`` the policy's importance per position: mean over the slots that hold it."""
         if not self.settings.scoring:
             return np.full(self.processed, np.nan, dtype=np.float32)
-        slot_scores = self.policy.score(view).float().flatten()
+        return self._per_position(self.policy.score(view), holders)
+
+    def _position_mass(self, holders: np.ndarray) -> np.ndarray | None:
+        """``(N,)`` how many tokens each position stands for, ``e^β`` averaged over the slots that
+        hold it (``None`` for a cache without biases)."""
+        bias = self.cache.bias_table()
+        return None if bias is None else self._per_position(bias.exp(), holders)
+
+    def _per_position(self, slot_values: torch.Tensor, holders: np.ndarray) -> np.ndarray:
+        """``(N,)`` the mean of ``slot_values`` ``(L, H_kv, W)`` over the slots holding each position
+        (``nan`` where none does)."""
         table = self._slot_positions().flatten()
-        weights = torch.nan_to_num(slot_scores)
+        weights = torch.nan_to_num(slot_values.float().flatten().cpu())
         sums = torch.bincount(table, weights=weights, minlength=self.processed + 1)[: self.processed].numpy()
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(holders > 0, sums / holders, np.nan).astype(np.float32)

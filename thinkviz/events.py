@@ -45,6 +45,9 @@ class StepEvent:
     - ``kv_tokens``: tokens held per layer and kv-head (on average, rounded, when they differ);
       ``kept``: ``(L, H_kv)`` tokens each layer and kv-head holds (``None`` in recordings made
       before per-layer budgets, when every one held ``kv_tokens``).
+    - ``mass``: ``(T,)`` for a policy that fits attention biases (``am``, ``tam`` with
+      ``compaction=match``), how many tokens each position stands for: ``e^β`` of its slots'
+      bias, averaged over the slots that hold it (``nan`` once gone); ``None`` otherwise.
     """
 
     step: int
@@ -63,6 +66,7 @@ class StepEvent:
     info: dict[str, Any] = field(default_factory=dict)
     logical_kv_bytes: int | None = None
     kept: np.ndarray | None = None
+    mass: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.logical_kv_bytes is None:
@@ -146,11 +150,14 @@ class RunRecord:
             d.pop("scores")
             d.pop("keep_fraction")
             d.pop("kept")
+            d.pop("mass")
             events_meta.append(_jsonable(d))
             arrays[f"scores_{i}"] = np.asarray(e.scores, dtype=np.float32)
             arrays[f"keep_{i}"] = np.asarray(e.keep_fraction, dtype=np.float32)
             if e.kept is not None:
                 arrays[f"kept_{i}"] = np.asarray(e.kept, dtype=np.int32)
+            if e.mass is not None:
+                arrays[f"mass_{i}"] = np.asarray(e.mass, dtype=np.float32)
         for step, mask in self.snapshots.items():
             mask = np.asarray(mask, dtype=bool)
             arrays[f"snapshot_{step}"] = np.packbits(mask, axis=-1)
@@ -208,7 +215,8 @@ class RunRecord:
                 _check_event_fields(d, i)
                 events.append(
                     StepEvent(scores=arrays[f"scores_{i}"], keep_fraction=arrays[f"keep_{i}"],
-                              kept=_kept_array(arrays.get(f"kept_{i}"), doc["meta"], i), **d)
+                              kept=_kept_array(arrays.get(f"kept_{i}"), doc["meta"], i),
+                              mass=_mass_array(arrays.get(f"mass_{i}"), arrays[f"scores_{i}"], i), **d)
                 )
             snapshots = {}
             for step in doc.get("snapshot_steps", []):
@@ -266,6 +274,15 @@ def _check_event_fields(d: Any, i: int) -> None:
     for key, kind in _EVENT_LISTS.items():
         if key in d and not (isinstance(d[key], list) and all(isinstance(x, kind) for x in d[key])):
             raise RecordingError(f"recording event {i}: {key} must be a list of {_kind_name(kind)}")
+
+
+def _mass_array(mass: np.ndarray | None, scores: np.ndarray, i: int) -> np.ndarray | None:
+    """Event ``i``'s ``(T,)`` mass per position, checked to be one float per position."""
+    if mass is None:
+        return None
+    if mass.shape != np.shape(scores) or mass.dtype.kind != "f":
+        raise RecordingError(f"recording event {i}: mass must be {np.shape(scores)} floats")
+    return mass
 
 
 def _kept_array(kept: np.ndarray | None, meta: dict, i: int) -> np.ndarray | None:
