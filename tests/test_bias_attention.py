@@ -141,7 +141,8 @@ def test_biases_shift_attention_as_the_logits_say(tiny_llama):
     handles = [layer.self_attn.register_forward_hook(keep_weights, with_kwargs=True) for layer in model.model.layers]
     arguments = [{"slot_bias": cache.layer_bias(i), "query_sink": sink} for i in range(len(cache.layers))]
     try:
-        with torch.inference_mode(), attention_implementation(model, BIASED_ATTENTION), LayerArguments(model, arguments):
+        with torch.inference_mode(), attention_implementation(model, BIASED_ATTENTION), \
+                LayerArguments(model, arguments):
             model(input_ids=torch.tensor([[50]]), cache=cache, position_ids=torch.tensor([[8]]),
                   attention_mask=causal_mask(8, 1, torch.float32, "cpu"))
     finally:

@@ -490,9 +490,9 @@ class EvictingCache(DynamicCache):
         inference tensor)."""
         if self._bias is None:
             raise ValueError("this cache holds no attention biases (make it with bias_device)")
-        length = bias.shape[-1]
-        if length != self.layers[layer_idx].get_seq_length():
-            raise ValueError(f"layer {layer_idx} holds {self.layers[layer_idx].get_seq_length()} slots, got {length} biases")
+        length, held = bias.shape[-1], self.layers[layer_idx].get_seq_length()
+        if length != held:
+            raise ValueError(f"layer {layer_idx} holds {held} slots, got {length} biases")
         table = self._bias.clone()
         table[layer_idx, :, :length] = bias.to(table)
         self._bias = table
