@@ -16,8 +16,8 @@ import numpy as np
 
 from ..events import RunRecord
 from ..viz.figures import keep_heatmap, kept_figure
-from ..viz.tables import SEGMENT_TABLE_HEADERS, segment_table
 from ..viz.legend import view_legend
+from ..viz.tables import segment_headers, segment_table
 from ..viz.tokens import TokenData, render_tokens, token_view
 
 AVERAGE = "all"
@@ -124,6 +124,6 @@ def explore_view(record: RunRecord, step: int, layer: Any, head: Any, mode: str)
                       annotation_text="this step", annotation_position="bottom right")
     rows = segment_table(record, record.events[shown].step)
     if data.scores is None:  # no graded score: no mean importance either
-        rows = [row[:3] + [None] for row in rows]
-    return ExploreView(caption, tokens, legend, shown, heatmap, {"headers": SEGMENT_TABLE_HEADERS, "data": rows},
+        rows = [row[:3] + [None] + row[4:] for row in rows]
+    return ExploreView(caption, tokens, legend, shown, heatmap, {"headers": segment_headers(record), "data": rows},
                        kept_figure(record, shown))

@@ -31,6 +31,9 @@ SEGMENT_NAMES = {
     "answer": "answer",
     "code": "code",
 }
+# What the mass view's heat shows (any policy: one that fits no biases has no mass, so no heat).
+MASS_SCALE = ScoreScale("e^β, how many tokens a kept token stands for (attention matching)",
+                        "stands for itself or less", "stands for the most dropped tokens")
 
 
 def _sample(text: str, cls: str = "", style: str = "") -> str:
@@ -52,8 +55,8 @@ def _heat(scale: ScoreScale | None, policy: str, compact: bool) -> str:
     )
     if compact:
         return _part("Heat:", f"{html.escape(scale.what)}<br>{scale_text}")
-    return _part("Heat", f"= {html.escape(scale.what)}: {scale_text} (hottest = top 5 % of this frame; "
-                         "the policy's recent window, always kept, is not ranked)")
+    recent = "" if scale is MASS_SCALE else "; the policy's recent window, always kept, is not ranked"
+    return _part("Heat", f"= {html.escape(scale.what)}: {scale_text} (hottest = top 5 % of this frame{recent})")
 
 
 def _keep() -> str:
@@ -137,10 +140,11 @@ def view_legend(
     mode: str, policy: str, view: TokenData | None, parts: Sequence[str] | None = None, compact: bool = False
 ) -> str:
     """The legend strip of ``policy``'s token view ``view`` in ``mode``: the policy's own score
-    scale and the segment kinds the view shows (all of them before a run); ``parts`` and
-    ``compact`` as in :func:`legend_html`."""
+    scale (:data:`MASS_SCALE` in the mass view) and the segment kinds the view shows (all of them
+    before a run); ``parts`` and ``compact`` as in :func:`legend_html`."""
     kinds = view_kinds(view.spans, view.labels) if view is not None and view.spans else None
-    return legend_html(mode, score_scale(policy), policy=policy, kinds=kinds, parts=parts, compact=compact)
+    scale = MASS_SCALE if mode == "mass" else score_scale(policy)
+    return legend_html(mode, scale, policy=policy, kinds=kinds, parts=parts, compact=compact)
 
 
 LEGEND_CSS = """

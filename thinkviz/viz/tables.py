@@ -17,6 +17,7 @@ from ..events import RunRecord
 from ..units import format_bytes
 
 SEGMENT_TABLE_HEADERS = ["segment", "tokens", "kept %", "mean importance"]
+MASS_HEADER = "mean mass (e^β)"  # the extra column of a run that fits attention biases
 FIDELITY_TABLE_HEADERS = ["segment", "tokens", "NLL Δ (nats)", "KL(full‖policy)", "top-1 agree %"]
 TURN_PREVIEW_HEADERS = ["turn", "role", "tokens", "blocks", "begins with"]  # blocks: think blocks
 _BARE_TAGS = ("<think>", "</think>")
@@ -54,6 +55,13 @@ def _round(value: float, digits: int) -> float | None:
     return None if not math.isfinite(value) else round(value, digits)
 
 
+def segment_headers(record: RunRecord) -> list[str]:
+    """The columns of :func:`segment_table` for ``record``: :data:`SEGMENT_TABLE_HEADERS`, and
+    :data:`MASS_HEADER` when its policy fits attention biases."""
+    biased = bool(record.events) and record.events[-1].mass is not None
+    return SEGMENT_TABLE_HEADERS + [MASS_HEADER] if biased else list(SEGMENT_TABLE_HEADERS)
+
+
 def segment_table(record: RunRecord, step: int | None = None, spans: Sequence[Any] | None = None) -> list[list]:
     """Rows ``[segment, tokens, kept %, mean importance]`` after ``step`` (default: the last).
 
@@ -61,13 +69,16 @@ def segment_table(record: RunRecord, step: int | None = None, spans: Sequence[An
     tokens; ``mean importance`` the mean of the policy's finite scores there (``None`` when the
     policy scored none of them).  Segments not reached yet at ``step`` are left out; a run
     without segments gets one row, ``all tokens``.  ``spans``: the live segmenter's spans
-    while a run streams (the record stores its segments when it ends).
+    while a run streams (the record stores its segments when it ends).  A run whose policy fits
+    attention biases gets a fifth column, the mean mass its kept tokens carry (``e^β``: each
+    stands for about that many tokens; ``None`` when none is kept).
     """
     event = _event_at(record, step)
     if event is None:
         return []
     keep = np.asarray(event.keep_fraction, dtype=np.float64)
     scores = np.asarray(event.scores, dtype=np.float64)
+    mass = None if event.mass is None else np.asarray(event.mass, dtype=np.float64)
     seen = len(keep)
     spans = record.segments if spans is None else [s if isinstance(s, dict) else dataclasses.asdict(s) for s in spans]
     spans = [s for s in spans if s["kind"] in TABLE_KINDS] or [
@@ -79,12 +90,16 @@ def segment_table(record: RunRecord, step: int | None = None, spans: Sequence[An
         if hi <= lo:
             continue
         finite = scores[lo:hi][np.isfinite(scores[lo:hi])]
-        rows.append([
+        row = [
             span.get("name") or _segment_name(span),
             hi - lo,
             round(100 * float(keep[lo:hi].mean()), 1),
             _round(float(finite.mean()), 4) if len(finite) else None,
-        ])
+        ]
+        if mass is not None:
+            carried = mass[lo:hi][np.isfinite(mass[lo:hi])]
+            row.append(_round(float(carried.mean()), 2) if len(carried) else None)
+        rows.append(row)
     return rows
 
 

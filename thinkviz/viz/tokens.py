@@ -12,6 +12,9 @@ patched token by token while a run streams:
   bands (:data:`HEAT_BANDS`: the lowest third is band 0, the top 5 % band 9), on light colours
   from cream over orange to coral that keep black text readable; a policy without a graded score
   (:attr:`~thinkviz.policies.Policy.score_scale` ``None``) passes no scores and shows no heat;
+- mass (a policy that fits attention biases: ``am``, ``tam`` with ``compaction=match``): the
+  same ten bands over ``e^β``, ranked the same way, how many tokens each kept token stands for;
+  the tooltip of every kept token says it ("stands for ≈ 3.2 tokens");
 - eviction: ``tv-gone`` (no layer or head holds the token: greyed and struck through),
   ``tv-part tv-k1 … tv-k9`` (kept in that many tenths of the (layer, kv-head) slots:
   faded in proportion and hatched);
@@ -39,7 +42,7 @@ import numpy as np
 from ..events import RunRecord
 from ..policies import lookup
 
-MODES = ("importance", "segments", "evicted", "combined")
+MODES = ("importance", "mass", "segments", "evicted", "combined")
 HEAT_LEVELS = 10  # tv-h0 … tv-h9
 # Lower edges of bands 1 … 9 as a share of the frame's scores (the square roots of 0.1 … 0.9): most
 # tokens stay light, the hottest colour marks the top ~5 %.
@@ -63,10 +66,10 @@ _SEGMENT_COLOURS = {
     "code": "#e6ebee",
 }
 
-_HEAT_MODES = {"importance", "combined"}
-_KEEP_MODES = {"importance", "evicted", "combined"}
+_HEAT_MODES = {"importance", "mass", "combined"}
+_KEEP_MODES = {"importance", "mass", "evicted", "combined"}
 _SEGMENT_MODES = {"segments", "combined"}
-_BOX_MODES = {"segments", "evicted", "combined"}
+_BOX_MODES = {"segments", "mass", "evicted", "combined"}
 
 
 def segment_colour(kind: str, index: int = 0) -> str | None:
@@ -97,7 +100,8 @@ class TokenData:
     view; ``None``: none known); ``spans`` the segments over absolute positions
     (:class:`~thinkviz.segments.Span` or the ``dict`` form a recording stores); ``ranked`` ``(n,)``
     bool, the tokens whose score is ranked for heat (``None``: all): the policy's recent window,
-    which it keeps whatever the score, is left out (:func:`outside_recent`).
+    which it keeps whatever the score, is left out (:func:`outside_recent`); ``mass`` ``(n,)``
+    ``e^β`` per token for a run that fits attention biases (``None``: the run has none).
     """
 
     texts: Sequence[str]
@@ -107,6 +111,7 @@ class TokenData:
     spans: Sequence[Any] = ()
     start: int = 0
     ranked: Sequence[bool] | np.ndarray | None = None
+    mass: Sequence[float] | np.ndarray | None = None
 
 
 def token_view(record: RunRecord, step: int | None = None) -> TokenData:
@@ -129,7 +134,8 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
     graded = last is not None and policy.score_scale is not None
     ranked = outside_recent(len(texts), record.meta.get("params", {})) if policy.evicts else None
     return TokenData(texts, last.scores if graded else None, None if last is None else last.keep_fraction,
-                     labels, record.segments, ranked=ranked)
+                     labels, record.segments, ranked=ranked,
+                     mass=None if last is None else last.mass)
 
 
 def outside_recent(n: int, params: dict[str, Any]) -> np.ndarray | None:
@@ -271,6 +277,13 @@ def _keep_text(keep: float | None) -> str:
     return f"kept in {keep:.0%} of layer×head slots"
 
 
+def _mass_text(mass: float | None) -> str:
+    """The tooltip's mass line: ``" · stands for ≈ 3.2 tokens"`` (empty without a finite mass)."""
+    if mass is None or not math.isfinite(mass):
+        return ""
+    return f" · stands for ≈ {mass:.2g} token{'' if round(mass, 2) == 1 else 's'}"
+
+
 def _segment_look(mode: str, segment: _Segment) -> tuple[str, str]:
     """The class list and inline style a token's segment gives it in ``mode``."""
     cls = ["tv-tok"]
@@ -313,11 +326,15 @@ def _check(mode: str, texts: Sequence[str], **arrays: Any) -> None:
 def token_looks(data: TokenData, mode: str) -> list[Look]:
     """The :class:`Look` of every token of ``data`` in ``mode``."""
     texts, scores, keep_fraction, start = data.texts, data.scores, data.keep_fraction, data.start
-    _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=data.labels, ranked=data.ranked)
+    _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=data.labels, ranked=data.ranked,
+           mass=data.mass)
     n = len(texts)
-    heat, kept = heat_levels(scores, n, data.ranked).tolist(), keep_levels(keep_fraction, n).tolist()
+    # mass: every kept token is ranked (new tokens carry e^0 = 1, below any token that stands for more)
+    heat = (heat_levels(data.mass, n) if mode == "mass" else heat_levels(scores, n, data.ranked)).tolist()
+    kept = keep_levels(keep_fraction, n).tolist()
     score_list = [None] * n if scores is None else np.asarray(scores, dtype=np.float64).tolist()
     keep_list = [None] * n if keep_fraction is None else np.asarray(keep_fraction, dtype=np.float64).tolist()
+    mass_list = [None] * n if data.mass is None else np.asarray(data.mass, dtype=np.float64).tolist()
     segment_looks: dict[int, tuple[str, str]] = {}
     looks = []
     for i, segment in enumerate(segment_facts(n, data.spans, data.labels, start)):
@@ -327,7 +344,8 @@ def token_looks(data: TokenData, mode: str) -> list[Look]:
         score = score_list[i]
         score_text = f"{score:.3g}" if score is not None and math.isfinite(score) else "—"
         title = (f"{json.dumps(texts[i], ensure_ascii=False)}  pos {start + i}\n"
-                 f"score {score_text} · {_keep_text(keep_list[i])}\n{segment.path or '—'}")
+                 f"score {score_text} · {_keep_text(keep_list[i])}{_mass_text(mass_list[i])}\n"
+                 f"{segment.path or '—'}")
         looks.append(Look(cls + _value_classes(mode, heat[i], kept[i]), style, title))
     return looks
 
