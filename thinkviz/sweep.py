@@ -4,8 +4,12 @@ For each trace every (policy, budget) pair is replayed in lockstep with one full
 (:class:`~thinkviz.replay.LockstepReplay`), ``interval`` tokens per forward, so the
 reference is computed once per trace and every pair sees exactly the same tokens.  A row
 holds the trace, policy, budget, the peak KV bytes measured on the real tensors, the
-compression against the full cache's peak, fidelity means (overall and per segment kind)
-and the replay throughput.
+compression against the full cache's peak, fidelity means (overall and per segment kind),
+the replay throughput and, for a policy that fits attention biases, the mean seconds its fit
+took per compression.
+
+A policy may be named with its own knobs, ``tam:compaction=match`` (``name:knob=value:…``), so
+one sweep compares two settings of one policy; the row's ``policy`` is that text.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ Progress = Callable[[str, int, int], None]  # (trace name, tokens done, tokens i
 COLUMNS = (
     "trace", "policy", "budget", "budget_tokens", "interval", "prompt_tokens", "trace_tokens",
     "peak_kv_bytes", "full_peak_kv_bytes", "kv_fraction", "compression",
-    "nll", "nll_full", "nll_delta", "ppl", "ppl_full", "kl", "top1", "tokens_per_second",
+    "nll", "nll_full", "nll_delta", "ppl", "ppl_full", "kl", "top1", "tokens_per_second", "fit_seconds",
     *(f"{name}_{kind}" for kind in SEGMENT_KINDS for name in ("nll_delta", "kl", "top1")),
 )
 
@@ -89,18 +93,37 @@ def parse_budgets(text: str, running: bool = False) -> list[Budget]:
     return budgets
 
 
-def parse_policies(text: str) -> list[str]:
-    """``"h2o,window"`` or ``"all"`` (every registered policy except ``full``, which is the reference)."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if names == ["all"]:
+def split_policy(spec: str) -> tuple[str, dict[str, str]]:
+    """``"tam:compaction=match:ridge=0.5"`` → ``("tam", {"compaction": "match", "ridge": "0.5"})``;
+    ValueError for a knob the policy does not declare or an item without ``=``."""
+    name, *items = [part.strip() for part in spec.split(":")]
+    knobs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{spec!r}: a policy's own knob is written knob=value, got {item!r}")
+        knobs[key.strip()] = value.strip()
+    declared = {p.name for p in policy_params(name)} if name in policy_names() else set()
+    stray = sorted(set(knobs) - declared)
+    if name in policy_names() and stray:
+        raise ValueError(f"{spec!r}: {name} has no parameter {', '.join(stray)}")
+    return name, knobs
+
+
+def parse_policies(text: str, variants: bool = False) -> list[str]:
+    """``"h2o,window"`` or ``"all"`` (every registered policy except ``full``, which is the reference).
+    ``variants``: an item may carry its own knobs, ``tam:compaction=match`` (:func:`split_policy`)."""
+    specs = [spec.strip() for spec in text.split(",") if spec.strip()]
+    if specs == ["all"]:
         return [name for name in policy_names() if name != REFERENCE_POLICY]
     known = policy_names()
+    names = [split_policy(spec)[0] if variants else spec for spec in specs]
     unknown = [name for name in names if name not in known]
     if unknown:
         raise ValueError(f"unknown policy {', '.join(map(repr, unknown))}; choose from: {', '.join(known)}")
-    if not names:
+    if not specs:
         raise ValueError("no policies given")
-    return [name for name in dict.fromkeys(names) if name != REFERENCE_POLICY]
+    return [spec for spec, name in dict.fromkeys(zip(specs, names)) if name != REFERENCE_POLICY]
 
 
 def policy_values(name: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +134,7 @@ def policy_values(name: str, params: dict[str, Any]) -> dict[str, Any]:
 
 def check_params(policies: Sequence[str], params: dict[str, Any]) -> None:
     """ValueError if a ``--param`` is declared by none of ``policies``."""
-    declared = {p.name for name in policies for p in policy_params(name)}
+    declared = {p.name for spec in policies for p in policy_params(split_policy(spec)[0])}
     stray = sorted(set(params) - declared)
     if stray:
         raise ValueError(f"no selected policy takes parameter {', '.join(stray)}")
@@ -139,14 +162,15 @@ def sweep_trace(
     params = dict(params or {})
     prompt, ids = prepare(loaded, trace, max_trace_tokens)
     total = len(prompt.ids) + len(ids)
-    pairs = [(name, budget) for name in policies for budget in budgets]
+    pairs = [(spec, budget) for spec in policies for budget in budgets]
     built = []
-    for name, budget in pairs:
+    for spec, budget in pairs:
+        name, own = split_policy(spec)
         try:
-            values = {**policy_values(name, params), **budget.policy_values(total)}  # the budget given wins
+            values = {**policy_values(name, params), **own, **budget.policy_values(total)}  # the budget given wins
             built.append(make_policy(name, interval=interval, **values))
         except PolicyConfigError as exc:
-            raise PolicyConfigError(f"{name} at budget {budget.label} of {trace.name}: {exc}") from None
+            raise PolicyConfigError(f"{spec} at budget {budget.label} of {trace.name}: {exc}") from None
     replay = LockstepReplay(loaded, built, prompt, ids, DecodeSettings(scoring=False))
     for done in replay:
         if progress is not None:
@@ -167,12 +191,18 @@ def _row(base: dict[str, Any], policy: str, budget: str, budget_tokens: int, rec
     peak = summary["peak_kv_bytes"]
     row = {**base, "policy": policy, "budget": budget, "budget_tokens": budget_tokens, "peak_kv_bytes": peak,
            "kv_fraction": peak / base["full_peak_kv_bytes"], "compression": base["full_peak_kv_bytes"] / peak,
-           "tokens_per_second": summary["tokens_per_second"]}
+           "tokens_per_second": summary["tokens_per_second"], "fit_seconds": _fit_seconds(record)}
     row.update({key: fidelity["all"][key] for key in ("nll", "nll_full", "nll_delta", "ppl", "ppl_full", "kl", "top1")})
     for kind in SEGMENT_KINDS:
         for name in ("nll_delta", "kl", "top1"):
             row[f"{name}_{kind}"] = fidelity[kind][name]
     return {column: row[column] for column in COLUMNS}
+
+
+def _fit_seconds(record) -> float | None:
+    """Mean seconds per compression an attention-matching fit took (``None`` for other policies)."""
+    fits = [e.info["fit_seconds"] for e in record.events if "fit_seconds" in e.info]
+    return sum(fits) / len(fits) if fits else None
 
 
 def _finite(value: Any) -> Any:
@@ -183,15 +213,16 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The rows' headline numbers as a Markdown table (one line per row)."""
     lines = [
         "| trace | policy | budget | budget tokens | peak KV (of full) | ΔNLL | KL | top-1 | KL think | KL answer "
-        "| KL code | tok/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| KL code | tok/s | fit s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
             f"| {row['trace']} | {row['policy']} | {row['budget']} | {row['budget_tokens']} "
             f"| {cell(row['kv_fraction'], '.1%')} | {cell(row['nll_delta'], '.4f')} | {cell(row['kl'], '.4f')} "
             f"| {cell(row['top1'], '.1%')} | {cell(row['kl_think'], '.4f')} | {cell(row['kl_answer'], '.4f')} "
-            f"| {cell(row['kl_code'], '.4f')} | {cell(row['tokens_per_second'], '.1f')} |"
+            f"| {cell(row['kl_code'], '.4f')} | {cell(row['tokens_per_second'], '.1f')} "
+            f"| {cell(row['fit_seconds'], '.3f')} |"
         )
     return "\n".join(lines) + "\n"
 

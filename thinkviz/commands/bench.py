@@ -254,7 +254,9 @@ def _sweep_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", action="extend", nargs="+", required=True, metavar="PRESET_OR_FILE",
                         help="a preset name (its system prompt, question and trace; not its knobs), "
                              "a UTF-8 trace file or a transcript (.json, .jsonl, ROLE: lines); repeatable")
-    parser.add_argument("--policies", default="all", help="comma-separated policy names, or 'all'")
+    parser.add_argument("--policies", default="all",
+                        help="comma-separated policy names, or 'all'; a name may carry its own knobs, "
+                             "tam:compaction=match")
     parser.add_argument("--budgets", default="0.1,0.25,0.5",
                         help="fractions of the sequence's tokens (0.25) and/or token counts (256)")
     parser.add_argument("--budget-mode", choices=("tokens", "fraction"), default="tokens",
@@ -280,7 +282,7 @@ def sweep(args: argparse.Namespace) -> int:
     """Replay traces through policies × budgets; write CSV, JSON and a memory-vs-fidelity Pareto plot."""
     try:
         budgets = parse_budgets(args.budgets, running=args.budget_mode == "fraction")
-        policies = parse_policies(args.policies)
+        policies = parse_policies(args.policies, variants=True)
         params = dict(args.param)
         check_params(policies, params)
     except ValueError as exc:
