@@ -116,7 +116,8 @@ class ThoughtAwareMatching(Policy):
     )
     summary = (
         "Split the reasoning into steps; give each step a share of the budget by its importance "
-        "and size (√(w·n)); always keep pivotal tokens and the newest ones."
+        "and size (√(w·n)); always keep pivotal tokens and the newest ones. With compaction=match the "
+        "kept tokens of each step are also fitted to stand for the dropped ones."
     )
     source = "TAM — Thought-Aware KV Cache Compaction for Reasoning via Adaptive Attention Matching"
     params = (
