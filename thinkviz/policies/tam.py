@@ -32,7 +32,10 @@ allocation is optimal under its convex error model.
    step.  Reference queries are the last ``window`` queries of every query head — the same
    rows that weigh segments and tokens, so the fit matches what the newest tokens attend to,
    the best cheap guess of what the next ones will (a segment nobody attends to keeps its
-   selection: the ridge holds ``w = 1`` and its values where its rows carry no mass).
+   selection: the ridge holds ``w = 1`` and its values where its rows carry no mass).  The
+   segment's *own* queries (seed 003's other candidate) are not used: the engine would have to
+   keep every token's queries, ``H / H_kv`` times the keys' size, for the whole run, and what a
+   step's tokens asked while it was written says little about what later tokens ask of it.
 """
 
 from __future__ import annotations
