@@ -29,12 +29,12 @@ from typing import Any
 import torch
 
 from .base import CacheView, Param, Policy, ScoreScale
-from .matching import RIDGE, MatchStats, match_cache
+from .matching import RIDGE, Matching
 from .registry import register
 
 
 @register
-class AttentionMatching(Policy):
+class AttentionMatching(Matching, Policy):
     """Score ``(L, H_kv, T)`` = RMS attention over the last ``window`` query rows; the kept slots'
     ``β`` and values fitted against those queries (module docstring)."""
 
@@ -56,17 +56,9 @@ class AttentionMatching(Policy):
     )
     window_rows = 64
 
-    def __init__(self, **values: Any) -> None:
-        super().__init__(**values)
-        self.last_fit: MatchStats | None = None
-
     @property
     def fits_bias(self) -> bool:
         return True
-
-    @property
-    def query_rows(self) -> int:
-        return self.config["window"]
 
     def score(self, view: CacheView) -> torch.Tensor:
         rows = view.window[:, :, -self.config["window"] :, :].float()  # (L, H_kv, R, T)
@@ -74,9 +66,8 @@ class AttentionMatching(Policy):
 
     def compress(self, view: CacheView, cache) -> torch.Tensor:
         keep = self.select(view)  # (L, H_kv, k)
-        self.last_fit = match_cache(view, cache, keep, ridge=self.config["ridge"])
+        self.match(view, cache, keep)
         return keep
 
     def step_info(self, view: CacheView) -> dict[str, Any]:
-        fit, self.last_fit = self.last_fit, None
-        return {} if fit is None else fit.info()
+        return self.take_fit_info()

@@ -335,3 +335,23 @@ def match_cache(view: CacheView, cache, keep: torch.Tensor, groups: torch.Tensor
         choices += torch.bincount(fit.choice.cpu(), minlength=3)
     return MatchStats(time.perf_counter() - start, float(torch.cat(errors_select).mean()),
                       float(torch.cat(errors_fit).mean()), tuple(choices.tolist()))
+
+
+class Matching:
+    """Mixin for the policies that fit (``am``, ``tam`` with ``compaction=match``; before
+    :class:`~thinkviz.policies.base.Policy` in the bases): the newest ``window`` queries of every
+    head are the reference queries while :attr:`fits_bias`, :meth:`match` fits a compaction and
+    keeps its :class:`MatchStats`, which :meth:`take_fit_info` hands to ``step_info`` once."""
+
+    last_fit: MatchStats | None = None
+
+    @property
+    def query_rows(self) -> int:
+        return self.config["window"] if self.fits_bias else 0
+
+    def match(self, view: CacheView, cache, keep: torch.Tensor, groups: torch.Tensor | None = None) -> None:
+        self.last_fit = match_cache(view, cache, keep, groups, ridge=self.config["ridge"])
+
+    def take_fit_info(self) -> dict[str, float | int]:
+        fit, self.last_fit = self.last_fit, None
+        return {} if fit is None else fit.info()

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from .base import CacheView, Param, Policy, ScoreScale, keep_top
-from .matching import RIDGE, MatchStats, match_cache
+from .matching import RIDGE, Matching
 from .registry import register
 
 
@@ -107,7 +107,7 @@ def merge_short(bounds: Sequence[int], l_min: int) -> list[tuple[int, int]]:
 
 
 @register
-class ThoughtAwareMatching(Policy):
+class ThoughtAwareMatching(Matching, Policy):
     """Score ``(L, H_kv, T)`` = mean attention from the last ``window`` queries; selection by
     segment budgets ``∝ √(w·n)`` plus pivotal tokens and a recent tail (module docstring)."""
 
@@ -135,17 +135,9 @@ class ThoughtAwareMatching(Policy):
     )
     window_rows = 64
 
-    def __init__(self, **values: Any) -> None:
-        super().__init__(**values)
-        self.last_fit: MatchStats | None = None
-
     @property
     def fits_bias(self) -> bool:
         return self.config["compaction"] == "match"
-
-    @property
-    def query_rows(self) -> int:
-        return self.config["window"] if self.fits_bias else 0
 
     def score(self, view: CacheView) -> torch.Tensor:
         return view.window[:, :, -self.config["window"] :, :].mean(dim=2)  # (L, H_kv, T)
@@ -210,10 +202,9 @@ class ThoughtAwareMatching(Policy):
         keep = self.select(view)
         if self.fits_bias:
             groups = view.by_position(self.segment_ids(view))  # (L, H_kv, T)
-            self.last_fit = match_cache(view, cache, keep, groups, ridge=self.config["ridge"])
+            self.match(view, cache, keep, groups)
         return keep
 
     def step_info(self, view: CacheView) -> dict[str, Any]:
-        fit, self.last_fit = self.last_fit, None
-        info = {} if fit is None else fit.info()
-        return {"segments": int(self.segment_ids(view).max()) + 1 if len(view.protected) else 0, **info}
+        segments = int(self.segment_ids(view).max()) + 1 if len(view.protected) else 0
+        return {"segments": segments, **self.take_fit_info()}
