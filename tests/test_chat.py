@@ -189,7 +189,8 @@ def test_build_chat_invariants(user, assistant, system):
     tok = smollm2_tokenizer()
     for text in (system or "", user, assistant):  # see the note on unassigned code points above
         assume(tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text)
-    assume(not assistant.endswith("\ufffd"))  # a trailing U+FFFD stays pending (token_texts)
+        # a trailing U+FFFD stays pending (token_texts) and is shown with the next role's marker
+        assume(not text.endswith("\ufffd"))
     prompt = build_chat(tok, system, user, assistant)
     assert len(prompt.ids) == len(prompt.texts) == prompt.roles[-1].end
     previous = 0
