@@ -126,6 +126,14 @@ class RunRecord:
     def generated_text(self) -> str:
         return "".join(e.text for e in self.events)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the record's arrays: every step's scores and keep fractions (``O(T)`` each, so
+        ``O(T²)`` in all) and the snapshot masks.  They are what a long record's memory grows
+        with; its token lists and texts add a little on top."""
+        arrays = [a for e in self.events for a in (e.scores, e.keep_fraction)] + list(self.snapshots.values())
+        return sum(np.asarray(a).nbytes for a in arrays)
+
     def kv_bytes_series(self) -> np.ndarray:
         """``(S,)`` physical KV bytes after each step."""
         return np.array([e.kv_bytes for e in self.events], dtype=np.int64)

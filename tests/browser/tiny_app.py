@@ -1,10 +1,12 @@
-"""The app built in this process around a tiny random model, for tests that register a policy of their own."""
+"""The app built in this process around a tiny random model, for tests that register a policy of their own
+or look inside the server (its sessions)."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
+import gradio as gr
 import pytest
 
 from thinkviz.bench.browser import free_port
@@ -16,18 +18,26 @@ from tiny_models import tiny_model
 
 
 @contextmanager
-def served_app(*extra: type[Policy]) -> Iterator[str]:
-    """The URL of the app on a free 127.0.0.1 port, with the ``extra`` policies registered while it runs."""
+def served_demo(*extra: type[Policy], **build: Any) -> Iterator[gr.Blocks]:
+    """The launched app (``demo.local_url``: a free 127.0.0.1 port), with the ``extra`` policies
+    registered while it runs; ``build`` goes to :func:`~thinkviz.ui.app.build_app`."""
     tiny = tiny_model("llama")
     with pytest.MonkeyPatch.context() as patch:
         for policy in extra:
             patch.setitem(POLICIES, policy.name, policy)
         slot = ModelSlot(loader=lambda name, quantization, device, progress=None: tiny)
         slot.start("tiny", "none")
-        demo = build_app(slot, model="tiny", quantization="none")
+        demo = build_app(slot, model="tiny", quantization="none", **build)
         demo.queue(default_concurrency_limit=4)
         demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
         try:
-            yield demo.local_url
+            yield demo
         finally:
             demo.close()
+
+
+@contextmanager
+def served_app(*extra: type[Policy]) -> Iterator[str]:
+    """The URL of :func:`served_demo`."""
+    with served_demo(*extra) as demo:
+        yield demo.local_url

@@ -19,7 +19,7 @@ from ..viz.legend import LEGEND_CSS, PIN_JS
 from ..viz.tokens import TOKEN_CSS
 from . import inputs
 from .model_slot import ModelSlot
-from .session import Session
+from .session import RECORDING_BUDGET, Session, Shelf, release
 from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID
 from .tabs import AppContext, compare, explore, learn, live, sweep
 from .widgets import load_status_markdown
@@ -28,14 +28,19 @@ APP_CSS = TOKEN_CSS + LEGEND_CSS + (Path(__file__).with_name("app.css")).read_te
 
 
 def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bit",
-              model_loading: bool = True) -> gr.Blocks:
+              model_loading: bool = True, recording_budget: int = RECORDING_BUDGET) -> gr.Blocks:
     """The whole UI.  ``slot`` holds the shared model; ``model`` starts loading when a page opens.
 
     ``model_loading=False`` leaves out the settings panel's model loader and its API endpoint,
     for an app that strangers can reach (any id or local folder could otherwise be loaded).
+    ``recording_budget``: bytes of recordings each session keeps (:class:`~.session.Shelf`).
     """
     with gr.Blocks(title="ThinkViz — KV-cache eviction, live", analytics_enabled=False) as demo:
-        session = gr.State(lambda: Session())  # a factory: one Session per browser tab
+        def new_session() -> Session:
+            """A fresh session (the page calls it on load; a script may, to start over)."""
+            return Session(shelf=Shelf(recording_budget))
+
+        session = gr.State(new_session)  # a factory: one Session per browser tab
         with gr.Row(equal_height=True, elem_classes="tv-header"):
             gr.Markdown("## ThinkViz\nWhat a KV-cache eviction policy keeps and drops, inside a real quantized model.",
                         elem_classes="tv-title")
@@ -68,4 +73,10 @@ def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bi
 
         demo.load(watch_default, None, model_status, show_progress="hidden", api_visibility="private")
         demo.load(None, None, None, js=PIN_JS)  # a click on any token pins its details
+
+        def release_session(request: gr.Request) -> None:
+            """The tab closed or its client went (see thinkviz.ui.session): let go of what it holds."""
+            release(demo, session._id, request.session_hash)
+
+        demo.unload(release_session)
     return demo

@@ -10,6 +10,7 @@ own controls.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
@@ -180,6 +181,30 @@ def build_policy(name: str, params: dict[str, Any], *, budget: Any, interval: An
         )
     except PolicyConfigError as exc:
         raise ControlError(str(exc)) from None
+
+
+def parse_knobs(text: str | None) -> dict[str, Any]:
+    """A JSON object of knob values by name (``{"budget": 128, "recent": 32}``; empty: none);
+    :class:`ControlError` if the text is not one."""
+    try:
+        knobs = json.loads(text) if (text or "").strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ControlError(f"knobs must be a JSON object such as {{\"budget\": 128}}: {exc}") from None
+    if not isinstance(knobs, dict):
+        raise ControlError(f"knobs must be a JSON object such as {{\"budget\": 128}}, not {type(knobs).__name__}")
+    return knobs
+
+
+def policy_from_knobs(name: str, knobs: dict[str, Any]) -> Policy:
+    """Policy ``name`` with ``knobs`` by name: the common ones (budget, interval, protection; their
+    declared defaults where left out) and the policy's own, through :func:`build_policy` as the
+    controls' values go; an unknown knob or a value out of range is a :class:`ControlError`
+    with the policy's reason."""
+    try:  # checked here too: build_policy takes a checkbox's bool as it comes, and bool("false") is True
+        common = {p.name: p.coerce(knobs[p.name]) if p.name in knobs else p.default for p in COMMON_PARAMS}
+    except PolicyConfigError as exc:
+        raise ControlError(str(exc)) from None
+    return build_policy(name, {k: v for k, v in knobs.items() if k not in COMMON_NAMES}, **common)
 
 
 def _integer(label: str, value: Any) -> int:

@@ -27,6 +27,7 @@ from .text import no_markup
 MODEL_GROUP = "model"  # every event that runs the model: one at a time, across all sessions
 USER_ERRORS = (ControlError, RunInputError, ModelUnavailable, RecordingError, RunFault, ValueError)
 WAITING = "Waiting for the model to load…"
+RUN_PICKER_INFO = "this session's runs, newest first (the oldest go when they outgrow the session's budget)"
 
 Request = TypeVar("Request")
 
@@ -70,6 +71,13 @@ def run_with_model(
     finally:
         if session is not None:
             session.running = False
+
+
+def run_picker(session: Session, value: str | None = None) -> dict:
+    """The update of Explore's run picker once a run is shelved: the session's runs, with a note
+    in place of its help text when the recording budget dropped some (``value``: select it)."""
+    selected = {} if value is None else {"value": value}
+    return gr.update(choices=session.sources(), info=session.shelf.note or RUN_PICKER_INFO, **selected)
 
 
 def nothing_yet(what: str) -> gr.Error:

@@ -1,16 +1,81 @@
-"""Per-browser-session state (kept in a ``gr.State``; nothing here is shared between sessions)."""
+"""Per-browser-session state (kept in a ``gr.State``; nothing here is shared between sessions),
+the recordings a session keeps, and how a session lets go of all of it.
+
+A session keeps its finished runs on a :class:`Shelf` (what Explore offers), within a byte
+budget: the oldest go first, except the runs a tab still shows.
+
+Release: when a browser tab closes or reloads, or a ``gradio_client.Client`` closes (either
+way its heartbeat connection drops), :func:`thinkviz.ui.app.build_app` releases the session
+through Gradio's ``Blocks.unload`` event: :meth:`Session.close` stops its run and drops its
+runs, recordings and token-view channels, and Gradio's own record of the session goes too.
+Gradio 6's other two hooks do not fit this state: ``gr.State(time_to_live=…,
+delete_callback=…)`` only tracks a state that a handler has *returned* (``SessionState.
+__setitem__`` starts the clock; a ``Session`` is changed in place and never returned), and
+once the tab closes it waits ``STATE_TTL_WHEN_CLOSED`` (an hour) before deleting anything.
+"""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from ..events import RunRecord
+from ..units import format_bytes
 from ..viz.tokens import TokenData
 from .stream import TokenChannel
 
 LIVE_TOKENS_ID = "tv-live-tokens"
 COMPARE_TOKENS_IDS = tuple(f"tv-compare-tokens-{i}" for i in range(6))
+RECORDING_BUDGET = 256 * 2**20  # bytes of recordings one session keeps (RunRecord.nbytes)
+
+
+@dataclass
+class Shelf:
+    """A session's finished runs by label, oldest first, within ``budget`` bytes of recordings.
+
+    :meth:`keep` adds a run, then drops the oldest runs while the shelf is over its budget,
+    except those in ``pinned`` (what a tab shows now: dropping them would free nothing).
+    """
+
+    budget: int = RECORDING_BUDGET
+    records: dict[str, RunRecord] = field(default_factory=dict)
+    runs: dict[str, int] = field(default_factory=dict)  # how many runs each source ("Live", "Compare") kept
+    note: str = ""  # what the last keep dropped, for the run picker
+
+    def keep(self, source: str, records: Iterable[RunRecord], pinned: Iterable[RunRecord] = ()) -> list[str]:
+        """Add ``records`` (one run of ``source``) as ``"<source> <n> · <policy>"``; returns their labels."""
+        self.runs[source] = number = self.runs.get(source, 0) + 1
+        labels = []
+        for record in records:
+            label = f"{source} {number} · {record.meta.get('policy', '?')}"
+            self.records[label] = record
+            labels.append(label)
+        pinned = list(pinned)
+        dropped = []
+        for label, record in list(self.records.items()):
+            if self.nbytes() <= self.budget:
+                break
+            if label not in labels and not any(record is shown for shown in pinned):
+                dropped.append(label)
+                del self.records[label]
+        self.note = (f"Dropped {', '.join(dropped)}: this session keeps {format_bytes(self.budget)} of recordings, "
+                     "the oldest go first." if dropped else "")
+        return labels
+
+    def nbytes(self) -> int:
+        return sum(record.nbytes for record in self.records.values())
+
+    def labels(self) -> list[str]:
+        """Newest first, as the run picker lists them."""
+        return list(reversed(self.records))
+
+    def get(self, label: str) -> RunRecord | None:
+        return self.records.get(label)
+
+    def clear(self) -> None:
+        self.records.clear()
+        self.note = ""
 
 
 @dataclass
@@ -35,6 +100,7 @@ class Session:
     explore_record: RunRecord | None = None
     explore_steps: int = 0  # how many steps the explored record had when Explore opened it
     sweep_rows: list[dict] = field(default_factory=list)
+    shelf: Shelf = field(default_factory=Shelf)
 
     def stop(self) -> None:
         """Ask the running run, if any, to stop after its current step."""
@@ -52,14 +118,52 @@ class Session:
         self.running = True
         return self.cancel
 
+    def shown(self) -> list[RunRecord]:
+        """The records a tab shows now (never dropped from the shelf)."""
+        held = [self.live_record, *self.compare_records.values(), self.explore_record]
+        return [record for record in held if record is not None]
+
+    def keep_live(self, record: RunRecord) -> str:
+        """Shelve a finished Live run; returns its label in the run picker."""
+        return self.shelf.keep("Live", [record], self.shown())[0]
+
+    def keep_compare(self, records: Iterable[RunRecord]) -> list[str]:
+        """Shelve a finished comparison, one entry per column."""
+        return self.shelf.keep("Compare", records, self.shown())
+
     def sources(self) -> list[str]:
-        """Runs the Explore tab can open: the last Live run and each Compare column."""
-        out = ["Live run"] if self.live_record is not None else []
-        return out + [f"Compare: {name}" for name in self.compare_records]
+        """Runs the Explore tab can open, newest first."""
+        return self.shelf.labels()
 
     def record_for(self, source: str) -> RunRecord | None:
-        if source == "Live run":
-            return self.live_record
-        if source.startswith("Compare: "):
-            return self.compare_records.get(source.removeprefix("Compare: "))
-        return None
+        return self.shelf.get(source)
+
+    def close(self) -> None:
+        """The tab is gone: stop its run and let go of every run, recording and channel it holds."""
+        self.stop()
+        self.live_channel = TokenChannel(LIVE_TOKENS_ID)
+        self.compare_channels = [TokenChannel(target) for target in COMPARE_TOKENS_IDS]
+        self.live_view = self.live_record = self.explore_record = None
+        self.live_device_stats, self.compare_views, self.compare_records, self.sweep_rows = {}, [], {}, []
+        self.shelf.clear()
+
+
+def release(demo, state_id: int, session_hash: str) -> None:
+    """Close the :class:`Session` that browser session ``session_hash`` holds in the ``gr.State``
+    with id ``state_id``, then drop Gradio's record of the session (its state and its copies of
+    the components' settings), which Gradio itself would keep for an hour, or until
+    ``state_session_capacity`` newer sessions push it out.
+
+    ``demo.state_holder`` is where Gradio keeps every session's values (``gradio/state_holder.py``:
+    its ``lock``, ``session_data`` and ``time_last_used``); the release test checks, with weak
+    references, that this still frees everything with the installed Gradio.
+    """
+    holder = getattr(demo, "state_holder", None)  # set when the app is launched
+    if holder is None or session_hash not in holder:
+        return
+    session = holder[session_hash].get(state_id)
+    if isinstance(session, Session):
+        session.close()
+    with holder.lock:
+        holder.session_data.pop(session_hash, None)
+        holder.time_last_used.pop(session_hash, None)

@@ -2,16 +2,18 @@
 export buttons, the model settings panel.
 
 Each group is a dataclass of components built in the layout by its ``…_controls`` function;
-``inputs()`` lists its components in the order a handler receives their values, and a
-method turns those values into what the run needs (a policy, a request, decode settings).
-:func:`split` cuts a handler's flat values into one tuple per group, so a group can gain a
-control without any handler counting positions.
+``inputs()`` lists the components a handler receives, in order, and a method turns their
+values, in that order, into what the run needs (a policy, a request, decode settings).  Each
+input's API name is the name of the field that holds it (:meth:`Group.named`), so a control
+added to a group is named by adding it: an event wires groups with
+``inputs_kwargs=named(*groups)``, ``view_api()`` lists those names, and :func:`split` cuts a
+handler's keyword values into one tuple per group, so no handler counts positions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Iterator, Mapping, Sequence
 
 import gradio as gr
 
@@ -34,16 +36,62 @@ from .runs import RunInput, RunInputError
 from .text import plain_markdown
 
 
-def split(values: Sequence[Any], *groups: Any) -> list[tuple]:
-    """``values`` (a handler's arguments) cut into one tuple per group, each as long as its ``inputs()``."""
-    out, start = [], 0
+class Group:
+    """A control group: a dataclass of components (and of nested groups).
+
+    :meth:`inputs` lists the components a handler receives; :meth:`named` gives each the name an
+    API caller sends its value by: the field holding it, a nested group's own names, and for
+    the ``i``-th component of a list field ``xs`` (or of a NamedTuple of lists, by its field
+    names) ``xs_i``.
+    """
+
+    def inputs(self) -> list:
+        raise NotImplementedError
+
+    def named(self) -> dict[str, Any]:
+        """:meth:`inputs` by API name, in the same order."""
+        names = dict(_field_names(self, ""))
+        out: dict[str, Any] = {}
+        for component in self.inputs():
+            if id(component) not in names:
+                raise ValueError(f"{type(self).__name__}.inputs() lists a component none of its fields holds")
+            out[names[id(component)]] = component
+        return out
+
+
+def _field_names(value: Any, name: str) -> Iterator[tuple[int, str]]:
+    """``(id(component), API name)`` for every component ``value`` holds (see :class:`Group`)."""
+    if isinstance(value, Group):
+        for field in fields(value):
+            yield from _field_names(getattr(value, field.name), field.name)
+    elif isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple: its fields name its parts
+        for part, item in zip(value._fields, value):
+            yield from _field_names(item, part)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _field_names(item, f"{name}_{i + 1}")
+    else:
+        yield id(value), name
+
+
+def named(*groups: Group) -> dict[str, Any]:
+    """Every group's components by API name (``inputs_kwargs`` of an event); a name used twice is an error."""
+    out: dict[str, Any] = {}
     for group in groups:
-        size = len(group.inputs())
-        out.append(tuple(values[start : start + size]))
-        start += size
-    if start != len(values):
-        raise ValueError(f"{len(values)} values for {start} controls")
+        for name, component in group.named().items():
+            if name in out:
+                raise ValueError(f"two controls are named {name!r}")
+            out[name] = component
     return out
+
+
+def split(values: Mapping[str, Any], *groups: Group) -> list[tuple]:
+    """``values`` (a handler's keyword arguments, wired by :func:`named`) as one tuple per group,
+    in each group's :meth:`~Group.inputs` order."""
+    expected = named(*groups)
+    if set(values) != set(expected):
+        raise ValueError(f"values for {sorted(values)}, controls {sorted(expected)}")
+    return [tuple(values[name] for name in group.named()) for group in groups]
 
 
 def load_status_markdown(status: LoadStatus) -> str:
@@ -61,7 +109,7 @@ def load_status_markdown(status: LoadStatus) -> str:
 
 # ---- the knobs every policy shares ------------------------------------------------------------
 @dataclass
-class CommonControls:
+class CommonControls(Group):
     """Budget (in tokens or as a fraction of the tokens seen), interval and the two protection
     toggles, in :data:`~thinkviz.policies.base.COMMON_PARAMS` order."""
 
@@ -109,8 +157,13 @@ def preset_knobs(params: dict[str, Any]) -> list:
 
 # ---- one policy and its own parameters (Live) ---------------------------------------------------
 @dataclass
-class PolicyControls:
-    """The policy picker, the common knobs and the pool of per-policy parameter slots."""
+class PolicyControls(Group):
+    """The policy picker, the common knobs and the pool of per-policy parameter slots.
+
+    A slot has no fixed meaning (it shows the chosen policy's first, second… number, flag or
+    choice), so its API name says only that: ``numbers_1``, ``flags_1``, ``choices_1`` (the
+    pools' fields); ``/run_policy`` takes knobs by their own names instead.
+    """
 
     policy: gr.Dropdown
     common: CommonControls
@@ -172,14 +225,14 @@ def policy_controls(default: str) -> PolicyControls:
     policy = gr.Dropdown(policy_names(), value=default, label="Policy", elem_id="tv-live-policy")
     common = common_controls("live", interval=1)
     numbers = [slider(low, high, value=spec.value if spec else low, visible=spec is not None,
-                      label=spec.label if spec else f"parameter {i + 1}", info=spec.help if spec else None)
+                      label=spec.label if spec else f"policy number knob {i + 1}", info=spec.help if spec else None)
                for i, spec in enumerate(specs.numbers)]
     flags = [gr.Checkbox(value=bool(spec.value) if spec else False, visible=spec is not None,
-                         label=spec.label if spec else f"option {i + 1}", info=spec.help if spec else None)
+                         label=spec.label if spec else f"policy flag knob {i + 1}", info=spec.help if spec else None)
              for i, spec in enumerate(specs.flags)]
     choices = [gr.Dropdown(every_choice, value=spec.value if spec else every_choice[0], visible=spec is not None,
-                           label=spec.label if spec else f"choice {i + 1}", info=spec.help if spec else None,
-                           elem_id=f"tv-live-choice-{i}")
+                           label=spec.label if spec else f"policy choice knob {i + 1}",
+                           info=spec.help if spec else None, elem_id=f"tv-live-choice-{i}")
                for i, spec in enumerate(specs.choices)]
     group = PolicyControls(policy, common, Pools(numbers, flags, choices))
     if group.slots:  # a choice by hand (.input, not .change): a preset sets the policy and its own knobs at once
@@ -197,13 +250,13 @@ def knob_box(tab: str, params: dict[str, Any] | None = None) -> gr.Textbox:
 
 # ---- what to run ------------------------------------------------------------------------------
 @dataclass
-class InputControls:
+class InputControls(Group):
     """Preset picker and the chat to run (system, question, generate / replay, trace), with the
     replay panel: a trace or transcript file to upload and a preview of its turns."""
 
     preset: gr.Dropdown
     notice: gr.Markdown
-    mode: gr.Radio
+    run_mode: gr.Radio
     system: gr.Textbox
     question: gr.Textbox
     trace: gr.Textbox
@@ -212,7 +265,7 @@ class InputControls:
     preview: gr.Dataframe
 
     def inputs(self) -> list:
-        return [self.mode, self.system, self.question, self.trace]
+        return [self.run_mode, self.system, self.question, self.trace]
 
     @staticmethod
     def request(values: Sequence[Any]) -> RunInput:
@@ -220,7 +273,7 @@ class InputControls:
         return inputs.run_input(*values)
 
     def preset_outputs(self) -> list:
-        return [self.notice, self.mode, self.system, self.question, self.trace]
+        return [self.notice, self.run_mode, self.system, self.question, self.trace]
 
 
 def input_controls(choices: list[tuple[str, str]], tab: str, slot: ModelSlot) -> InputControls:
@@ -228,7 +281,7 @@ def input_controls(choices: list[tuple[str, str]], tab: str, slot: ModelSlot) ->
     preset = gr.Dropdown(choices, value=None, label="Preset", elem_id=f"tv-{tab}-preset",
                          info="a question, a policy and, for replay, a hand-written reasoning trace")
     notice = gr.Markdown("", elem_classes="tv-notice")
-    question = gr.Textbox(label="Question", lines=2, max_lines=8, placeholder="Ask something that needs reasoning…",
+    question = gr.Textbox("", label="Question", lines=2, max_lines=8, placeholder="Ask something that needs reasoning…",
                           elem_id=f"tv-{tab}-question")
     mode = gr.Radio(list(inputs.RUN_MODES), value="generate", label="Run mode", elem_id=f"tv-{tab}-run-mode",
                     info="generate: the model writes; replay: teacher-force the trace")
@@ -276,15 +329,15 @@ def preset_values(name: str | None) -> tuple[inputs.PresetChoice | None, list]:
 
 
 @dataclass
-class DecodeControls:
+class DecodeControls(Group):
     """Max new tokens, temperature and whether end-of-text stops the run."""
 
-    max_new: gr.Slider
+    max_new_tokens: gr.Slider
     temperature: gr.Slider
     stop_at_eos: gr.Checkbox
 
     def inputs(self) -> list:
-        return [self.max_new, self.temperature, self.stop_at_eos]
+        return [self.max_new_tokens, self.temperature, self.stop_at_eos]
 
     @staticmethod
     def settings(values: Sequence[Any]) -> DecodeSettings:
@@ -337,11 +390,11 @@ def model_settings(slot: ModelSlot, model: str, quantization: str, model_status:
             set_cap = gr.Button("Set VRAM cap", size="sm", elem_id="tv-vram-cap-set")
         cap_status = gr.Markdown(vram_cap_line(cap_now), elem_id="tv-vram-cap-status", elem_classes="tv-status")
 
-    def load_model(name_value: str, quant_value: str) -> Iterator[tuple[str, str]]:
-        if not (name_value or "").strip():
+    def load_model(model_name: str, weights: str) -> Iterator[tuple[str, str]]:
+        if not (model_name or "").strip():
             raise gr.Error("Give a model: 'embedded', a Hugging Face id or a local folder.", print_exception=False)
         try:
-            slot.start(name_value.strip(), quant_value)
+            slot.start(model_name.strip(), weights)
         except ModelUnavailable as exc:
             raise user_error(exc) from None
         for status in slot.watch():
@@ -351,8 +404,8 @@ def model_settings(slot: ModelSlot, model: str, quantization: str, model_status:
     load.click(load_model, [name, quant], [progress, model_status], concurrency_limit=1,
                concurrency_id=MODEL_GROUP, api_name="load_model", show_progress="hidden")
 
-    def apply_cap(gib: float | None) -> str:
-        return vram_cap_line(shown(set_vram_cap, gib, slot.device))
+    def apply_cap(vram_cap_gib: float | None) -> str:
+        return vram_cap_line(shown(set_vram_cap, vram_cap_gib, slot.device))
 
     # between runs (the model group), so a run in progress keeps the card it started on
     set_cap.click(apply_cap, cap, cap_status, concurrency_limit=1, concurrency_id=MODEL_GROUP,

@@ -20,28 +20,28 @@ from ...viz.tokens import MODES, TokenData
 from ..compare import (FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, check_policies, column_views, compare_frames,
                        preset_policies)
 from ..controls import build_policy, default_view, format_knobs, knobs_for, parse_knobs
-from ..handlers import MODEL_GROUP, WAITING, figure_file, run_with_model
+from ..handlers import MODEL_GROUP, WAITING, figure_file, run_picker, run_with_model
 from ..session import COMPARE_TOKENS_IDS, Session
 from ..stream import bus_payload, container_html
 from ..text import plain_markdown
-from ..widgets import (CommonControls, InputControls, common_controls, decode_controls, input_controls, knob_box,
-                       preset_knobs, preset_values, split)
+from ..widgets import (CommonControls, Group, InputControls, common_controls, decode_controls, input_controls,
+                       knob_box, named, preset_knobs, preset_values, split)
 from . import AppContext, ExploreLink
 
 DEFAULT_POLICIES = [REFERENCE_POLICY, "window", "h2o"]
 
 
 @dataclass
-class PolicySetControls:
+class PolicySetControls(Group):
     """The policies to compare, the knobs they share, their own knobs, and whether to measure fidelity afterwards."""
 
     policies: gr.CheckboxGroup
     common: CommonControls
     knobs: gr.Textbox
-    measure: gr.Checkbox
+    measure_fidelity: gr.Checkbox
 
     def inputs(self) -> list:
-        return [self.policies, *self.common.inputs(), self.knobs, self.measure]
+        return [self.policies, *self.common.inputs(), self.knobs, self.measure_fidelity]
 
     def make(self, values: Sequence[Any]) -> tuple[list[Policy], bool]:
         """The policies (2–6, checked), each with the knobs it declares, and the measure-fidelity
@@ -126,7 +126,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                 view_legend(mode, "", None, parts=("keep", "segments", "boxes"))]
 
     panel.preset.change(pick_preset, panel.preset,
-                        panel.preset_outputs() + chosen.inputs()[:-1] + [decode.max_new, view_mode],
+                        panel.preset_outputs() + chosen.inputs()[:-1] + [decode.max_new_tokens, view_mode],
                         show_progress="hidden", api_visibility="private"
                         ).then(clear_results, [session, view_mode],
                                [app.bus, *headers, table, overlay, per_token, legend], show_progress="hidden",
@@ -154,13 +154,13 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     view_mode.change(switch_mode, [session, view_mode], [app.bus, legend, *headers], show_progress="hidden",
                      api_visibility="private")
 
-    def run_compare(s: Session, mode: str, *values):
+    def run_compare(s: Session, view_mode: str, **values):
         def prepare():
             chat, policy_values, decode_values = split(values, panel, chosen, decode)
             policies, measure_fidelity = chosen.make(policy_values)
             request = policies, InputControls.request(chat), decode.settings(decode_values), measure_fidelity
             for channel in s.compare_channels[: len(policies)]:
-                channel.set_mode(mode)
+                channel.set_mode(view_mode)
             return request
 
         def shown_columns(request) -> list:
@@ -175,7 +175,9 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             channels = s.compare_channels[: len(policies)]
             for frame in compare_frames(loaded, policies, run_input, settings, cancel, channels, measure_fidelity):
                 s.compare_records, s.compare_views = frame.records, frame.views
-                source = gr.update(choices=s.sources()) if frame.done else gr.skip()
+                if frame.done:
+                    s.keep_compare(frame.records.values())
+                source = run_picker(s) if frame.done else gr.skip()
                 head = frame.headers + [""] * (len(headers) - len(frame.headers))
                 figure = gr.skip() if frame.figure is None else frame.figure
                 fidelity = gr.skip() if frame.fidelity is None else frame.fidelity
@@ -187,8 +189,8 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     def connect(explore: ExploreLink) -> None:
         run.click(
             run_compare,
-            [session, view_mode, *panel.inputs(), *chosen.inputs(), *decode.inputs()],
-            [status, app.bus, overlay, table, explore.source, *headers, *columns, legend, per_token],
+            [session, view_mode], [status, app.bus, overlay, table, explore.source, *headers, *columns, legend, per_token],
+            inputs_kwargs=named(panel, chosen, decode),
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="compare", show_progress="hidden",
         ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
 

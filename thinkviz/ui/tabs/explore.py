@@ -12,7 +12,7 @@ from ...viz.legend import pin_host
 from ...viz.tokens import MODES
 from .. import explore
 from ..fields import slider
-from ..handlers import figure_file, recording_file, shown
+from ..handlers import RUN_PICKER_INFO, figure_file, recording_file, shown
 from ..session import Session
 from ..text import no_markup
 from ..widgets import export_controls
@@ -24,7 +24,7 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
     and the refresh they run after a run ends."""
     with gr.Row():
         with gr.Column(scale=2):
-            source = gr.Dropdown([], value=None, label="Run to explore", info="the last Live run or a Compare column",
+            source = gr.Dropdown([], value=None, label="Run to explore", info=RUN_PICKER_INFO,
                                  elem_id="tv-explore-source")
             open_source = gr.Button("Open", size="sm", elem_id="tv-explore-open")
         upload = gr.File(label="…or open a recording (.zip, or .json + .npz)", file_count="multiple",
@@ -101,19 +101,21 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
             return [gr.skip()] * (4 + len(view_outputs))
         return [gr.update(value=sources[0]), *open_record(s, s.record_for(sources[0]), mode_value)]
 
-    def from_upload(s: Session, files, mode_value: str) -> list:
+    def from_upload(s: Session, files, view_mode: str) -> list:
         if not files:
             return [gr.skip()] * (3 + len(view_outputs))
         record = shown(import_recording, files if isinstance(files, list) else [files])
-        return open_record(s, record, mode_value)
+        return open_record(s, record, view_mode)
 
     export_run.click(lambda s: recording_file(s.explore_record), session, exported,
                      api_name="export_explored_recording")
-    export_fig.click(
-        lambda s, *view_values: figure_file(s.explore_record is not None,
-                                            lambda: {"Keep / evict": view(s, *view_values).heatmap},
-                                            stem="thinkviz-keep"),
-        view_inputs, exported, api_name="export_keep_figure")
+
+    def keep_figure(s: Session, step: float, layer: str, kv_head: str, view_mode: str) -> str:
+        return figure_file(s.explore_record is not None,
+                           lambda: {"Keep / evict": view(s, step, layer, kv_head, view_mode).heatmap},
+                           stem="thinkviz-keep")
+
+    export_fig.click(keep_figure, view_inputs, exported, api_name="export_keep_figure")
     open_source.click(from_source, [session, source, mode], pickers + view_outputs, show_progress="hidden",
                       api_visibility="private")
     tab.select(on_select, [session, mode], [source, *pickers, *view_outputs], show_progress="hidden",

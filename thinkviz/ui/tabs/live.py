@@ -6,6 +6,7 @@ places what each frame carries.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -18,28 +19,30 @@ from ...viz.legend import view_legend
 from ...viz.tokens import MODES
 from .. import inputs
 from ..controls import default_view
-from ..handlers import MODEL_GROUP, WAITING, figure_file, recording_file, run_with_model, shown
+from ..handlers import MODEL_GROUP, WAITING, figure_file, recording_file, run_picker, run_with_model, shown
 from ..live import live_frames
+from ..scripted import run_summary, script_request
 from ..session import LIVE_TOKENS_ID, Session
-from ..stream import bus_payload, container_html
-from ..widgets import (InputControls, decode_controls, export_controls, input_controls, model_settings,
-                       policy_controls, preset_values, split)
+from ..stream import TokenChannel, bus_payload, container_html
+from ..throttle import FramePacer
+from ..widgets import (Group, InputControls, decode_controls, export_controls, input_controls, model_settings,
+                       named, policy_controls, preset_values, split)
 from . import AppContext, ExploreLink
 
 DEFAULT_POLICY = "h2o"
 
 
 @dataclass
-class ProjectionControls:
+class ProjectionControls(Group):
     """Which bigger model and card the memory chart prices the kept tokens on, and whether it also
     shows the process's memory and the weights (off by default: they dwarf a small model's cache)."""
 
-    target: gr.Dropdown
-    card: gr.Radio
-    device: gr.Checkbox
+    project_onto: gr.Dropdown
+    card_gib: gr.Radio
+    process_memory: gr.Checkbox
 
     def inputs(self) -> list:
-        return [self.target, self.card, self.device]
+        return [self.project_onto, self.card_gib, self.process_memory]
 
     @staticmethod
     def projection(values: Sequence[Any]) -> Projection | None:
@@ -101,7 +104,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
 
     legend_inputs = [session, view_mode, controls.policy]
     panel.preset.change(pick_preset, panel.preset,
-                        panel.preset_outputs() + controls.inputs() + [decode.max_new, view_mode],
+                        panel.preset_outputs() + controls.inputs() + [decode.max_new_tokens, view_mode],
                         show_progress="hidden", api_visibility="private"
                         ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private")
     controls.policy.input(default_view, controls.policy, view_mode, show_progress="hidden", api_visibility="private"
@@ -132,16 +135,17 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     stop.click(Session.stop, session, None, queue=False, api_name="stop")
     export_run.click(lambda s: recording_file(s.live_record), session, exported, api_name="export_recording")
     export_fig.click(
-        lambda s, *values: figure_file(s.live_record is not None,
-                                       lambda: {"KV-cache memory": figure_for(s, *values)}, stem="thinkviz-memory"),
-        [session, *projection.inputs()], exported, api_name="export_figure")
+        lambda s, **values: figure_file(s.live_record is not None,
+                                        lambda: {"KV-cache memory": figure_for(s, *split(values, projection)[0])},
+                                        stem="thinkviz-memory"),
+        [session], exported, inputs_kwargs=projection.named(), api_name="export_figure")
 
-    def run_live(s: Session, mode: str, *values):
+    def run_live(s: Session, view_mode: str, **values):
         def prepare():
             chat, policy_values, decode_values, projection_values = split(values, panel, controls, decode, projection)
             request = (controls.make(policy_values), InputControls.request(chat), decode.settings(decode_values),
                        projection.projection(projection_values), projection.show_device(projection_values))
-            s.live_channel.set_mode(mode)
+            s.live_channel.set_mode(view_mode)
             return request
 
         def frames(loaded, request, cancel):
@@ -151,7 +155,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                 for frame in live_frames(loaded, policy, run_input, settings, cancel, s.live_channel,
                                          memory_projection, show_device=show_device):
                     s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
-                    source = gr.update(choices=s.sources(), value="Live run") if frame.done else gr.skip()
+                    source = run_picker(s, s.keep_live(frame.record)) if frame.done else gr.skip()
                     figure = gr.skip() if frame.figure is None else frame.figure
                     legend_now, sent = (gr.skip() if frame.legend == sent else frame.legend), frame.legend
                     yield [frame.status, bus_payload(frame.bus), figure, frame.stats, source, legend_now]
@@ -164,6 +168,37 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
 
         yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, *[gr.skip()] * 5], s)
 
+    # /run_policy: a policy by name and a JSON object of knobs, for scripts (no controls in the page)
+    by_name = {"policy": gr.Textbox(DEFAULT_POLICY, label="Policy name", visible=False),
+               "knobs": gr.Textbox("{}", label="Knobs (JSON object by name)", visible=False),
+               "preset": gr.Textbox("", label="Preset name (empty: run the chat given)", visible=False)}
+    script_summary = gr.JSON(label="Run summary", visible=False)
+
+    def run_policy(s: Session, policy: str, knobs: str, preset: str, **values):
+        """Run `policy` with `knobs`, a JSON object by knob name (budget, interval, protect_system,
+        protect_question and the policy's own; `python -m thinkviz policies` lists them), on the
+        chat given, or on `preset`'s chat, trace and new-token limit (its policy and knobs unless
+        `policy` / `knobs` say otherwise).  Returns the run's summary and its recording (a zip)."""
+        def prepare():
+            chat, decode_values = split(values, panel, decode)
+            asked = script_request(policy, knobs, preset, chat, decode_values[0])
+            return (asked.policy, InputControls.request(asked.chat),
+                    decode.settings((asked.max_new_tokens, *decode_values[1:])))
+
+        def frames(loaded, request, cancel):
+            policy_object, run_input, settings = request
+            once = FramePacer(math.inf)  # the first frame and the last: nobody watches this run
+            for frame in live_frames(loaded, policy_object, run_input, settings, cancel, TokenChannel(LIVE_TOKENS_ID),
+                                     pacer=once, figure_pacer=once):
+                s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
+            yield [run_summary(s.keep_live(frame.record), frame), recording_file(frame.record)]
+
+        yield from run_with_model(app.slot, prepare, frames, lambda _: [gr.skip(), gr.skip()], s)
+
+    gr.Button(visible=False).click(run_policy, [session], [script_summary, exported],
+                                   inputs_kwargs={**by_name, **named(panel, decode)}, concurrency_limit=1,
+                                   concurrency_id=MODEL_GROUP, api_name="run_policy", show_progress="hidden")
+
     if controls.slots:
         app.demo.load(lambda: controls.updates(DEFAULT_POLICY), None, controls.slots, show_progress="hidden",
                       api_visibility="private")
@@ -171,8 +206,8 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     def connect(explore: ExploreLink) -> None:
         generate.click(
             run_live,
-            [session, view_mode, *panel.inputs(), *controls.inputs(), *decode.inputs(), *projection.inputs()],
-            [status, app.bus, memory, stats, explore.source, legend],
+            [session, view_mode], [status, app.bus, memory, stats, explore.source, legend],
+            inputs_kwargs=named(panel, controls, decode, projection),
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="generate", show_progress="hidden",
         ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
 
