@@ -74,11 +74,20 @@ def free_port() -> int:
 @contextmanager
 def launched_app(app_args: Sequence[str] = (), timeout: float = 240, log: Path | None = None) -> Iterator[str]:
     """Run ``python app.py`` on a free 127.0.0.1 port; yield its URL once the page answers."""
+    with app_process(app_args, timeout, log) as (url, _):
+        yield url
+
+
+@contextmanager
+def app_process(app_args: Sequence[str] = (), timeout: float = 240, log: Path | None = None,
+                env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+    """:func:`launched_app` that also yields the server's process id, with ``env`` added to its
+    environment."""
     if not APP.is_file():
         raise BenchError(f"{APP} not found: run from a ThinkViz checkout")
     port = free_port()
     log = log or Path(tempfile.mkdtemp(prefix="thinkviz-app-")) / "app.log"
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port), *app_args],
                                 cwd=APP.parent, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -95,7 +104,7 @@ def launched_app(app_args: Sequence[str] = (), timeout: float = 240, log: Path |
                 if time.monotonic() > deadline:
                     raise BenchError(f"app.py did not answer on {url} within {timeout:.0f} s; log: {log}") from None
                 time.sleep(1)
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         try:

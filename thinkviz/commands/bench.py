@@ -12,11 +12,14 @@ from tqdm import tqdm
 
 from ..bench.browser import BenchError, launched_app, measure
 from ..bench.gpu import gpu_report, markdown, write_report
+from ..bench.load import load, load_table
 from ..bench.overhead import measure_context_overhead, measure_overhead
 from ..bench.profile import profile_decode
 from ..bench.quant_kernels import KERNELS, measure_kernels, model_shapes
 from ..bench.quant_speed import measure_quant_speed
 from ..bench.replay_cost import measure_replay_cost
+from ..bench.served import served_app, short_replay
+from ..bench.soak import soak, soak_table
 from ..bench.summary import SummaryError, load_sweep_rows, summary_table
 from ..model import ModelLoadError, choose_backend, load_model
 from ..policies import PolicyConfigError, make_policy
@@ -468,6 +471,63 @@ def gpu(args: argparse.Namespace) -> int:
     print(markdown(report), end="")
     paths = write_report(report, Path(args.out))
     print("written: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _served_args(parser: argparse.ArgumentParser, trace_tokens: int) -> None:
+    add_model_args(parser)
+    parser.add_argument("--url", default=None, help="drive an app already running there instead of starting app.py")
+    parser.add_argument("--preset", default="math_h2o_vs_window", help="the replay preset whose trace is replayed")
+    parser.add_argument("--trace-tokens", type=int, default=trace_tokens, help="replay the first N tokens of it")
+
+
+def _app_args(args: argparse.Namespace) -> list[str]:
+    """``app.py``'s arguments for the model the benchmark was given."""
+    device = ["--device", args.device] if args.device else []
+    return ["--model", args.model, "--quant", args.quant, "--quant-backend", args.quant_backend, *device]
+
+
+def _soak_args(parser: argparse.ArgumentParser) -> None:
+    _served_args(parser, trace_tokens=650)
+    parser.add_argument("--sessions", type=int, default=50, help="successive new sessions (after one warm-up)")
+    parser.add_argument("--runs", type=int, default=3, help="replays in each session")
+    parser.add_argument("--pid", type=int, default=None, help="with --url: the process id of that app (its memory)")
+    parser.add_argument("--settle", type=float, default=None, metavar="SECONDS",
+                        help="wait after each session before reading memory (default: one heartbeat + 2 s: "
+                             "3 s for the app the benchmark starts, 17 s with --url)")
+
+
+@bench_kind("soak", _soak_args)
+def soak_bench(args: argparse.Namespace) -> int:
+    """Server memory across N successive new sessions of M short replays: start, after 5, end, peak, per session."""
+    if args.url and args.pid is None:
+        raise CliError("bench soak reads the server's memory: with --url give the app's process id (--pid)")
+    try:
+        replay = short_replay(args.preset, args.trace_tokens)
+        with served_app(args.url, args.pid, _app_args(args)) as served:
+            result = soak(served, replay, args.sessions, args.runs, args.settle,
+                          progress=lambda message: print(f"[bench soak] {message}", file=sys.stderr))
+    except BenchError as exc:
+        raise CliError(str(exc)) from None
+    print(soak_table(result), end="")
+    return 0
+
+
+def _load_args(parser: argparse.ArgumentParser) -> None:
+    _served_args(parser, trace_tokens=256)
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients, one replay each")
+
+
+@bench_kind("load", _load_args)
+def load_bench(args: argparse.Namespace) -> int:
+    """K concurrent clients, one short replay each: all finish with their own result; queue wait and total time."""
+    try:
+        replay = short_replay(args.preset, args.trace_tokens)
+        with served_app(args.url, None, _app_args(args)) as served:
+            result = load(served, replay, args.clients)
+    except BenchError as exc:
+        raise CliError(str(exc)) from None
+    print(load_table(result), end="")
     return 0
 
 

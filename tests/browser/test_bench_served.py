@@ -1,0 +1,50 @@
+"""``bench soak`` and ``bench load`` against ``app.py`` serving a tiny model from a local folder.
+
+They run to completion with small N and K; what they measure stays in their output (the
+test checks the report is there, never its numbers).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from thinkviz.cli import main
+from tiny_models import tiny_model
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> str:
+    """A tiny random Llama saved as a checkpoint: ``app.py --model FOLDER --quant none`` serves it."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny = tiny_model("llama")
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_bench_soak_reports_memory_across_sessions(tiny_folder, capsys):
+    code = main(["bench", "soak", "--model", tiny_folder, "--quant", "none", "--sessions", "2", "--runs", "2",
+                 "--trace-tokens", "48"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "2 sessions × 2 replays of 48 trace tokens" in out.out
+    for row in ("server RSS at start", "after 5 sessions", "at the end (2 sessions)", "peak",
+                "growth per finished session"):
+        assert f"| {row}" in out.out
+    assert "session 2/2" in out.err
+
+
+def test_bench_load_runs_every_client_to_its_own_result(tiny_folder, capsys):
+    code = main(["bench", "load", "--model", tiny_folder, "--quant", "none", "--clients", "3", "--trace-tokens", "40"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    rows = [line for line in out.out.splitlines() if line.startswith("| ") and line.endswith(" | yes |")]
+    assert [row.split(" | ")[0] for row in rows] == ["| 0", "| 1", "| 2"]
+    assert "queue wait: median" in out.out and "for 3 runs" in out.out
+
+
+def test_bench_soak_with_url_needs_the_process_id(capsys):
+    assert main(["bench", "soak", "--url", "http://127.0.0.1:9/"]) == 2
+    assert "--pid" in capsys.readouterr().err
