@@ -100,7 +100,8 @@ def load_table(result: LoadResult) -> str:
     """The result as Markdown: one row per client, then the queue wait and the total time."""
     waits = result.waits
     lines = [f"{len(result.runs)} concurrent clients, one replay each (~{result.replay.tokens} trace tokens of "
-             f"{result.replay.preset}, h2o, interval 32; client k: budget 64 + 8k, its trace k words shorter)", "",
+             f"{result.replay.preset}, h2o, interval {result.replay.interval}; client k: budget 64 + 8k, "
+             "its trace k words shorter)", "",
              "| client | budget | events | queue wait (s) | submit → done (s) | own result |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {run.client} | {run.budget} | {run.events} | {run.queue_wait:.1f} | {run.total:.1f} | "

@@ -27,31 +27,34 @@ DEFAULT_HEARTBEAT_SECONDS = 15.0  # Gradio's own default, for an app started els
 
 @dataclass(frozen=True)
 class Replay:
-    """One short replay: a preset's question and the first ``tokens`` tokens of its trace."""
+    """One short replay: a preset's question and the first ``tokens`` tokens of its trace, run by
+    h2o compressing every ``interval`` tokens (1, the Live tab's default: an event per token)."""
 
     preset: str
     question: str
     system: str
     trace: str
     tokens: int
+    interval: int = 1
 
-    def request(self, budget: int = 256, interval: int = 32) -> dict[str, Any]:
+    def request(self, budget: int = 256) -> dict[str, Any]:
         """``/generate``'s arguments by name (h2o, no end-of-text stop; the rest as the page starts)."""
         return {"run_mode": "replay", "question": self.question, "system": self.system, "trace": self.trace,
-                "policy": "h2o", "budget": budget, "interval": interval, "stop_at_eos": False}
+                "policy": "h2o", "budget": budget, "interval": self.interval, "stop_at_eos": False}
 
 
-def short_replay(preset: str, tokens: int) -> Replay:
+def short_replay(preset: str, tokens: int, interval: int = 1) -> Replay:
     """``preset``'s trace cut to its first ``tokens`` tokens (the shared tokenizer's)."""
-    if tokens < 1:
-        raise BenchError(f"a replay needs at least one trace token, not {tokens}")
+    if tokens < 1 or not 1 <= interval <= 512:
+        raise BenchError(f"a replay needs at least one trace token (not {tokens}) and an interval of 1–512 "
+                         f"(not {interval})")
     try:
         trace = load_trace(preset)
     except (OSError, ValueError) as exc:
         raise BenchError(f"cannot load the trace of {preset!r}: {exc}") from None
     tokenizer = embedded_tokenizer()
     ids = tokenizer(trace.text, add_special_tokens=False)["input_ids"][:tokens]
-    return Replay(preset, trace.question, trace.system or "", tokenizer.decode(ids), len(ids))
+    return Replay(preset, trace.question, trace.system or "", tokenizer.decode(ids), len(ids), interval)
 
 
 def rss_bytes(pid: int) -> int:

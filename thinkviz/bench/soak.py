@@ -107,8 +107,9 @@ def soak_table(result: SoakResult) -> str:
         ("growth per finished session (MiB)", f"{result.growth_per_session / MIB:.2f}  (target ≤ 2)"),
         (f"end ÷ after {MILESTONE}", "–" if ratio is None else f"{ratio:.3f}  (target ≤ 1.10)"),
     ]
-    lines = [f"{result.sessions} sessions × {result.runs} replays of {result.replay.tokens} trace tokens "
-             f"({result.replay.preset}, h2o budget 256, interval 32) in {result.seconds:.0f} s", "",
+    replay = result.replay
+    lines = [f"{result.sessions} sessions × {result.runs} replays of {replay.tokens} trace tokens "
+             f"({replay.preset}, h2o budget 256, interval {replay.interval}) in {result.seconds:.0f} s", "",
              "| server memory | MiB |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     return "\n".join(lines) + "\n"

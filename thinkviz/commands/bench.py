@@ -479,6 +479,8 @@ def _served_args(parser: argparse.ArgumentParser, trace_tokens: int) -> None:
     parser.add_argument("--url", default=None, help="drive an app already running there instead of starting app.py")
     parser.add_argument("--preset", default="math_h2o_vs_window", help="the replay preset whose trace is replayed")
     parser.add_argument("--trace-tokens", type=int, default=trace_tokens, help="replay the first N tokens of it")
+    parser.add_argument("--interval", type=int, default=1,
+                        help="h2o compresses every N tokens (default 1, as the Live tab: one event per token)")
 
 
 def _app_args(args: argparse.Namespace) -> list[str]:
@@ -503,7 +505,7 @@ def soak_bench(args: argparse.Namespace) -> int:
     if args.url and args.pid is None:
         raise CliError("bench soak reads the server's memory: with --url give the app's process id (--pid)")
     try:
-        replay = short_replay(args.preset, args.trace_tokens)
+        replay = short_replay(args.preset, args.trace_tokens, args.interval)
         with served_app(args.url, args.pid, _app_args(args)) as served:
             result = soak(served, replay, args.sessions, args.runs, args.settle,
                           progress=lambda message: print(f"[bench soak] {message}", file=sys.stderr))
@@ -522,7 +524,7 @@ def _load_args(parser: argparse.ArgumentParser) -> None:
 def load_bench(args: argparse.Namespace) -> int:
     """K concurrent clients, one short replay each: all finish with their own result; queue wait and total time."""
     try:
-        replay = short_replay(args.preset, args.trace_tokens)
+        replay = short_replay(args.preset, args.trace_tokens, args.interval)
         with served_app(args.url, None, _app_args(args)) as served:
             result = load(served, replay, args.clients)
     except BenchError as exc:
