@@ -17,6 +17,7 @@ import gradio as gr
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
+from test_ui_browser import wait_for_text
 from tiny_app import served_demo
 
 from thinkviz.engine import Run
@@ -87,6 +88,25 @@ def test_closing_a_session_mid_run_releases_its_run_recordings_and_channels(monk
         assert staying.predict(**LIVE, max_new_tokens=2, api_name="/generate")[0].startswith("Done: 2 tokens")
         assert other.live_record is not None and len(other.shelf.records) == 2
         staying.close()
+
+
+def test_closing_the_browser_tab_releases_its_session(browser, monkeypatch):
+    monkeypatch.setenv("GRADIO_HEARTBEAT_INTERVAL", "0.25")
+    with served_demo() as demo:
+        page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+        page.goto(demo.local_url)
+        wait_for_text(page, "#tv-model-status", "Model: Ready", 120)
+        page.fill("#tv-live-question textarea", "Count to three.")
+        page.click("#tv-live-run")
+        wait_for_text(page, "#tv-live-status", r"Done: \d+ tokens generated", 120)
+        state = next(block for block in demo.blocks.values() if isinstance(block, gr.State))
+        held = [values.get(state._id) for values in demo.state_holder.session_data.values()]
+        sessions = [session for session in held if isinstance(session, Session) and session.live_record is not None]
+        assert len(sessions) == 1
+        refs = {"session": weakref.ref(sessions[0]), "live record": weakref.ref(sessions[0].live_record)}
+        del held, sessions
+        page.context.close()
+        assert _survivors(refs) == []
 
 
 def test_every_api_input_has_a_name_and_run_policy_takes_knobs_by_name(tmp_path):
