@@ -62,6 +62,19 @@ def test_a_run_a_tab_still_shows_is_never_dropped():
     assert session.shelf.note.startswith("Dropped Live 1 · h2o, Compare 1 · full:")
 
 
+def test_a_run_shelved_at_its_start_is_trimmed_against_when_it_ends():
+    session = Session(shelf=Shelf(budget=2 * KIB))
+    first = _record("h2o")
+    session.keep_live(first)
+    growing = _record("window", steps=1)  # 256 bytes when it goes on the shelf
+    session.live_record = growing
+    session.keep_live(growing)
+    assert session.sources() == ["Live 2 · window", "Live 1 · h2o"] and not session.shelf.note
+    growing.events += _record("window", steps=6).events  # it streams on: 1.75 KiB, 2.75 KiB with the first
+    session.trim()
+    assert session.sources() == ["Live 2 · window"] and session.shelf.note.startswith("Dropped Live 1 · h2o:")
+
+
 def test_closing_a_session_lets_go_of_its_runs_and_stops_the_run():
     session = Session()
     cancel = session.begin()

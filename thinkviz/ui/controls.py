@@ -183,7 +183,7 @@ def build_policy(name: str, params: dict[str, Any], *, budget: Any, interval: An
         raise ControlError(str(exc)) from None
 
 
-def parse_knobs(text: str | None) -> dict[str, Any]:
+def json_knobs(text: str | None) -> dict[str, Any]:
     """A JSON object of knob values by name (``{"budget": 128, "recent": 32}``; empty: none);
     :class:`ControlError` if the text is not one."""
     try:

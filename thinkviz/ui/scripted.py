@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..policies import Policy
-from .controls import parse_knobs, policy_from_knobs
+from .controls import json_knobs, policy_from_knobs
 from .inputs import choose_preset
 from .live import LiveFrame
 
@@ -39,7 +39,7 @@ def script_request(policy: str | None, knobs: str | None, preset: str | None, ch
     :class:`~thinkviz.ui.controls.ControlError` or :class:`~thinkviz.ui.runs.RunInputError`
     with the reason.
     """
-    given = parse_knobs(knobs)
+    given = json_knobs(knobs)
     name = (policy or "").strip()
     if not (preset or "").strip():
         return ScriptRequest(policy_from_knobs(name, given), tuple(chat), max_new_tokens)

@@ -44,24 +44,30 @@ class Shelf:
     note: str = ""  # what the last keep dropped, for the run picker
 
     def keep(self, source: str, records: Iterable[RunRecord], pinned: Iterable[RunRecord] = ()) -> list[str]:
-        """Add ``records`` (one run of ``source``) as ``"<source> <n> · <policy>"``; returns their labels."""
+        """Add ``records`` (one run of ``source``) as ``"<source> <n> · <policy>"``, then :meth:`trim`;
+        returns their labels."""
         self.runs[source] = number = self.runs.get(source, 0) + 1
         labels = []
         for record in records:
             label = f"{source} {number} · {record.meta.get('policy', '?')}"
             self.records[label] = record
             labels.append(label)
+        self.trim([*pinned, *(self.records[label] for label in labels)])
+        return labels
+
+    def trim(self, pinned: Iterable[RunRecord] = ()) -> None:
+        """Drop the oldest runs while over budget, except ``pinned``; :attr:`note` says which went.
+        (A run shelved at its start grows while it streams: trim again when it ends.)"""
         pinned = list(pinned)
         dropped = []
         for label, record in list(self.records.items()):
             if self.nbytes() <= self.budget:
                 break
-            if label not in labels and not any(record is shown for shown in pinned):
+            if not any(record is shown for shown in pinned):
                 dropped.append(label)
                 del self.records[label]
         self.note = (f"Dropped {', '.join(dropped)}: this session keeps {format_bytes(self.budget)} of recordings, "
                      "the oldest go first." if dropped else "")
-        return labels
 
     def nbytes(self) -> int:
         return sum(record.nbytes for record in self.records.values())
@@ -124,12 +130,16 @@ class Session:
         return [record for record in held if record is not None]
 
     def keep_live(self, record: RunRecord) -> str:
-        """Shelve a finished Live run; returns its label in the run picker."""
+        """Shelve a Live run (from its first frame on); returns its label in the run picker."""
         return self.shelf.keep("Live", [record], self.shown())[0]
 
     def keep_compare(self, records: Iterable[RunRecord]) -> list[str]:
-        """Shelve a finished comparison, one entry per column."""
+        """Shelve a comparison, one entry per column."""
         return self.shelf.keep("Compare", records, self.shown())
+
+    def trim(self) -> None:
+        """A shelved run has ended, at its full size: bring the shelf back within its budget."""
+        self.shelf.trim(self.shown())
 
     def sources(self) -> list[str]:
         """Runs the Explore tab can open, newest first."""

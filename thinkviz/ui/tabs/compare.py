@@ -173,11 +173,16 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         def frames(loaded, request, cancel):
             policies, run_input, settings, measure_fidelity = request
             channels = s.compare_channels[: len(policies)]
+            shelved = False  # the columns go on the shelf with the first frame: Explore may open them mid-run
             for frame in compare_frames(loaded, policies, run_input, settings, cancel, channels, measure_fidelity):
                 s.compare_records, s.compare_views = frame.records, frame.views
-                if frame.done:
+                source = gr.skip()
+                if not shelved:
                     s.keep_compare(frame.records.values())
-                source = run_picker(s) if frame.done else gr.skip()
+                    source, shelved = run_picker(s), True
+                elif frame.done:
+                    s.trim()
+                    source = run_picker(s)
                 head = frame.headers + [""] * (len(headers) - len(frame.headers))
                 figure = gr.skip() if frame.figure is None else frame.figure
                 fidelity = gr.skip() if frame.fidelity is None else frame.fidelity
@@ -189,7 +194,8 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     def connect(explore: ExploreLink) -> None:
         run.click(
             run_compare,
-            [session, view_mode], [status, app.bus, overlay, table, explore.source, *headers, *columns, legend, per_token],
+            [session, view_mode],
+            [status, app.bus, overlay, table, explore.source, *headers, *columns, legend, per_token],
             inputs_kwargs=named(panel, chosen, decode),
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="compare", show_progress="hidden",
         ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")

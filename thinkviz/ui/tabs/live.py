@@ -150,12 +150,18 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
 
         def frames(loaded, request, cancel):
             policy, run_input, settings, memory_projection, show_device = request
-            frame, sent = None, None
+            frame, sent, label = None, None, None
             try:
                 for frame in live_frames(loaded, policy, run_input, settings, cancel, s.live_channel,
                                          memory_projection, show_device=show_device):
                     s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
-                    source = run_picker(s, s.keep_live(frame.record)) if frame.done else gr.skip()
+                    source = gr.skip()
+                    if label is None:  # on the shelf from its first frame: Explore may open it mid-run
+                        label = s.keep_live(frame.record)
+                        source = run_picker(s, label)
+                    elif frame.done:
+                        s.trim()
+                        source = run_picker(s)
                     figure = gr.skip() if frame.figure is None else frame.figure
                     legend_now, sent = (gr.skip() if frame.legend == sent else frame.legend), frame.legend
                     yield [frame.status, bus_payload(frame.bus), figure, frame.stats, source, legend_now]

@@ -81,28 +81,29 @@ def build(app: AppContext) -> None:
     preset.change(pick_preset, preset, [policies, interval, *protect, knobs], show_progress="hidden",
                   api_visibility="private")
 
-    def run_sweep(s: Session, name: str | None, names: list[str], budget_text: str, interval_value, *rest):
-        protect_system, protect_question, knob_text, limit_value, metric_value, mode_value = rest
-
+    # the parameter names are the API's: what /sweep's inputs are called
+    def run_sweep(s: Session, trace: str | None, policies: list[str], budgets: str, interval: float,
+                  protect_system: bool, protect_question: bool, knobs: str, trace_tokens: float, fidelity_axis: str,
+                  budget_mode: str):
         def prepare():
-            if not name:
+            if not trace:
                 raise RunInputError("Choose a trace to sweep.")
-            chosen = parse_policies(",".join(names or []))
-            params = {**parse_knobs(knob_text, chosen), "protect_system": bool(protect_system),
+            chosen = parse_policies(",".join(policies or []))
+            params = {**parse_knobs(knobs, chosen), "protect_system": bool(protect_system),
                       "protect_question": bool(protect_question)}
-            running = mode_value == "fraction"
-            return (load_trace(name), parse_budgets(budget_text or "", running), chosen, int(interval_value),
-                    int(limit_value) or None, params)
+            running = budget_mode == "fraction"
+            return (load_trace(trace), parse_budgets(budgets or "", running), chosen, int(interval),
+                    int(trace_tokens) or None, params)
 
         def frames(loaded, request, cancel):
             trace, budget_list, chosen, every, max_tokens, params = request
-            for frame in sweep_frames(loaded, trace, chosen, budget_list, every, params, metric_value,
+            for frame in sweep_frames(loaded, trace, chosen, budget_list, every, params, fidelity_axis,
                                       max_trace_tokens=max_tokens):
                 if frame.rows is None:
                     yield [frame.status, gr.skip(), gr.skip(), gr.skip()]
                     continue
                 s.sweep_rows = frame.rows
-                meta = sweep_meta(loaded, trace, chosen, budget_text, every, max_tokens, params, mode_value)
+                meta = sweep_meta(loaded, trace, chosen, budgets, every, max_tokens, params, budget_mode)
                 yield [frame.status, frame.figure, frame.table,
                        export_sweep(frame.rows, meta, tempfile.mkdtemp(prefix="thinkviz-sweep-"))]
 
