@@ -178,7 +178,10 @@ def test_three_policy_comparison_streams_columns_and_a_fidelity_table(page, shot
 
 def test_timeline_slider_moves_the_explored_step(page, shots):
     page.get_by_role("tab", name="Explore").click()
-    wait_for_text(page, "#tv-explore-caption", r"Step \*?\*?\d+", 60)
+    wait_for_text(page, "#tv-explore-caption", r"Step \*?\*?\d+", 60)  # the newest run: the comparison's column
+    pick(page, "#tv-explore-source", "Live 1")  # the Live run of the first test
+    page.click("#tv-explore-open")
+    wait_for_text(page, "#tv-explore-caption", rf"Step {LIVE_TOKENS - 1} of {LIVE_TOKENS - 1}", 60)
     last = page.locator("#tv-explore-tokens .tv-tok").count()
     set_number(page, "#tv-explore-step", 5)
     wait_for_text(page, "#tv-explore-caption", r"Step 5 ", 60)
