@@ -125,8 +125,12 @@ def test_every_api_input_has_a_name_and_run_policy_takes_knobs_by_name(tmp_path)
         summary, archive = client.predict(policy="window", knobs='{"budget": 24, "protect_system": false}',
                                           question="Why is the sky blue?", max_new_tokens=5, api_name="/run_policy")
         assert summary["run"] == "Live 1 · window" and summary["new_tokens"] == 5
-        assert summary["params"] == {"budget": 24, "interval": 1, "protect_system": False, "protect_question": True}
+        assert summary["params"] == {"budget": 24, "budget_mode": "tokens", "budget_fraction": 0.25, "interval": 1,
+                                     "protect_system": False, "protect_question": True}
         assert import_recording([archive]).meta["params"] == summary["params"]
+        fraction, _ = client.predict(policy="h2o", knobs='{"budget_mode": "fraction", "budget_fraction": 0.5}',
+                                     question="Hi", max_new_tokens=2, api_name="/run_policy")
+        assert fraction["params"]["budget_mode"] == "fraction" and fraction["params"]["budget_fraction"] == 0.5
         preset, _ = client.predict(preset="generate_muffins", knobs='{"recent": 8}', api_name="/run_policy")
         assert preset["policy"] == "h2o" and preset["params"]["recent"] == 8 and preset["params"]["budget"] == 160
 
