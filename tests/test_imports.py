@@ -27,13 +27,9 @@ DEFERRED = {
     ("thinkviz.sweep", "thinkviz.viz.pareto"),
     ("thinkviz.commands.bench", "thinkviz.viz.pareto"),
 }
-# Known cycles being removed by work in progress (#17 rewrites the DynTS predictor and its command).
-PENDING_CYCLES: list[set[str]] = [
-    {"thinkviz.cli", "thinkviz.commands.train_predictor"},  # it imports the CLI helpers from thinkviz.cli
-    # dynts imports predictor, whose training code imports the engine (inside functions)
-    {"thinkviz.engine", "thinkviz.policies", "thinkviz.policies.dynts", "thinkviz.predictor", "thinkviz.replay"},
-]
-PENDING_DEFERRED = {"thinkviz.predictor", "thinkviz.commands.train_predictor"}
+# Known cycles being removed by work in progress.
+PENDING_CYCLES: list[set[str]] = []
+PENDING_DEFERRED: set[str] = set()
 
 
 def _module_name(path: Path) -> str:

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 
 from thinkviz import predictor as P
-from thinkviz.chat import build_chat
 from thinkviz.cli import main
 from thinkviz.engine import DecodeSettings, Run
 from thinkviz.policies import make_policy
 from thinkviz.policies.dynts import DynTS
 
-from thought_trace import QUESTION, SYSTEM, TRACE, chat_and_trace
+from thought_trace import chat_and_trace
 
 
 def _predictor(hidden_size, seed=0):
@@ -110,66 +107,6 @@ def test_unreadable_files_give_one_line_reasons(tmp_path):
     save_file({"w": torch.zeros(2)}, str(other), metadata={"format": "something else"})
     with pytest.raises(P.PredictorError, match="not a ThinkViz DynTS predictor"):
         P.load(other)
-
-
-def test_labels_are_the_attention_paid_by_the_answer(tiny_llama):
-    examples = P.collect_examples(tiny_llama, "t", SYSTEM, QUESTION, TRACE)
-    # the same quantity from one plain forward over the whole text, with all attention maps
-    body = TRACE
-    cut = body.rfind("</think>") + len("</think>")
-    prompt = build_chat(tiny_llama.tokenizer, SYSTEM, QUESTION, assistant="<think>\n" + body[:cut])
-    answer = tiny_llama.tokenizer(body[cut:], add_special_tokens=False)["input_ids"]
-    with torch.inference_mode():
-        out = tiny_llama.model(torch.tensor([prompt.ids + answer]), output_attentions=True, output_hidden_states=True)
-    n = len(prompt.ids)
-    maps = torch.stack([a[0] for a in out.attentions])  # (L, H, N, N)
-    want = maps[:, :, n:, :n].sum(2).mean((0, 1)) / len(answer)  # (n,)
-    assert examples.labels.shape == (n,) and torch.allclose(examples.labels, want, atol=1e-6)
-    # the fallback's view when the answer began: attention from the thinking queries per query
-    so_far = maps[:, :, :n, :n].sum(2).mean((0, 1)) / (n - torch.arange(n))
-    assert torch.allclose(examples.attention_so_far, so_far, atol=1e-6)
-    assert torch.allclose(examples.features, out.hidden_states[-1][0, :n], atol=1e-5)
-    assert examples.thinking.sum() == n - prompt.roles[-1].start
-
-
-def test_transcript_labels_are_the_attention_paid_after_the_last_block(tiny_llama):
-    from thinkviz.chat import build_conversation
-    from thinkviz.transcript import Message
-
-    from thought_trace import MESSAGES
-
-    messages = [Message(role, content) for role, content in MESSAGES]
-    examples = P.collect_transcript_examples(tiny_llama, "t", messages)
-    chat = build_conversation(tiny_llama.tokenizer, messages)
-    n = len(examples.labels)
-    assert "".join(chat.texts[:n]).endswith("</think>")  # everything up to the last block is prefilled
-    with torch.inference_mode():
-        out = tiny_llama.model(torch.tensor([chat.ids]), output_attentions=True)
-    maps = torch.stack([a[0] for a in out.attentions])  # (L, H, N, N)
-    want = maps[:, :, n:, :n].sum(2).mean((0, 1)) / (len(chat.ids) - n)
-    assert torch.allclose(examples.labels, want, atol=1e-6)
-    assistant = [r for r in chat.roles if r.role == "assistant" and r.start < n]
-    assert int(examples.thinking.sum()) == sum(min(r.end, n) - r.start for r in assistant)
-    assert not examples.thinking[: chat.roles[1].end].any()
-
-
-def test_spearman_on_hand_numbers():
-    assert P.spearman([1, 2, 3], [10, 20, 35]) == pytest.approx(1.0)
-    assert P.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-    # ties share their average rank: ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4)
-    assert P.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
-    assert math.isnan(P.spearman([1, 1, 1], [1, 2, 3]))
-
-
-def test_training_learns_a_ranking():
-    generator = torch.Generator().manual_seed(0)
-    features = torch.randn(600, 12, generator=generator)
-    labels = torch.exp(features[:, 0] - 0.5 * features[:, 3]) * 1e-3
-    split = [P.Examples("a", features[:400], labels[:400], torch.ones(400, dtype=torch.bool), torch.zeros(400))]
-    model = P.train(split, epochs=300, seed=0)
-    with torch.inference_mode():
-        rho = P.spearman(model(features[400:]), labels[400:])
-    assert rho > 0.9
 
 
 def test_train_predictor_refuses_an_unknown_holdout(capsys):

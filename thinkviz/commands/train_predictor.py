@@ -1,32 +1,59 @@
-"""``python -m thinkviz train-predictor``: fit the DynTS importance predictor on the shipped traces."""
+"""``python -m thinkviz train-predictor``: build the corpus, fit the DynTS predictor and measure
+it on traces it never saw.
+
+The corpus is the model's own reasoning on the committed prompt set (``--generate N``,
+cached); shipped traces that are not held out and any ``--add`` trace join it.  The held-out
+shipped traces (all of them by default) are only measured: one table of Spearman and
+precision at 30 % for the predictor and its baselines, printed and written beside the
+predictor as ``dynts_<model>.eval.json``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 
-from ..cli import CliError, add_model_args, command, load_from_args
+from tqdm import tqdm
+
+from .. import predictor as P
+from ..chat import REASONING_SYSTEM_PROMPT
+from .common import CliError, add_model_args, command, load_from_args
+from ..presets import PRESETS_DIR, list_presets, load_preset
+from ..replay import Trace, TraceError, load_trace
+from .predictor_training import corpus as C
+from .predictor_training import evaluate as E
+from .predictor_training.fit import EPOCHS, LEARNING_RATE, WIDTH, train
+from .predictor_training.labels import label_trace
+from .predictor_training.prompts import corpus_prompts
+
+DEFAULT_CORPUS = 440  # the committed predictor's corpus: every prompt of the set answered twice
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from ..predictor import EPOCHS, LEARNING_RATE
-
     add_model_args(parser)
-    parser.add_argument("--holdout", default="math_tilings",
-                        help="preset trace (file stem in presets/traces) kept out of training to measure on")
+    parser.add_argument("--generate", type=int, default=DEFAULT_CORPUS, metavar="N",
+                        help="answer N prompts of the committed set with the model (the set is sampled again "
+                             "past its end; cached under the user's cache directory); 0: no corpus")
+    parser.add_argument("--add", action="append", default=[], metavar="TRACE",
+                        help="a preset name or a trace file (assistant text: thinking, </think>, answer) "
+                             "added to the training data (repeatable)")
+    parser.add_argument("--holdout", action="append", default=None, metavar="TRACE",
+                        help="shipped trace (file stem in presets/traces) kept out of training and measured on "
+                             "(repeatable; default: every shipped reasoning trace)")
+    parser.add_argument("--layers", default="-1",
+                        help="comma-separated hidden-state layers the predictor mixes (0 = embeddings, -1 = final)")
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--lr", type=float, default=LEARNING_RATE)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--width", type=int, default=WIDTH)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the corpus sampler and of the fit")
     parser.add_argument("--output", default=None,
                         help="where to write the predictor (default: assets/dynts_<model>.safetensors)")
 
 
-def reasoning_traces() -> dict[str, object]:
-    """Each shipped trace or transcript with a ``</think>`` (an answer to label with), as replayed
-    by its first preset: ``{trace file stem: thinkviz.replay.Trace}``."""
-    from ..presets import PRESETS_DIR, list_presets, load_preset
-    from ..replay import load_trace
-
+def reasoning_traces() -> dict[str, Trace]:
+    """Each shipped trace with a ``</think>`` (an answer to label with), as replayed by its first
+    preset: ``{trace file stem: thinkviz.replay.Trace}``."""
     by_text = {}
     for name in list_presets():
         preset = load_preset(name)
@@ -35,67 +62,102 @@ def reasoning_traces() -> dict[str, object]:
     traces = {}
     for path in sorted((PRESETS_DIR / "traces").glob("*.md")):
         trace = by_text.get(path.read_text(encoding="utf-8"))
-        if trace is None:
-            continue
-        texts = [trace.text] if trace.messages is None else [m.content for m in trace.messages]
-        if any("</think>" in text for text in texts):
+        if trace is not None and "</think>" in trace.text:
             traces[path.stem] = trace
     return traces
 
 
+def _layers(text: str) -> tuple[int, ...]:
+    try:
+        layers = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise CliError(f"--layers takes comma-separated integers, got {text!r}") from None
+    if len(set(layers)) != len(layers):
+        raise CliError(f"--layers names a layer twice: {text!r}")
+    return layers
+
+
+def _check(args: argparse.Namespace, traces: dict) -> list[str]:
+    """The held-out trace names; :class:`CliError` for bad values (before any model is loaded)."""
+    if args.epochs < 1 or args.lr <= 0 or args.width < 1:
+        raise CliError("--epochs and --width must be at least 1 and --lr positive")
+    if args.generate < 0:
+        raise CliError("--generate must be 0 or more")
+    holdout = args.holdout or list(traces)
+    for name in holdout:
+        if name not in traces:
+            raise CliError(f"--holdout {name!r} is not a reasoning trace; choose one of: {', '.join(traces)}")
+    return holdout
+
+
 @command("train-predictor", configure)
 def run(args: argparse.Namespace) -> int:
-    """Train the DynTS importance predictor for a model on the preset traces (one held out)."""
-    import torch
-    from tqdm import tqdm
-
-    from .. import predictor as P
-
-    if args.epochs < 1 or args.lr <= 0:
-        raise CliError("--epochs must be at least 1 and --lr positive")
+    """Train the DynTS importance predictor on the model's own reasoning and measure it on held-out traces."""
     traces = reasoning_traces()
-    if args.holdout not in traces:
-        raise CliError(f"--holdout {args.holdout!r} is not a reasoning trace; choose one of: {', '.join(traces)}")
-    if len(traces) < 2:
-        raise CliError("training needs at least two reasoning traces (one is held out)")
+    holdout = _check(args, traces)
+    layers = _layers(args.layers)
+    added = {}
+    for spec in args.add:
+        try:
+            added[spec] = load_trace(spec)
+        except TraceError as exc:
+            raise CliError(f"--add {spec}: {exc}") from None
     loaded = load_from_args(args)
-    examples = {}
-    for stem in tqdm(traces, desc="replaying traces (full cache)", unit="trace", file=sys.stderr):
-        trace = traces[stem]
-        if trace.messages is not None:
-            examples[stem] = P.collect_transcript_examples(loaded, stem, trace.messages)
-        else:
-            examples[stem] = P.collect_examples(loaded, stem, trace.system, trace.question, trace.text)
-    training = [e for stem, e in examples.items() if stem != args.holdout]
+    depth = loaded.geometry.layers
+    if any(not -depth - 1 <= i <= depth for i in layers):
+        raise CliError(f"--layers must lie in -{depth + 1} .. {depth} for {loaded.name}")
+
+    def label(name, system, question, text):
+        return label_trace(loaded, name, system, question, text, layers)
+
+    generations = []
+    if args.generate:
+        settings = C.GenerationSettings(seed=args.seed)
+        with tqdm(total=args.generate, desc="corpus (the model answers)", unit="prompt", file=sys.stderr) as bar:
+            def progress(done: int, kept: int) -> None:
+                bar.update(done - bar.n)
+                bar.set_postfix(kept=kept)
+
+            generations = C.build_corpus(loaded, corpus_prompts(), args.generate, settings, progress)
+        kept = [g for g in generations if g.kept]
+        totals, kinds = Counter(g.kind for g in generations), Counter(g.kind for g in kept)
+        print(f"corpus: {len(kept)} of {len(generations)} generations closed </think> and answered "
+              f"({len(kept) / len(generations):.0%}; " + ", ".join(f"{k} {kinds[k]}/{n}" for k, n in totals.items())
+              + f"); cached in {C.corpus_cache_path(loaded, corpus_prompts(), settings)}")
+        generations = kept
+    training = [label(f"corpus #{g.index}", REASONING_SYSTEM_PROMPT, g.question, g.text)
+                for g in tqdm(generations, desc="labelling the corpus", unit="trace", file=sys.stderr)]
+    extra = {name: t for name, t in traces.items() if name not in holdout} | added
+    try:
+        training += [label(name, t.system, t.question, t.text) for name, t in extra.items()]
+    except ValueError as exc:
+        raise CliError(f"a training trace cannot be labelled: {exc}") from None
+    if not training:
+        raise CliError("nothing to train on: use --generate N, --add TRACE or hold out fewer traces")
+    heldout = [label(name, traces[name].system, traces[name].question, traces[name].text) for name in holdout]
     with tqdm(total=args.epochs, desc="training", unit="epoch", file=sys.stderr) as bar:
-        def progress(epoch: int, loss: float) -> None:
+        def step(epoch: int, loss: float) -> None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}")
 
-        model = P.train(training, epochs=args.epochs, lr=args.lr, seed=args.seed, progress=progress)
-    held = examples[args.holdout]
-    with torch.inference_mode():
-        predicted = model(held.features)
-    thinking = held.thinking
-    rho_thinking = P.spearman(predicted[thinking], held.labels[thinking])
-    rho_all = P.spearman(predicted, held.labels)
-    rho_fallback = P.spearman(held.attention_so_far[thinking], held.labels[thinking])
-    rho_recency = P.spearman(torch.arange(len(held.labels))[thinking], held.labels[thinking])
+        model = train(training, layers, epochs=args.epochs, lr=args.lr, width=args.width, seed=args.seed,
+                      progress=step)
+    table = E.scorer_table(heldout, model)
+    n_tokens = sum(int(e.thinking.sum()) for e in training)
+    described = f"{len(generations)} corpus generations" + "".join(f", {name}" for name in extra)
     meta = P.PredictorMeta(
         model=loaded.name,
-        hidden_size=held.features.shape[1],
-        width=model.width,
-        heldout_spearman=rho_thinking,
-        trained_on=",".join(e.name for e in training),
+        hidden_size=int(training[0].features.shape[-1]),
+        width=args.width,
+        layers=layers,
+        heldout_spearman=table["scorers"]["predictor"]["spearman"],
+        trained_on=described,
     )
     path = P.save(model, meta, args.output or P.predictor_path(loaded.name))
-    n_train = sum(len(e.labels) for e in training)
-    print(f"model: {loaded.name} ({loaded.quantization}, {loaded.device}); trained on {n_train} tokens "
-          f"of {len(training)} traces ({meta.trained_on})")
-    print(f"held-out trace {args.holdout}: Spearman rank correlation with attention from the answer = "
-          f"{rho_thinking:.3f} over its {int(thinking.sum())} thinking tokens, {rho_all:.3f} over all "
-          f"{len(held.labels)} tokens before the answer")
-    print(f"  baselines on the same thinking tokens: attention received so far (the fallback) "
-          f"{rho_fallback:.3f}, recency (position) {rho_recency:.3f}")
-    print(f"predictor written to {path}")
+    E.write_table(table, P.eval_path(path))
+    print(f"model: {loaded.name} ({loaded.quantization}, {loaded.device}); trained on {n_tokens} thinking tokens "
+          f"of {described}; layers {','.join(map(str, layers))}")
+    print("held-out traces (Spearman with attention from the answer, precision at 30 %, thinking tokens):")
+    print(E.format_table(table))
+    print(f"predictor written to {path}, evaluation to {P.eval_path(path)}")
     return 0

@@ -1,0 +1,213 @@
+"""Training the DynTS predictor: the corpus, its labels, the evaluation measures, the fit."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from thinkviz.chat import build_chat
+from thinkviz.commands.predictor_training import corpus as C
+from thinkviz.commands.predictor_training import evaluate as E
+from thinkviz.commands.predictor_training import fit as F
+from thinkviz.commands.predictor_training import labels as L
+from thinkviz.commands.predictor_training.prompts import CorpusPrompt, corpus_prompts, prompt_set_digest
+
+from thought_trace import QUESTION, SYSTEM, TRACE
+
+
+# ---- labels -------------------------------------------------------------------------------
+def _one_forward_maps(loaded, system, question, trace):
+    """The attention maps, hidden states and split of a trace from one plain HF forward."""
+    cut = trace.rfind("</think>") + len("</think>")
+    prompt = build_chat(loaded.tokenizer, system, question, assistant="<think>\n" + trace[:cut])
+    answer = loaded.tokenizer(trace[cut:], add_special_tokens=False)["input_ids"]
+    with torch.inference_mode():
+        out = loaded.model(torch.tensor([prompt.ids + answer]), output_attentions=True, output_hidden_states=True)
+    maps = torch.stack([a[0] for a in out.attentions])  # (L, H, N, N)
+    return prompt, answer, maps, out.hidden_states
+
+
+@pytest.mark.parametrize("chunk", [L.CHUNK, 7])
+def test_labels_are_the_attention_paid_by_the_answer(tiny_llama, monkeypatch, chunk):
+    monkeypatch.setattr(L, "CHUNK", chunk)  # a long trace is labelled in chunks over a KV cache
+    examples = L.label_trace(tiny_llama, "t", SYSTEM, QUESTION, TRACE, layers=(0, -1))
+    prompt, answer, maps, hidden = _one_forward_maps(tiny_llama, SYSTEM, QUESTION, TRACE)
+    n = len(prompt.ids)
+    want = maps[:, :, n:, :n].sum(2).mean((0, 1)) / len(answer)  # (n,)
+    assert examples.labels.shape == (n,) and torch.allclose(examples.labels, want, atol=1e-6)
+    # the fallback's view when the answer began: attention from the thinking queries per query
+    so_far = maps[:, :, :n, :n].sum(2).mean((0, 1)) / (n - torch.arange(n))
+    assert torch.allclose(examples.attention_so_far, so_far, atol=1e-6)
+    # h2o when the token leaves its 32-token local window: queries p .. p+31 only
+    mean_map = maps[:, :, :n, :n].mean((0, 1))
+    p = 40
+    assert examples.h2o_at_selection[p] == pytest.approx(float(mean_map[p : p + 32, p].mean()), abs=1e-6)
+    assert examples.h2o_at_selection[n - 1] == pytest.approx(float(mean_map[n - 1, n - 1]), abs=1e-6)
+    assert examples.features.shape == (n, 2, tiny_llama.model.config.hidden_size)
+    assert torch.allclose(examples.features[:, 0], hidden[0][0, :n], atol=1e-5)
+    assert torch.allclose(examples.features[:, 1], hidden[-1][0, :n], atol=1e-5)
+    assert examples.thinking.sum() == n - prompt.roles[-1].start
+
+
+def test_a_trace_without_an_answer_cannot_be_labelled(tiny_llama):
+    with pytest.raises(ValueError, match="no </think>"):
+        L.label_trace(tiny_llama, "t", SYSTEM, QUESTION, "thinking that never ends")
+    with pytest.raises(ValueError, match="nothing after its last </think>"):
+        L.label_trace(tiny_llama, "t", SYSTEM, QUESTION, "done\n</think>\n  ")
+
+
+# ---- evaluation measures ------------------------------------------------------------------
+def test_spearman_on_hand_numbers():
+    assert E.spearman([1, 2, 3], [10, 20, 35]) == pytest.approx(1.0)
+    assert E.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    # ties share their average rank: ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4)
+    assert E.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
+    assert math.isnan(E.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_precision_at_30_counts_the_true_top_found():
+    truth = np.arange(10.0)  # the true top 30 % is {7, 8, 9}
+    assert E.precision_at(truth, truth) == 1.0
+    assert E.precision_at(-truth, truth) == 0.0
+    assert E.precision_at([0.5, 0, 0, 0, 0, 0, 0, 9, 8, 0], truth) == pytest.approx(2 / 3)
+    assert E.precision_at(np.arange(7.0), np.arange(7.0), fraction=0.3) == 1.0  # k = ceil(2.1) = 3
+
+
+def _synthetic(name, n=200, seed=0):
+    """Tokens whose label is a known function of their first feature and of their position."""
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(n, 1, 6, generator=generator)
+    labels = torch.exp(2 * features[:, 0, 0]) * 1e-3
+    thinking = torch.ones(n, dtype=torch.bool)
+    thinking[:20] = False  # the prompt is not ranked
+    reversed_labels = labels.flip(0)  # a fallback that ranks exactly backwards
+    return L.Examples(name, features, labels, thinking, reversed_labels, labels.clone())
+
+
+def test_the_table_ranks_scorers_of_known_quality():
+    heldout = [_synthetic("a"), _synthetic("b", seed=1)]
+    table = E.scorer_table(heldout, lambda features: features[:, 0, 0])  # a perfect predictor
+    assert table["heldout_traces"] == ["a", "b"]
+    scorers = table["scorers"]
+    assert set(scorers) == {"predictor", "fallback", "recency", "h2o"}
+    assert scorers["predictor"] == {"spearman": pytest.approx(1.0), "precision_at_30": 1.0}
+    assert scorers["h2o"]["spearman"] == pytest.approx(1.0)  # h2o's score is the label itself here
+    assert abs(scorers["recency"]["spearman"]) < 0.2  # labels do not depend on position
+    per_trace = table["per_trace"]["a"]["fallback"]["spearman"]
+    assert per_trace == pytest.approx(E.spearman(heldout[0].labels.flip(0)[20:], heldout[0].labels[20:]))
+    assert "predictor" in E.format_table(table)
+
+
+def test_the_table_is_written_as_json_with_nan_as_null(tmp_path):
+    table = E.scorer_table([_synthetic("a")], lambda features: torch.zeros(len(features)))  # constant: NaN
+    path = E.write_table(table, tmp_path / "eval.json")
+    data = json.loads(path.read_text())
+    assert data["scorers"]["predictor"]["spearman"] is None
+    assert data["scorers"]["predictor"]["precision_at_30"] == pytest.approx(
+        E.precision_at(torch.zeros(180), _synthetic("a").labels[20:]))
+
+
+# ---- the corpus ---------------------------------------------------------------------------
+def test_the_prompt_set_has_200_distinct_prompts_of_three_kinds_taken_in_turn():
+    prompts = corpus_prompts()
+    assert len(prompts) >= 200 and len({p.question for p in prompts}) == len(prompts)
+    assert [p.kind for p in prompts[:6]] == ["math", "code", "explain"] * 2
+    assert corpus_prompts() == prompts and prompt_set_digest(prompts) == prompt_set_digest(corpus_prompts())
+
+
+def _scripted(tiny_llama):
+    """The tiny Llama rewired so its next token depends only on the current one: after the
+    prompt's last token it says either "Hmm" (then "Hmm" forever: never an answer) or
+    "</think> ok" (then the end of the turn), each half of the time when sampled."""
+    tokenizer, model = tiny_llama.tokenizer, tiny_llama.model
+    for layer in model.model.layers:  # the residual stream stays the token's embedding
+        layer.self_attn.o_proj.weight.data.zero_()
+        layer.mlp.down_proj.weight.data.zero_()
+    last = C.generation_prompt(tokenizer, "q")[-1]
+    hmm = tokenizer(" Hmm", add_special_tokens=False)["input_ids"]
+    close = tokenizer("</think> ok", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert len(hmm) == 1 and len(set(close)) == len(close) and last not in close + hmm
+    size = model.config.hidden_size
+    head = torch.zeros_like(model.lm_head.weight)
+    for axis, token in enumerate([last, *hmm, *close]):  # orthogonal embeddings: no cross-talk
+        model.model.embed_tokens.weight.data[token] = torch.eye(size)[axis] * size**0.5
+    for current, following in [(last, hmm[0]), (last, close[0]), (hmm[0], hmm[0]), *zip(close, close[1:])]:
+        head[following] += 4 * model.model.embed_tokens.weight.data[current]
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(head)
+    return tiny_llama
+
+
+def test_corpus_generation_is_deterministic_cached_and_skips_unanswered(tiny_llama, tmp_path, monkeypatch):
+    loaded = _scripted(tiny_llama)
+    prompts = [CorpusPrompt("math", f"What is {i} plus {i}?") for i in range(12)]
+    settings = C.GenerationSettings(seed=3, batch_size=4, think_tokens=6, answer_tokens=8)
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "one"))
+    first = C.build_corpus(loaded, prompts, 10, settings)
+    assert [g.index for g in first] == list(range(10))
+    assert {g.kept for g in first} == {True, False}
+    for g in first:
+        assert g.kept == C.is_answered(g.text)
+        assert g.text.strip() == ("</think> ok" if g.kept else " ".join(["Hmm"] * 6))  # dropped rows stop at the limit
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "two"))
+    assert C.build_corpus(loaded, prompts, 10, settings) == first  # same seed, same corpus
+    path = C.corpus_cache_path(loaded, prompts, settings)
+    assert len(path.read_text().splitlines()) == 3  # whole batches of 4 are cached
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("the cached corpus should have been read")
+
+    monkeypatch.setattr(loaded.model, "generate", no_generation)
+    assert C.build_corpus(loaded, prompts, 12, settings)[:10] == first
+
+
+def test_a_batch_cut_short_by_a_crash_is_generated_again(tiny_llama, tmp_path, monkeypatch):
+    loaded = _scripted(tiny_llama)
+    prompts = [CorpusPrompt("math", f"What is {i} plus {i}?") for i in range(8)]
+    settings = C.GenerationSettings(seed=1, batch_size=4, think_tokens=4, answer_tokens=4)
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path))
+    whole = C.build_corpus(loaded, prompts, 8, settings)
+    path = C.corpus_cache_path(loaded, prompts, settings)
+    text = path.read_text()
+    path.write_text(text[: len(text) - 40])  # the second batch's line lost its end
+    assert C.build_corpus(loaded, prompts, 8, settings) == whole
+    assert path.read_text() == text
+
+
+def test_batched_generation_equals_one_prompt_at_a_time(tiny_llama):
+    prompts = [CorpusPrompt("code", q) for q in ("Write a function.", "Explain caches to me in detail, please.",
+                                                  "Why?", "Add 2 and 3.")]
+    settings = C.GenerationSettings(batch_size=4, temperature=0.0, think_tokens=12, answer_tokens=4)
+    batched = C.generate_batch(tiny_llama, prompts, 0, settings, seed=0)
+    alone = [C.generate_batch(tiny_llama, [p], i, settings, seed=0)[0] for i, p in enumerate(prompts)]
+    assert batched == alone
+
+
+# ---- the fit ------------------------------------------------------------------------------
+def test_training_learns_a_ranking():
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(600, 1, 12, generator=generator)
+    labels = torch.exp(features[:, 0, 0] - 0.5 * features[:, 0, 3]) * 1e-3
+    thinking = torch.ones(400, dtype=torch.bool)
+    split = [L.Examples("a", features[:400], labels[:400], thinking, torch.zeros(400), torch.zeros(400))]
+    model = F.train(split, epochs=300, seed=0)
+    with torch.inference_mode():
+        rho = E.spearman(model(features[400:]), labels[400:])
+    assert rho > 0.9
+
+
+def test_training_learns_which_layer_to_read():
+    """Two layers, only the second carries the signal: the learned mix leans on it."""
+    generator = torch.Generator().manual_seed(1)
+    features = torch.randn(500, 2, 8, generator=generator)
+    labels = torch.exp(features[:, 1, 2]) * 1e-3
+    split = [L.Examples("a", features, labels, torch.ones(500, dtype=torch.bool), torch.zeros(500), torch.zeros(500))]
+    model = F.train(split, layers=(3, -1), epochs=300, seed=0)
+    assert model.layers == (3, -1)
+    assert model.mix.softmax(0)[1] > 0.6
+    with pytest.raises(ValueError, match="carry 2 layers, the predictor reads 1"):
+        F.train(split, layers=(-1,), epochs=1)
