@@ -12,9 +12,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-# train_predictor still imports add_model_args, command and load_from_args from here; the
-# names are imported before the subcommands so that it finds them.
-from .commands.common import COMMANDS, CliError, add_model_args, command, load_from_args  # noqa: F401
+from .commands.common import COMMANDS, CliError
 from .commands import bench, generate, inspect, policies, train_predictor  # noqa: F401  (each registers itself)
 from .faults import RunFault
 
