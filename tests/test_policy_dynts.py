@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -32,9 +34,9 @@ def _save_for(loaded, folder, hidden_size=None, model=None):
     return predictor
 
 
-def _replay(loaded, budget, recent=8):
+def _replay(loaded, budget, recent=8, **knobs):
     prompt, trace = chat_and_trace(loaded.tokenizer)
-    run = Run(loaded, make_policy("dynts", budget=budget, interval=4, recent=recent), prompt, DecodeSettings())
+    run = Run(loaded, make_policy("dynts", budget=budget, interval=4, recent=recent, **knobs), prompt, DecodeSettings())
     return run, list(run.replay(trace))
 
 
@@ -55,7 +57,7 @@ def test_question_and_local_window_always_survive_with_a_predictor(tiny_llama, t
     last = events[-1]
     held = np.flatnonzero(last.keep_fraction > 0)
     with torch.inference_mode():
-        want = predictor(run.hidden).exp().numpy()
+        want = predictor(run.hidden, P.relative_positions(len(run.hidden))).exp().numpy()
     assert np.allclose(last.scores[held], want[held], rtol=1e-5)
 
 
@@ -68,6 +70,30 @@ def test_missing_predictor_falls_back_to_attention_and_says_why(tiny_llama, tmp_
     # the fallback score is attention received per query, as in h2o
     h2o = make_policy("h2o", budget=100).score(run._view())
     assert torch.equal(run.policy.score(run._view()), h2o)
+
+
+def _write_eval(loaded, folder, predictor_rho, fallback_rho):
+    table = {"heldout_traces": ["t"], "scorers": {"predictor": {"spearman": predictor_rho, "precision_at_30": 0.5},
+                                                  "fallback": {"spearman": fallback_rho, "precision_at_30": 0.5}}}
+    P.eval_path(P.predictor_path(loaded.name, folder)).write_text(json.dumps(table))
+
+
+@pytest.mark.parametrize("scorer, predictor_rho, says", [
+    ("auto", 0.4, "attention fallback (scorer: auto): attention ranked held-out traces better than "
+                  "dynts_tiny-llama-random.safetensors did (Spearman 0.80 against 0.40)"),
+    ("auto", 0.9, "predicted by dynts_tiny-llama-random.safetensors"),
+    ("predictor", 0.4, "predicted by dynts_tiny-llama-random.safetensors"),
+    ("attention", 0.9, "attention received per query (scorer: attention)"),
+])
+def test_the_scorer_knob_and_the_evaluation_table_pick_the_score(tiny_llama, tmp_path, monkeypatch,
+                                                                 scorer, predictor_rho, says):
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    _save_for(tiny_llama, tmp_path)
+    _write_eval(tiny_llama, tmp_path, predictor_rho, 0.8)
+    run, events = _replay(tiny_llama, budget=100, scorer=scorer)
+    assert events[-1].info["importance"] == says
+    h2o = make_policy("h2o", budget=100).score(run._view())
+    assert torch.equal(run.policy.score(run._view()), h2o) == (not says.startswith("predicted"))
 
 
 @pytest.mark.parametrize("hidden_size, model", [(32, None), (None, "another model")])
@@ -86,8 +112,25 @@ def test_save_load_round_trip(tmp_path):
     path = P.save(predictor, meta, tmp_path / "p.safetensors")
     loaded, loaded_meta = P.load(path)
     assert loaded_meta == meta
-    x = torch.randn(7, 24)
-    assert torch.equal(loaded(x), predictor(x))
+    x, where = torch.randn(7, 24), torch.rand(7)
+    assert torch.equal(loaded(x, where), predictor(x, where))
+
+
+def test_a_mix_of_layers_round_trips_and_dynts_refuses_what_it_cannot_feed(tiny_llama, tmp_path, monkeypatch):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        predictor = P.ImportancePredictor(64, width=8, layers=(0, 1, -1))
+    predictor.mix.data.normal_()
+    meta = P.PredictorMeta(model=tiny_llama.name, hidden_size=64, width=8, layers=(0, 1, -1), heldout_spearman=0.5)
+    path = P.save(predictor, meta, P.predictor_path(tiny_llama.name, tmp_path))
+    loaded, loaded_meta = P.load(path)
+    assert loaded_meta == meta and loaded.layers == (0, 1, -1)
+    x, where = torch.randn(5, 3, 64), torch.rand(5)
+    assert torch.equal(loaded(x, where), predictor(x, where))
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    _, events = _replay(tiny_llama, budget=100)
+    assert events[-1].info["importance"] == (
+        f"attention fallback: {path.name} reads layers (0, 1, -1); dynts gets the final hidden state")
 
 
 def test_unreadable_files_give_one_line_reasons(tmp_path):

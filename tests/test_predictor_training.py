@@ -90,7 +90,7 @@ def _synthetic(name, n=200, seed=0):
 
 def test_the_table_ranks_scorers_of_known_quality():
     heldout = [_synthetic("a"), _synthetic("b", seed=1)]
-    table = E.scorer_table(heldout, lambda features: features[:, 0, 0])  # a perfect predictor
+    table = E.scorer_table(heldout, lambda features, relative: features[:, 0, 0])  # a perfect predictor
     assert table["heldout_traces"] == ["a", "b"]
     scorers = table["scorers"]
     assert set(scorers) == {"predictor", "fallback", "recency", "h2o"}
@@ -103,7 +103,7 @@ def test_the_table_ranks_scorers_of_known_quality():
 
 
 def test_the_table_is_written_as_json_with_nan_as_null(tmp_path):
-    table = E.scorer_table([_synthetic("a")], lambda features: torch.zeros(len(features)))  # constant: NaN
+    table = E.scorer_table([_synthetic("a")], lambda features, relative: torch.zeros(len(features)))  # constant: NaN
     path = E.write_table(table, tmp_path / "eval.json")
     data = json.loads(path.read_text())
     assert data["scorers"]["predictor"]["spearman"] is None
@@ -196,7 +196,7 @@ def test_training_learns_a_ranking():
     split = [L.Examples("a", features[:400], labels[:400], thinking, torch.zeros(400), torch.zeros(400))]
     model = F.train(split, epochs=300, seed=0)
     with torch.inference_mode():
-        rho = E.spearman(model(features[400:]), labels[400:])
+        rho = E.spearman(model(features[400:], torch.full((200,), 0.5)), labels[400:])
     assert rho > 0.9
 
 

@@ -5,8 +5,9 @@ Models") observes that few thinking tokens steer the answer and trains a small h
 model's hidden state to spot them while they are generated.  Here:
 
 - model: a learned softmax mix of the hidden states of ``layers`` (each standardised with
-  the training set's mean and spread), then ``d → width → 1`` (GELU), predicting the ``log``
-  of the attention the answer will pay the token (:class:`ImportancePredictor`);
+  the training set's mean and spread) and the token's relative position, then
+  ``d + 1 → width → 1`` (GELU), predicting the ``log`` of the attention the answer will pay
+  the token, up to a constant per trace (:class:`ImportancePredictor`);
 - files: safetensors (tensors only, never pickle) with metadata naming the model, its hidden
   size and the layers read, so a predictor for another model is refused (:func:`find_predictor`);
   its evaluation table lies beside it (:func:`eval_path`).
@@ -38,7 +39,8 @@ class PredictorError(ValueError):
 
 class ImportancePredictor(nn.Module):
     """``(N, k, d)`` hidden states of the ``k`` layers in ``layers`` (``(N, d)`` when ``k == 1``)
-    → ``(N,)`` predicted ``log`` attention from the answer.
+    and ``(N,)`` relative positions (:func:`relative_positions`) → ``(N,)`` predicted ``log``
+    attention from the answer, centred per trace (only the order within one trace is learned).
 
     ``layers`` index the model's ``hidden_states`` (``0`` the embeddings, ``-1`` the final
     norm's output).  ``mean`` / ``std`` ``(k, d)`` standardise each layer (buffers, saved with
@@ -51,14 +53,19 @@ class ImportancePredictor(nn.Module):
         self.register_buffer("mean", torch.zeros(len(self.layers), hidden_size))
         self.register_buffer("std", torch.ones(len(self.layers), hidden_size))
         self.mix = nn.Parameter(torch.zeros(len(self.layers)))
-        self.net = nn.Sequential(nn.Linear(hidden_size, width), nn.GELU(), nn.Linear(width, 1))
+        self.net = nn.Sequential(nn.Linear(hidden_size + 1, width), nn.GELU(), nn.Linear(width, 1))
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, relative: torch.Tensor) -> torch.Tensor:
         if hidden.dim() == 2:
             hidden = hidden.unsqueeze(1)
         standard = (hidden.float() - self.mean) / self.std  # (N, k, d)
         mixed = torch.einsum("k,nkd->nd", self.mix.softmax(0), standard)
-        return self.net(mixed).squeeze(-1)
+        return self.net(torch.cat([mixed, relative.float()[:, None]], dim=1)).squeeze(-1)
+
+
+def relative_positions(n: int) -> torch.Tensor:
+    """``(n,)`` position ÷ tokens seen, in ``[0, 1)``: where each of ``n`` tokens sits in the text so far."""
+    return torch.arange(n) / n
 
 
 @dataclass(frozen=True)

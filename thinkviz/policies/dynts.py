@@ -7,29 +7,35 @@ exists to attend to it.  At a compression DynTS keeps the question, a local wind
 newest tokens and, for the rest of the budget, the tokens with the highest predicted importance.
 
 Predicted importance comes from :mod:`thinkviz.predictor` (trained by
-``python -m thinkviz train-predictor``), looked up by the loaded model's name.  When there is
-none for this model, or it was trained for another one, the score falls back to attention
-received per query (as in h2o) and :meth:`DynTS.step_info` says so and why.  The question is
-kept through the protection toggles (``protect_question``), like every policy's.
+``python -m thinkviz train-predictor``), looked up by the loaded model's name.  ``scorer``
+picks the score: ``predictor``; ``attention``, the fallback: attention received per query (as
+in h2o); or ``auto``, the predictor only where its evaluation table (written beside it by
+``train-predictor``) shows it ranking held-out traces at least as well as the fallback.  When
+there is no predictor for this model, or it was trained for another one, the score falls back
+to attention.  :meth:`DynTS.step_info` says which score ranked the tokens, and why.  The
+question is kept through the protection toggles (``protect_question``), like every policy's.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from ..predictor import ASSETS, ImportancePredictor, PredictorError, find_predictor, predictor_path
+from ..predictor import (ASSETS, ImportancePredictor, PredictorError, eval_path, find_predictor, predictor_path,
+                         relative_positions)
 from .base import CacheView, Param, Policy, ScoreScale
 from .registry import register
 
 
 @register
 class DynTS(Policy):
-    """Score ``(L, H_kv, T)`` = ``exp`` of the predictor's output on each slot's final hidden state
-    ``CacheView.hidden`` ``(N, d)`` (a predicted attention share, the same in every layer and
-    head); forced: protected spans and the newest ``recent`` tokens."""
+    """Score ``(L, H_kv, T)`` = ``exp`` of the predictor's output on each position's final hidden
+    state ``CacheView.hidden`` ``(N, d)`` and relative position (the same in every layer and
+    head), or the fallback ``received / queries_seen``; forced: protected spans and the newest
+    ``recent`` tokens."""
 
     name = "dynts"
     score_scale = ScoreScale(
@@ -42,36 +48,63 @@ class DynTS(Policy):
         "will need it; keep the question, the newest tokens and the top predicted ones."
     )
     source = "DynTS — Dynamic Thinking-Token Selection for Efficient Reasoning in Large Reasoning Models"
-    params = (Param("recent", 32, 0, 1024, 1, "local window: newest tokens always kept"),)
+    params = (
+        Param("recent", 32, 0, 1024, 1, "local window: newest tokens always kept"),
+        Param("scorer", "auto", choices=("auto", "predictor", "attention"),
+              help="rank by the learned predictor, by attention received (the fallback), or auto: "
+                   "the predictor only where its held-out evaluation ranks at least as well"),
+    )
     needs_hidden = True
     predictor_folder: ClassVar[Path] = ASSETS
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
-        self._predictors: dict[tuple[str, int], ImportancePredictor | str] = {}
+        self._predictors: dict[tuple[str, int], tuple[ImportancePredictor | None, str]] = {}
 
     def predictor(self, view: CacheView) -> tuple[ImportancePredictor | None, str]:
-        """The predictor for this view's model and what the score is, in words."""
+        """The predictor that ranks this view's tokens (``None``: the attention fallback does) and
+        what the score is, in words."""
+        if self.config["scorer"] == "attention":
+            return None, "attention received per query (scorer: attention)"
         if view.hidden is None or len(view.hidden) < len(view.protected):
             return None, "attention fallback: no hidden states for every token"
         key = (view.model, int(view.hidden.shape[-1]))
         if key not in self._predictors:
-            try:
-                self._predictors[key] = find_predictor(*key, folder=self.predictor_folder)
-            except PredictorError as exc:
-                self._predictors[key] = str(exc)
-        found = self._predictors[key]
-        if isinstance(found, str):
-            return None, f"attention fallback: {found}"
-        return found, f"predicted by {predictor_path(view.model, self.predictor_folder).name}"
+            self._predictors[key] = self._choose(*key)
+        return self._predictors[key]
+
+    def _choose(self, model: str, hidden_size: int) -> tuple[ImportancePredictor | None, str]:
+        try:
+            found = find_predictor(model, hidden_size, folder=self.predictor_folder)
+        except PredictorError as exc:
+            return None, f"attention fallback: {exc}"
+        name = predictor_path(model, self.predictor_folder).name
+        if found.layers != (-1,):
+            return None, f"attention fallback: {name} reads layers {found.layers}; dynts gets the final hidden state"
+        if self.config["scorer"] == "auto":
+            measured = _heldout_spearman(eval_path(predictor_path(model, self.predictor_folder)))
+            if measured and measured[0] < measured[1]:
+                return None, (f"attention fallback (scorer: auto): attention ranked held-out traces better than "
+                              f"{name} did (Spearman {measured[1]:.2f} against {measured[0]:.2f})")
+        return found, f"predicted by {name}"
 
     def score(self, view: CacheView) -> torch.Tensor:
         predictor, _ = self.predictor(view)
         if predictor is None:
             return view.received / view.queries_seen
         with torch.inference_mode():
-            predicted = predictor(view.hidden).exp()  # (N,)
+            predicted = predictor(view.hidden, relative_positions(len(view.hidden))).exp()  # (N,)
         return view.by_position(predicted)
 
     def step_info(self, view: CacheView) -> dict[str, Any]:
         return {"importance": self.predictor(view)[1]}
+
+
+def _heldout_spearman(path: Path) -> tuple[float, float] | None:
+    """``(predictor, fallback)`` mean held-out Spearman from an evaluation table; ``None`` when
+    there is no readable one (the predictor is then trusted)."""
+    try:
+        scorers = json.loads(path.read_text(encoding="utf-8"))["scorers"]
+        return float(scorers["predictor"]["spearman"]), float(scorers["fallback"]["spearman"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

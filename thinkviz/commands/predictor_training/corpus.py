@@ -13,7 +13,7 @@ stops as soon as its fate is known — ``think_tokens`` without a ``</think>`` (
 Each batch seeds the sampler with ``seed + batch number``, so the corpus is deterministic and
 an interrupted run resumes at the next batch: finished batches are appended (one JSON line each) to a
 cache under :func:`thinkviz.model.cache_dir` (``dynts-corpus/``), keyed by the model, its
-quantization, the prompt-set digest and these settings.
+quantization and 4-bit backend, the prompt-set digest and these settings.
 """
 
 from __future__ import annotations
@@ -140,7 +140,8 @@ def generate_batch(
 
 def corpus_cache_path(loaded: LoadedModel, prompts: Sequence[CorpusPrompt], settings: GenerationSettings) -> Path:
     """Where the corpus of ``loaded`` for these prompts and settings is cached."""
-    name = f"{model_slug(loaded.name)}-{loaded.quantization}-{prompt_set_digest(list(prompts))}-{settings.key()}"
+    weights = loaded.quantization if loaded.backend == "none" else f"{loaded.quantization}-{loaded.backend}"
+    name = f"{model_slug(loaded.name)}-{weights}-{prompt_set_digest(list(prompts))}-{settings.key()}"
     return cache_dir() / "dynts-corpus" / f"{name}.jsonl"
 
 

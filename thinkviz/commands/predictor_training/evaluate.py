@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from ...predictor import relative_positions
 from .labels import Examples
 
 TOP_FRACTION = 0.3
@@ -54,11 +55,15 @@ def precision_at(score: Sequence[float] | torch.Tensor, truth: Sequence[float] |
     return len(top(score) & top(truth)) / k
 
 
-def scores_of(examples: Examples, predict: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every scorer's value on the thinking tokens of ``examples``."""
+Predict = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (hidden, relative position) -> score
+
+
+def scores_of(examples: Examples, predict: Predict) -> dict[str, torch.Tensor]:
+    """Every scorer's value on the thinking tokens of ``examples`` (the predictor's when the
+    answer begins: relative positions over the tokens before it)."""
     thinking = examples.thinking
     with torch.inference_mode():
-        predicted = predict(examples.features[thinking])
+        predicted = predict(examples.features[thinking], relative_positions(len(thinking))[thinking])
     return {
         "predictor": predicted,
         "fallback": examples.attention_so_far[thinking],
@@ -67,7 +72,7 @@ def scores_of(examples: Examples, predict: Callable[[torch.Tensor], torch.Tensor
     }
 
 
-def scorer_table(heldout: Sequence[Examples], predict: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+def scorer_table(heldout: Sequence[Examples], predict: Predict) -> dict:
     """``{"heldout_traces": [...], "scorers": {name: {"spearman", "precision_at_30"}},
     "per_trace": {trace: {name: {...}}}}``; the scorers' values are means over the traces."""
     per_trace = {}

@@ -1,7 +1,7 @@
 """Fit the DynTS importance predictor on labelled traces.
 
-The predictor learns, from a token's hidden states, the ``log`` of the attention the answer
-pays it (floored at ``1e-6``), on the thinking tokens only — the tokens dynts ranks.  Within
+The predictor learns, from a token's hidden states and its relative position, the ``log`` of
+the attention the answer pays it (floored at ``1e-6``), on the thinking tokens only — the tokens dynts ranks.  Within
 a trace only the order matters to dynts, and a trace's overall level of attention mostly
 reflects its length (the answer's attention is spread over more tokens in a longer trace),
 so each trace's targets are centred on their mean.  Full-batch AdamW on the mean squared
@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ...predictor import ImportancePredictor
+from ...predictor import ImportancePredictor, relative_positions
 from .labels import Examples
 
 LABEL_FLOOR = 1e-6  # attention below this counts as this, so log() stays finite
@@ -45,6 +45,7 @@ def train(
     if not examples:
         raise ValueError("no training examples")
     features = torch.cat([e.features[e.thinking] for e in examples]).float()  # (N, k, d)
+    relative = torch.cat([relative_positions(len(e.thinking))[e.thinking] for e in examples])  # (N,)
     if features.shape[1] != len(layers):
         raise ValueError(f"the examples carry {features.shape[1]} layers, the predictor reads {len(layers)}")
     goal = torch.cat([targets(e) for e in examples])
@@ -56,7 +57,7 @@ def train(
     optimizer = torch.optim.AdamW(predictor.parameters(), lr=lr, weight_decay=1e-2)
     for epoch in range(epochs):
         optimizer.zero_grad()
-        loss = nn.functional.mse_loss(predictor(features), goal)
+        loss = nn.functional.mse_loss(predictor(features, relative), goal)
         loss.backward()
         optimizer.step()
         if progress is not None:
