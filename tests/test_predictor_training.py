@@ -211,3 +211,30 @@ def test_training_learns_which_layer_to_read():
     assert model.mix.softmax(0)[1] > 0.6
     with pytest.raises(ValueError, match="carry 2 layers, the predictor reads 1"):
         F.train(split, layers=(-1,), epochs=1)
+
+
+# ---- the command --------------------------------------------------------------------------
+def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama, tmp_path, monkeypatch, capsys):
+    from thinkviz import predictor as P
+    from thinkviz.cli import main
+    from thinkviz.commands import train_predictor
+
+    loaded = _scripted(tiny_llama)
+    monkeypatch.setattr(train_predictor, "load_from_args", lambda args: loaded)
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "dynts_tiny.safetensors"
+    code = main(["train-predictor", "--generate", "16", "--think-tokens", "6", "--holdout", "math_tilings",
+                 "--epochs", "3", "--output", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "generations closed </think> and answered" in printed and "math_tilings" in printed
+    predictor, meta = P.load(out)
+    assert meta.model == loaded.name and meta.layers == (-1,)
+    assert "corpus generations" in meta.trained_on and "coding_ratelimit" in meta.trained_on
+    table = json.loads(P.eval_path(out).read_text())
+    assert table["heldout_traces"] == ["math_tilings"]
+    assert set(table["scorers"]) == {"predictor", "fallback", "recency", "h2o"}
+    for scores in table["scorers"].values():
+        assert set(scores) == {"spearman", "precision_at_30"}
+        assert 0 <= scores["precision_at_30"] <= 1
+    assert table["scorers"]["predictor"]["spearman"] == pytest.approx(meta.heldout_spearman)

@@ -35,6 +35,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generate", type=int, default=DEFAULT_CORPUS, metavar="N",
                         help="answer N prompts of the committed set with the model (the set is sampled again "
                              "past its end; cached under the user's cache directory); 0: no corpus")
+    parser.add_argument("--think-tokens", type=int, default=C.GenerationSettings.think_tokens, metavar="N",
+                        help="a generation that has not closed </think> after N new tokens is dropped")
+    parser.add_argument("--answer-tokens", type=int, default=C.GenerationSettings.answer_tokens, metavar="N",
+                        help="answers are cut after N tokens")
     parser.add_argument("--add", action="append", default=[], metavar="TRACE",
                         help="a preset name or a trace file (assistant text: thinking, </think>, answer) "
                              "added to the training data (repeatable)")
@@ -83,6 +87,8 @@ def _check(args: argparse.Namespace, traces: dict) -> list[str]:
         raise CliError("--epochs and --width must be at least 1 and --lr positive")
     if args.generate < 0:
         raise CliError("--generate must be 0 or more")
+    if args.think_tokens < 1 or args.answer_tokens < 1:
+        raise CliError("--think-tokens and --answer-tokens must be at least 1")
     holdout = args.holdout or list(traces)
     for name in holdout:
         if name not in traces:
@@ -112,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
 
     generations = []
     if args.generate:
-        settings = C.GenerationSettings(seed=args.seed)
+        settings = C.GenerationSettings(seed=args.seed, think_tokens=args.think_tokens,
+                                        answer_tokens=args.answer_tokens)
         with tqdm(total=args.generate, desc="corpus (the model answers)", unit="prompt", file=sys.stderr) as bar:
             def progress(done: int, kept: int) -> None:
                 bar.update(done - bar.n)

@@ -61,5 +61,5 @@ def train(
         loss.backward()
         optimizer.step()
         if progress is not None:
-            progress(epoch, float(loss))
+            progress(epoch, loss.item())
     return predictor.eval()
