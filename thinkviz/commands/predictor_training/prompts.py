@@ -46,7 +46,8 @@ DEMONSTRATIONS: tuple[tuple[str, str], ...] = (
     (
         "Explain why metal feels colder than wood.",
         "<think>\nBoth are at room temperature.\n\nMetal carries heat away from the hand much faster.\n"
-        "</think>\nMetal conducts heat away from your skin quickly, so it feels colder than wood at the same temperature.",
+        "</think>\nMetal conducts heat away from your skin quickly, so it feels colder than wood at the same "
+        "temperature.",
     ),
 )
 
@@ -112,7 +113,8 @@ _CODE_TASKS = (
     "counts the lines in a text that contain a given word", "returns the average of a list, or None if it is empty",
     "returns the characters that two strings have in common",
 )
-_CODE_FORMS = ("Write a Python function that {task}.", "Write a short Python function that {task}, with one example call.")
+_CODE_FORMS = ("Write a Python function that {task}.",
+               "Write a short Python function that {task}, with one example call.")
 
 _TOPICS = (
     "why the sky is blue", "how a refrigerator keeps food cold", "the difference between weather and climate",
