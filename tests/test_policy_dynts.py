@@ -170,3 +170,21 @@ def test_shipped_predictor_is_used_for_the_embedded_model(embedded_model):
     events = list(run.replay(trace[:64]))
     assert events[-1].info["importance"] == f"predicted by {path.name}"
     assert any(e.evicted for e in events)
+
+
+def test_every_token_reports_its_predicted_importance_as_written_whichever_score_ranks(tiny_llama, tmp_path,
+                                                                                        monkeypatch):
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    predictor = _save_for(tiny_llama, tmp_path)
+    run, events = _replay(tiny_llama, budget=100, scorer="attention")
+    assert events[-1].info["importance"] == "attention received per query (scorer: attention)"
+    covered = []
+    for event in events:
+        start, values = event.info["predicted_from"], event.info["predicted"]
+        seen = start + len(values)  # the tokens written so far, this step's included
+        assert seen == max(event.positions) + 1
+        with torch.inference_mode():
+            want = predictor(run.hidden[start:seen], P.relative_positions(seen)[start:seen]).exp()
+        assert np.allclose(values, want.numpy(), rtol=1e-5)
+        covered += range(start, seen)
+    assert covered == list(range(len(run.hidden)))  # each token once, in order

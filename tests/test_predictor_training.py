@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from thinkviz import answer_attention as A
 from thinkviz.chat import build_chat
 from thinkviz.commands.predictor_training import corpus as C
 from thinkviz.commands.predictor_training import evaluate as E
@@ -31,9 +32,9 @@ def _one_forward_maps(loaded, system, question, trace):
     return prompt, answer, maps, out.hidden_states
 
 
-@pytest.mark.parametrize("chunk", [L.CHUNK, 7])
+@pytest.mark.parametrize("chunk", [A.CHUNK, 7])
 def test_labels_are_the_attention_paid_by_the_answer(tiny_llama, monkeypatch, chunk):
-    monkeypatch.setattr(L, "CHUNK", chunk)  # a long trace is labelled in chunks over a KV cache
+    monkeypatch.setattr(A, "CHUNK", chunk)  # a long trace is labelled in chunks over a KV cache
     examples = L.label_trace(tiny_llama, "t", SYSTEM, QUESTION, TRACE, layers=(0, -1))
     prompt, answer, maps, hidden = _one_forward_maps(tiny_llama, SYSTEM, QUESTION, TRACE)
     n = len(prompt.ids)

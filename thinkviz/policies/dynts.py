@@ -7,13 +7,15 @@ exists to attend to it.  At a compression DynTS keeps the question, a local wind
 newest tokens and, for the rest of the budget, the tokens with the highest predicted importance.
 
 Predicted importance comes from :mod:`thinkviz.predictor` (trained by
-``python -m thinkviz train-predictor``), looked up by the loaded model's name.  ``scorer``
-picks the score: ``predictor``; ``attention``, the fallback: attention received per query (as
-in h2o); or ``auto``, the predictor only where its evaluation table (written beside it by
+``python -m thinkviz train-predictor``), looked up by the loaded model's name.  ``scorer`` picks
+the score: ``predictor``; ``attention``, the fallback: attention received per query (as in h2o);
+or ``auto``, the predictor only where its evaluation table (written beside it by
 ``train-predictor``) shows it ranking held-out traces at least as well as the fallback.  When
 there is no predictor for this model, or it was trained for another one, the score falls back
-to attention.  :meth:`DynTS.step_info` says which score ranked the tokens, and why.  The
-question is kept through the protection toggles (``protect_question``), like every policy's.
+to attention.  :meth:`DynTS.step_info` says which score ranked the tokens, and why, and reports
+the predictor's importance of every token as it was written (``predicted``), whichever score
+ranks, so the app can show it beside the attention the answer paid.  The question is kept
+through the protection toggles (``protect_question``), like every policy's.
 """
 
 from __future__ import annotations
@@ -59,34 +61,49 @@ class DynTS(Policy):
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
-        self._predictors: dict[tuple[str, int], tuple[ImportancePredictor | None, str]] = {}
+        self._found: dict[tuple[str, int], ImportancePredictor | str] = {}  # the predictor, or why there is none
+        self._ranking: dict[tuple[str, int], tuple[ImportancePredictor | None, str]] = {}
+        self._reported = 0  # positions whose prediction step_info has already reported
+
+    def _lookup(self, view: CacheView) -> tuple[tuple[str, int] | None, ImportancePredictor | str]:
+        """``(key, the predictor for this view's model or why there is none)``."""
+        if view.hidden is None or len(view.hidden) < len(view.protected):
+            return None, "no hidden states for every token"
+        key = (view.model, int(view.hidden.shape[-1]))
+        if key not in self._found:
+            self._found[key] = self._find(*key)
+        return key, self._found[key]
+
+    def _find(self, model: str, hidden_size: int) -> ImportancePredictor | str:
+        try:
+            found = find_predictor(model, hidden_size, folder=self.predictor_folder)
+        except PredictorError as exc:
+            return str(exc)
+        if found.layers != (-1,):
+            name = predictor_path(model, self.predictor_folder).name
+            return f"{name} reads layers {found.layers}; dynts gets the final hidden state"
+        return found
 
     def predictor(self, view: CacheView) -> tuple[ImportancePredictor | None, str]:
         """The predictor that ranks this view's tokens (``None``: the attention fallback does) and
         what the score is, in words."""
         if self.config["scorer"] == "attention":
             return None, "attention received per query (scorer: attention)"
-        if view.hidden is None or len(view.hidden) < len(view.protected):
-            return None, "attention fallback: no hidden states for every token"
-        key = (view.model, int(view.hidden.shape[-1]))
-        if key not in self._predictors:
-            self._predictors[key] = self._choose(*key)
-        return self._predictors[key]
+        key, found = self._lookup(view)
+        if isinstance(found, str):
+            return None, f"attention fallback: {found}"
+        if key not in self._ranking:
+            self._ranking[key] = self._rank_with(found, key[0])
+        return self._ranking[key]
 
-    def _choose(self, model: str, hidden_size: int) -> tuple[ImportancePredictor | None, str]:
-        try:
-            found = find_predictor(model, hidden_size, folder=self.predictor_folder)
-        except PredictorError as exc:
-            return None, f"attention fallback: {exc}"
-        name = predictor_path(model, self.predictor_folder).name
-        if found.layers != (-1,):
-            return None, f"attention fallback: {name} reads layers {found.layers}; dynts gets the final hidden state"
+    def _rank_with(self, found: ImportancePredictor, model: str) -> tuple[ImportancePredictor | None, str]:
+        path = predictor_path(model, self.predictor_folder)
         if self.config["scorer"] == "auto":
-            measured = _heldout_spearman(eval_path(predictor_path(model, self.predictor_folder)))
+            measured = _heldout_spearman(eval_path(path))
             if measured and measured[0] < measured[1]:
                 return None, (f"attention fallback (scorer: auto): attention ranked held-out traces better than "
-                              f"{name} did (Spearman {measured[1]:.2f} against {measured[0]:.2f})")
-        return found, f"predicted by {name}"
+                              f"{path.name} did (Spearman {measured[1]:.2f} against {measured[0]:.2f})")
+        return found, f"predicted by {path.name}"
 
     def score(self, view: CacheView) -> torch.Tensor:
         predictor, _ = self.predictor(view)
@@ -97,7 +114,18 @@ class DynTS(Policy):
         return view.by_position(predicted)
 
     def step_info(self, view: CacheView) -> dict[str, Any]:
-        return {"importance": self.predictor(view)[1]}
+        """``importance``: which score ranked the tokens, and why; ``predicted`` (with
+        ``predicted_from``, the first position it covers): the predictor's importance of each
+        token new since the last step, as it was written — also when attention ranks them."""
+        info: dict[str, Any] = {"importance": self.predictor(view)[1]}
+        _, found = self._lookup(view)
+        if not isinstance(found, str) and len(view.hidden) > self._reported:
+            seen, new = len(view.hidden), slice(self._reported, len(view.hidden))
+            with torch.inference_mode():
+                predicted = found(view.hidden[new], relative_positions(seen)[new]).exp()
+            info.update(predicted=[float(v) for v in predicted], predicted_from=self._reported)
+            self._reported = seen
+        return info
 
 
 def _heldout_spearman(path: Path) -> tuple[float, float] | None:
