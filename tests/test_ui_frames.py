@@ -8,6 +8,7 @@ from html.parser import HTMLParser
 import numpy as np
 import orjson
 import pytest
+import torch
 
 from thinkviz.engine import DecodeSettings
 from thinkviz.memory import Projection
@@ -293,3 +294,51 @@ def test_live_and_compare_replay_a_transcript_with_its_tool_turns(tiny):
     assert compared.done and [row[0] for row in compared.table] == ["window", "think_drop"]
     for record in compared.records.values():
         assert sum(s["kind"] == "tool" for s in record.segments) == 3
+
+
+def _dynts_with_a_predictor(tiny, folder, monkeypatch):
+    """dynts on the tiny model, with a (random) predictor saved for it in ``folder``."""
+    from thinkviz import predictor as P
+    from thinkviz.policies.dynts import DynTS
+
+    size = tiny.model.config.hidden_size
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(2)
+        head = P.ImportancePredictor(size)
+    P.save(head.eval(), P.PredictorMeta(model=tiny.name, hidden_size=size, width=head.width),
+           P.predictor_path(tiny.name, folder))
+    monkeypatch.setattr(DynTS, "predictor_folder", folder)
+    return make_policy("dynts", budget=32, interval=4, recent=4)
+
+
+def test_a_dynts_replay_ends_with_the_attention_its_answer_paid_beside_the_predictions(tiny, tmp_path, monkeypatch):
+    from thinkviz.answer_attention import answer_start, attention_maps, from_answer
+    from thinkviz.viz.tokens import render_tokens, token_view
+
+    frames, _ = _live(tiny, _dynts_with_a_predictor(tiny, tmp_path, monkeypatch), TRACE)
+    record = frames[-1].record
+    assert "Attention from the answer measured." in frames[-1].status
+    ids = list(record.prompt_ids) + [t for e in record.events for t in e.token_ids]
+    start = answer_start(record.segments)
+    assert "".join(record.texts[:start]).endswith("</think>")  # the answer begins after the last think block
+    maps, _ = attention_maps(tiny, ids)
+    assert np.allclose(record.summary["answer_attention"], from_answer(maps, start).numpy())
+    view = token_view(record)
+    assert np.isfinite(view.predicted).all()  # every token got its prediction as it was written
+    assert np.isnan(view.answer_attention[start:]).all() and np.isfinite(view.answer_attention[:start]).all()
+    heat = {mode: render_tokens(view, mode).count(" tv-h") for mode in ("importance", "predicted", "answer")}
+    assert heat["predicted"] >= len(view.texts) - 1 and 0 < heat["answer"] <= start
+    early = next(i for i, e in enumerate(record.events) if max(e.positions) + 1 <= start)  # before the answer
+    assert token_view(record, early).answer_attention is None
+    shown = explore.explore_view(record, early, explore.AVERAGE, explore.AVERAGE, "answer")
+    assert "no attention from the answer here" in shown.caption
+    assert explore.predicts_importance(record)
+    late = explore.explore_view(record, len(record.events) - 1, explore.AVERAGE, explore.AVERAGE, "predicted")
+    assert "when it was written" in late.caption
+
+
+def test_a_policy_without_predictions_records_no_answer_attention(tiny):
+    frames, _ = _live(tiny, make_policy("h2o", budget=32, interval=4, recent=4), TRACE)
+    record = frames[-1].record
+    assert "answer_attention" not in record.summary and not explore.predicts_importance(record)
+    assert "Attention from the answer" not in frames[-1].status

@@ -8,8 +8,8 @@ import pytest
 
 from thinkviz.policies import ScoreScale, policy_class, policy_names
 from thinkviz.segments import Span
-from thinkviz.viz.legend import legend_html, pin_host, view_kinds
-from thinkviz.viz.tokens import MODE_PARTS, MODES, SEGMENT_KINDS
+from thinkviz.viz.legend import PREDICTION_SCALES, legend_html, pin_host, view_kinds, view_legend
+from thinkviz.viz.tokens import MODE_PARTS, MODES, PREDICTION_MODES, SEGMENT_KINDS
 
 TITLES = {"heat": "Heat", "keep": "Cache:", "segments": "Segments:", "boxes": "Boxes:"}
 
@@ -46,6 +46,16 @@ def test_a_new_heat_mode_is_explained_by_its_scale_alone():
     mass = ScoreScale("segment mass e^β <from TAM>", "light segment", "heavy segment")
     markup = legend_html("combined", mass, policy="tam")
     assert "segment mass e^β &lt;from TAM&gt;" in markup and "heavy segment" in markup
+
+
+@pytest.mark.parametrize("mode", PREDICTION_MODES)
+def test_a_prediction_mode_explains_its_own_heat_over_every_token(mode):
+    markup = view_legend(mode, "dynts", None)
+    assert part_titles(markup) == ["Heat", "Cache:"] and MODE_PARTS[mode] == ("heat", "keep")
+    scale = PREDICTION_SCALES[mode]
+    assert scale.what.replace("'", "&#x27;") in markup and scale.high in markup
+    assert policy_class("dynts").score_scale.what not in markup and "recent window" not in markup
+    assert "recent window" in view_legend("importance", "dynts", None)
 
 
 def test_segment_samples_follow_the_kinds_the_view_shows():

@@ -25,6 +25,7 @@ from thinkviz.viz.tokens import (
     render_tokens,
     token_delta,
     token_view,
+    view_mode_choices,
 )
 
 OUR_ATTRS = {"class", "data-pos", "data-start", "title", "style"}
@@ -461,3 +462,30 @@ def test_token_view_of_a_record_at_a_step():
     assert list(before.texts) == ["x"] and before.scores is None and before.labels is None
     tokens = tokens_of(render_tokens(latest, "segments"))
     assert "tv-seg-template" in classes(tokens[0]) and "tv-seg-template" not in classes(tokens[1])
+
+
+def test_prediction_modes_take_their_heat_from_the_predictions_and_the_answer():
+    def event(step, n, info):
+        return StepEvent(step=step, token_ids=[step], texts=[" t"], positions=[n - 1],
+                         scores=np.zeros(n, dtype=np.float32), keep_fraction=np.ones(n, dtype=np.float32), info=info)
+
+    events = [event(0, 3, {"predicted": [1.0, 5.0, 2.0], "predicted_from": 0}),
+              event(1, 4, {"predicted": [9.0], "predicted_from": 3}),
+              event(2, 5, {"predicted": "junk", "predicted_from": 4})]  # a damaged entry is skipped
+    record = RunRecord(meta={}, prompt_ids=[1, 2], prompt_texts=["a", "b"], events=events,
+                       summary={"answer_attention": [0.1, 0.7, None, 0.2]})
+    view = token_view(record)
+    np.testing.assert_array_equal(view.predicted[:4], [1.0, 5.0, 2.0, 9.0])
+    assert np.isnan(view.predicted[4])
+    np.testing.assert_array_equal(view.answer_attention[[0, 1, 3]], [0.1, 0.7, 0.2])
+    assert np.isnan(view.answer_attention[[2, 4]]).all()
+    assert token_view(record, 1).answer_attention is None  # 4 tokens: the answer has not begun
+    hot = {mode: [t for t in tokens_of(render_tokens(view, mode)) if "tv-h9" in classes(t)]
+           for mode in ("importance", "predicted", "answer")}
+    assert hot["importance"] == []  # the policy's own scores are all zero
+    assert [t["pos"] for t in hot["predicted"]] == ["3"] and [t["pos"] for t in hot["answer"]] == ["1"]
+    assert token_view(RunRecord(meta={}, prompt_texts=["x"], summary={"answer_attention": "junk"})).answer_attention \
+        is None
+    assert [m for _, m in view_mode_choices(False)] == list(MODES)
+    assert view_mode_choices(True)[-2:] == [("predicted importance", "predicted"),
+                                            ("attention from the answer", "answer")]

@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from .attention import attention_modules
+from .events import RunRecord
 from .model import LoadedModel
 
 CHUNK = 1024  # queries per forward: bounds one layer's attention map to (heads, CHUNK, N)
@@ -81,3 +82,15 @@ def attention_from_answer(loaded: LoadedModel, ids: Sequence[int], spans: Sequen
         return None
     maps, _ = attention_maps(loaded, ids)
     return from_answer(maps, start).tolist()
+
+
+def attach_answer_attention(loaded: LoadedModel, record: RunRecord) -> bool:
+    """Measure the attention from the answer of a finished run and keep it in
+    ``record.summary["answer_attention"]`` (one number per token before the answer, saved with
+    the recording); ``False`` when the run has no answer after a closed think block."""
+    ids = list(record.prompt_ids) + [t for event in record.events for t in event.token_ids]
+    paid = attention_from_answer(loaded, ids, record.segments)
+    if paid is None:
+        return False
+    record.summary["answer_attention"] = paid
+    return True

@@ -232,6 +232,9 @@ class Policy:
     attention; every other policy runs the model's own attention unchanged);
     ``query_rows``: how many of the newest queries per layer and query head it reads in
     ``CacheView.queries`` (0: none kept);
+    ``predicts_importance``: whether its step info reports each token's predicted importance
+    (``predicted`` / ``predicted_from``); the app then offers the prediction heat modes and
+    measures the attention from the answer when a run ends;
     ``hard_budget``: ``False`` when the rule may only evict certain spans and can therefore stay
     over budget; such a policy says so with ``"over_budget": True`` in :meth:`step_info`;
     ``score_scale``: what its score grades (the token view paints it as heat), or ``None`` when
@@ -245,6 +248,7 @@ class Policy:
     window_rows: ClassVar[int] = 1
     reads_attention: ClassVar[bool] = True
     needs_hidden: ClassVar[bool] = False
+    predicts_importance: ClassVar[bool] = False
     evicts: ClassVar[bool] = True
     hard_budget: ClassVar[bool] = True
     score_scale: ClassVar[ScoreScale | None] = ScoreScale("the policy's score", "evicted first", "kept first")

@@ -57,6 +57,7 @@ class DynTS(Policy):
                    "the predictor only where its held-out evaluation ranks at least as well"),
     )
     needs_hidden = True
+    predicts_importance = True
     predictor_folder: ClassVar[Path] = ASSETS
 
     def __init__(self, **values: Any) -> None:

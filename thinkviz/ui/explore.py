@@ -109,6 +109,11 @@ def token_data_at(
     return data, step, caption
 
 
+def predicts_importance(record: RunRecord) -> bool:
+    """Whether the recorded run's policy reported predicted importance (the prediction view modes)."""
+    return any("predicted" in event.info for event in record.events)
+
+
 def explore_view(record: RunRecord, step: int, layer: Any, head: Any, mode: str) -> ExploreView:
     """Everything the Explore tab shows for the chosen step, layer, head and view mode."""
     layers, heads = geometry(record)
@@ -125,5 +130,17 @@ def explore_view(record: RunRecord, step: int, layer: Any, head: Any, mode: str)
     rows = segment_table(record, record.events[shown].step)
     if data.scores is None:  # no graded score: no mean importance either
         rows = [row[:3] + [None] + row[4:] for row in rows]
-    return ExploreView(caption, tokens, legend, shown, heatmap, {"headers": segment_headers(record), "data": rows},
-                       kept_figure(record, shown))
+    return ExploreView(caption + _heat_note(data, mode), tokens, legend, shown, heatmap,
+                       {"headers": segment_headers(record), "data": rows}, kept_figure(record, shown))
+
+
+def _heat_note(data: TokenData, mode: str) -> str:
+    """What the heat of a prediction mode shows, or why there is none (empty for the other modes)."""
+    if mode == "predicted":
+        return (" · heat: the predictor's importance of each token when it was written" if data.predicted is not None
+                else " · this run reported no predicted importance")
+    if mode == "answer":
+        return (" · heat: attention the answer paid each earlier token (full cache, measured when the run ended)"
+                if data.answer_attention is not None
+                else " · no attention from the answer here: the answer has not begun at this step, or was not measured")
+    return ""

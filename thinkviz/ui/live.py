@@ -4,7 +4,9 @@
 the run, then after each engine step asks the :class:`~thinkviz.ui.throttle.FramePacer`
 whether a frame is due, and always ends with a final frame.  A frame carries a token-view
 patch message (see :mod:`thinkviz.ui.stream`), the memory figure, the stats strip and a
-status line; the Gradio wiring only places them.
+status line; the Gradio wiring only places them.  A run of a policy that predicts importance
+(dynts) that ends with an answer also gets the attention that answer paid each earlier token
+(one more forward pass, before the final frame).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from ..answer_attention import attach_answer_attention
 from ..engine import DecodeSettings, EngineError, Run
 from ..events import RunRecord, StepEvent
 from ..faults import guard_frames
@@ -49,7 +52,8 @@ def status_line(run: Run, event: StepEvent | None, replay: bool, done: bool = Fa
     generated = sum(len(e.token_ids) for e in record.events)
     if done:
         stopped = record.summary.get("stopped", "finished")
-        return f"Done: {generated} tokens {'replayed' if replay else 'generated'} (stopped: {stopped})."
+        measured = " Attention from the answer measured." if "answer_attention" in record.summary else ""
+        return f"Done: {generated} tokens {'replayed' if replay else 'generated'} (stopped: {stopped}).{measured}"
     if event is None:
         return f"Prefilling {len(record.prompt_ids)} prompt tokens…"
     verb = "Replaying" if replay else "Generating"
@@ -119,4 +123,6 @@ def _frames(loaded, policy, run_input, settings, cancel, channel, projection, pa
                 yield frame(event)
     except EngineError as exc:
         raise RunInputError(str(exc)) from None
+    if policy.predicts_importance and not cancel.is_set():
+        attach_answer_attention(loaded, run.record)  # what the answer used, beside what was predicted
     yield frame(event, done=True)

@@ -16,7 +16,7 @@ import html
 from typing import Any, Iterable, Sequence
 
 from ..policies import ScoreScale, score_scale
-from .tokens import HEAT_LEVELS, MODE_PARTS, MODES, SEGMENT_KINDS, TokenData
+from .tokens import HEAT_LEVELS, MODE_PARTS, PREDICTION_MODES, SEGMENT_KINDS, TokenData
 
 # How the legend names a segment kind (a kind missing here is shown by its own name).
 SEGMENT_NAMES = {
@@ -34,6 +34,13 @@ SEGMENT_NAMES = {
 # What the mass view's heat shows (any policy: one that fits no biases has no mass, so no heat).
 MASS_SCALE = ScoreScale("e^β, how many tokens a kept token stands for (attention matching)",
                         "stands for itself or less", "stands for the most dropped tokens")
+# What the heat of a prediction mode (:data:`~thinkviz.viz.tokens.PREDICTION_MODES`) grades.
+PREDICTION_SCALES = {
+    "predicted": ScoreScale("the predictor's importance of each token, as it was written", "predicted unimportant",
+                            "predicted important for the answer"),
+    "answer": ScoreScale("attention the answer paid each earlier token (full cache)", "unused by the answer",
+                         "used most by the answer"),
+}
 
 
 def _sample(text: str, cls: str = "", style: str = "") -> str:
@@ -45,7 +52,7 @@ def _part(title: str, body: str) -> str:
     return f'<span class="tv-legend-part"><b>{html.escape(title)}</b> {body}</span>'
 
 
-def _heat(scale: ScoreScale | None, policy: str, compact: bool) -> str:
+def _heat(scale: ScoreScale | None, policy: str, compact: bool, every_token: bool = False) -> str:
     if scale is None:
         who = html.escape(policy) if policy else "this policy"
         return _part("No heat:", f"{who} keeps tokens by a rule, not by a graded score")
@@ -55,7 +62,8 @@ def _heat(scale: ScoreScale | None, policy: str, compact: bool) -> str:
     )
     if compact:
         return _part("Heat:", f"{html.escape(scale.what)}<br>{scale_text}")
-    recent = "" if scale is MASS_SCALE else "; the policy's recent window, always kept, is not ranked"
+    every = every_token or scale is MASS_SCALE
+    recent = "" if every else "; the policy's recent window, always kept, is not ranked"
     return _part("Heat", f"= {html.escape(scale.what)}: {scale_text} (hottest = top 5 % of this frame{recent})")
 
 
@@ -106,13 +114,13 @@ def legend_html(
     column's heat; ``compact``: the heat scale in two short lines (a narrow column); ``""`` when
     the mode draws none of the parts.
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown token view mode {mode!r}; choose one of: {', '.join(MODES)}")
+    if mode not in MODE_PARTS:
+        raise ValueError(f"unknown token view mode {mode!r}; choose one of: {', '.join(MODE_PARTS)}")
     shown = [part for part in MODE_PARTS[mode] if parts is None or part in parts]
     present = [k for k in SEGMENT_KINDS if kinds is None or k in set(kinds)]
     present += [k for k in (kinds or ()) if k not in present]
     body = {
-        "heat": lambda: _heat(scale, policy, compact),
+        "heat": lambda: _heat(scale, policy, compact, every_token=mode in PREDICTION_MODES),
         "keep": _keep,
         "segments": lambda: _segments(present),
         "boxes": _boxes,
@@ -140,10 +148,11 @@ def view_legend(
     mode: str, policy: str, view: TokenData | None, parts: Sequence[str] | None = None, compact: bool = False
 ) -> str:
     """The legend strip of ``policy``'s token view ``view`` in ``mode``: the policy's own score
-    scale (:data:`MASS_SCALE` in the mass view) and the segment kinds the view shows (all of them
-    before a run); ``parts`` and ``compact`` as in :func:`legend_html`."""
+    scale (:data:`MASS_SCALE` in the mass view, a prediction mode's :data:`PREDICTION_SCALES`) and
+    the segment kinds the view shows (all of them before a run); ``parts`` and ``compact`` as in
+    :func:`legend_html`."""
     kinds = view_kinds(view.spans, view.labels) if view is not None and view.spans else None
-    scale = MASS_SCALE if mode == "mass" else score_scale(policy)
+    scale = MASS_SCALE if mode == "mass" else PREDICTION_SCALES.get(mode) or score_scale(policy)
     return legend_html(mode, scale, policy=policy, kinds=kinds, parts=parts, compact=compact)
 
 

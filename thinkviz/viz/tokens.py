@@ -43,6 +43,9 @@ from ..events import RunRecord
 from ..policies import lookup
 
 MODES = ("importance", "mass", "segments", "evicted", "combined")
+# Heat from another array than the policy's scores, shaded like "importance": for a run whose
+# policy reports predicted importance (dynts) — ``{mode: what the UI calls it}``.
+PREDICTION_MODES = {"predicted": "predicted importance", "answer": "attention from the answer"}
 HEAT_LEVELS = 10  # tv-h0 … tv-h9
 # Lower edges of bands 1 … 9 as a share of the frame's scores (the square roots of 0.1 … 0.9): most
 # tokens stay light, the hottest colour marks the top ~5 %.
@@ -66,8 +69,16 @@ _SEGMENT_COLOURS = {
     "code": "#e6ebee",
 }
 
-_HEAT_MODES = {"importance", "mass", "combined"}
-_KEEP_MODES = {"importance", "mass", "evicted", "combined"}
+
+def view_mode_choices(predicts_importance: bool) -> list[tuple[str, str]]:
+    """``(label, mode)`` pairs a view-mode picker offers; the prediction modes only for a run whose
+    policy predicts importance."""
+    extra = PREDICTION_MODES.items() if predicts_importance else ()
+    return [(mode, mode) for mode in MODES] + [(label, mode) for mode, label in extra]
+
+
+_HEAT_MODES = {"importance", "mass", "combined", *PREDICTION_MODES}
+_KEEP_MODES = {"importance", "mass", "evicted", "combined", *PREDICTION_MODES}
 _SEGMENT_MODES = {"segments", "combined"}
 _BOX_MODES = {"segments", "mass", "evicted", "combined"}
 
@@ -84,7 +95,7 @@ def segment_colour(kind: str, index: int = 0) -> str | None:
 MODE_PARTS: dict[str, tuple[str, ...]] = {
     mode: tuple(part for part, modes in (("heat", _HEAT_MODES), ("keep", _KEEP_MODES), ("segments", _SEGMENT_MODES),
                                          ("boxes", _BOX_MODES)) if mode in modes)
-    for mode in MODES
+    for mode in (*MODES, *PREDICTION_MODES)
 }
 # Every segment kind the view colours (the think blocks and steps take the box palette).
 SEGMENT_KINDS: tuple[str, ...] = tuple(dict.fromkeys([*_SEGMENT_COLOURS, *_RANK]))
@@ -102,6 +113,10 @@ class TokenData:
     bool, the tokens whose score is ranked for heat (``None``: all): the policy's recent window,
     which it keeps whatever the score, is left out (:func:`outside_recent`); ``mass`` ``(n,)``
     ``e^β`` per token for a run that fits attention biases (``None``: the run has none).
+    ``predicted`` ``(n,)``: each token's importance as the policy's predictor judged it when the
+    token was written; ``answer_attention`` ``(n,)``: the attention the answer paid each token
+    before it (both ``None`` where the run has none; the heat of :data:`PREDICTION_MODES`, all
+    tokens ranked).
     """
 
     texts: Sequence[str]
@@ -112,6 +127,8 @@ class TokenData:
     start: int = 0
     ranked: Sequence[bool] | np.ndarray | None = None
     mass: Sequence[float] | np.ndarray | None = None
+    predicted: Sequence[float] | np.ndarray | None = None
+    answer_attention: Sequence[float] | np.ndarray | None = None
 
 
 def token_view(record: RunRecord, step: int | None = None) -> TokenData:
@@ -120,7 +137,9 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
     The prompt and every token up to that event, with that event's scores and keep fractions
     (none before the first event), the record's segments and the prompt's labels.  A policy
     without a graded score (:attr:`~thinkviz.policies.Policy.score_scale` ``None``) passes no
-    scores: its view shows no heat.
+    scores: its view shows no heat.  Also the predicted importance the events report (step info
+    ``predicted`` / ``predicted_from``) and, once the answer has begun, the attention it paid
+    (``record.summary["answer_attention"]``).
     """
     events = record.events if step is None else record.events[: step + 1]
     texts = list(record.prompt_texts)
@@ -134,8 +153,8 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
     graded = last is not None and policy.score_scale is not None
     ranked = outside_recent(len(texts), record.meta.get("params", {})) if policy.evicts else None
     return TokenData(texts, last.scores if graded else None, None if last is None else last.keep_fraction,
-                     labels, record.segments, ranked=ranked,
-                     mass=None if last is None else last.mass)
+                     labels, record.segments, ranked=ranked, mass=None if last is None else last.mass,
+                     predicted=_predicted(events, len(texts)), answer_attention=_answer_attention(record, len(texts)))
 
 
 def outside_recent(n: int, params: dict[str, Any]) -> np.ndarray | None:
@@ -149,6 +168,41 @@ def outside_recent(n: int, params: dict[str, Any]) -> np.ndarray | None:
     ranked = np.ones(n, dtype=bool)
     ranked[max(0, n - recent) :] = False
     return ranked
+
+
+def _predicted(events: Sequence[Any], n: int) -> np.ndarray | None:
+    """``(n,)`` the predicted importance the events report per position (NaN where none did);
+    entries that are not a position and a list of numbers (a damaged recording) are skipped."""
+    values, found = np.full(n, np.nan), False
+    for info in (e.info for e in events if "predicted" in e.info):
+        start, chunk = info.get("predicted_from"), _floats(info["predicted"])
+        if chunk is None or not isinstance(start, int) or start < 0:
+            continue
+        chunk = chunk[: max(0, n - start)]
+        values[start : start + len(chunk)] = chunk
+        found = True
+    return values if found else None
+
+
+def _answer_attention(record: RunRecord, n: int) -> np.ndarray | None:
+    """``(n,)`` the attention the answer paid each earlier token, when ``n`` tokens reach into the answer."""
+    paid = _floats(record.summary.get("answer_attention"))
+    if paid is None or n <= len(paid):
+        return None
+    values = np.full(n, np.nan)
+    values[: len(paid)] = paid
+    return values
+
+
+def _floats(values: Any) -> np.ndarray | None:
+    """``values`` as a 1-D float array, ``None`` when it is not a list of numbers (``None`` → NaN)."""
+    if not isinstance(values, list):
+        return None
+    try:
+        array = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return array if array.ndim == 1 else None
 
 
 class Look(NamedTuple):
@@ -316,8 +370,9 @@ def _value_classes(mode: str, heat: int, kept: int) -> str:
 
 
 def _check(mode: str, texts: Sequence[str], **arrays: Any) -> None:
-    if mode not in MODES:
-        raise ValueError(f"unknown token view mode {mode!r}; choose one of: {', '.join(MODES)}")
+    if mode not in MODES and mode not in PREDICTION_MODES:
+        choices = ", ".join([*MODES, *PREDICTION_MODES])
+        raise ValueError(f"unknown token view mode {mode!r}; choose one of: {choices}")
     for name, values in arrays.items():
         if values is not None and len(values) != len(texts):
             raise ValueError(f"{name} has {len(values)} entries for {len(texts)} tokens")
@@ -325,12 +380,14 @@ def _check(mode: str, texts: Sequence[str], **arrays: Any) -> None:
 
 def token_looks(data: TokenData, mode: str) -> list[Look]:
     """The :class:`Look` of every token of ``data`` in ``mode``."""
-    texts, scores, keep_fraction, start = data.texts, data.scores, data.keep_fraction, data.start
-    _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=data.labels, ranked=data.ranked,
+    texts, keep_fraction, start = data.texts, data.keep_fraction, data.start
+    scores = {"predicted": data.predicted, "answer": data.answer_attention}.get(mode, data.scores)
+    ranked = None if mode in PREDICTION_MODES else data.ranked  # a prediction ranks every token
+    _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=data.labels, ranked=ranked,
            mass=data.mass)
     n = len(texts)
     # mass: every kept token is ranked (new tokens carry e^0 = 1, below any token that stands for more)
-    heat = (heat_levels(data.mass, n) if mode == "mass" else heat_levels(scores, n, data.ranked)).tolist()
+    heat = (heat_levels(data.mass, n) if mode == "mass" else heat_levels(scores, n, ranked)).tolist()
     kept = keep_levels(keep_fraction, n).tolist()
     score_list = [None] * n if scores is None else np.asarray(scores, dtype=np.float64).tolist()
     keep_list = [None] * n if keep_fraction is None else np.asarray(keep_fraction, dtype=np.float64).tolist()

@@ -9,7 +9,7 @@ import gradio as gr
 
 from ...export import import_recording
 from ...viz.legend import pin_host
-from ...viz.tokens import MODES
+from ...viz.tokens import view_mode_choices
 from .. import explore
 from ..fields import slider
 from ..handlers import RUN_PICKER_INFO, figure_file, recording_file, shown
@@ -37,7 +37,7 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
                             elem_id="tv-explore-layer")
         head = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="KV head", scale=1,
                            elem_id="tv-explore-head")
-    mode = gr.Radio(list(MODES), value="combined", label="Token view", elem_id="tv-explore-mode")
+    mode = gr.Radio(view_mode_choices(False), value="combined", label="Token view", elem_id="tv-explore-mode")
     tokens = gr.HTML("", elem_id="tv-explore-tokens")
     with gr.Row():
         heatmap = gr.Plot(label="Kept per step and position", elem_id="tv-explore-heatmap", scale=3)
@@ -116,12 +116,21 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
                            stem="thinkviz-keep")
 
     export_fig.click(keep_figure, view_inputs, exported, api_name="export_keep_figure")
+
+    def offer_modes(s: Session, mode_value: str):
+        if s.explore_record is None:
+            return gr.skip()
+        choices = view_mode_choices(explore.predicts_importance(s.explore_record))
+        return gr.update(choices=choices, value=mode_value if mode_value in {m for _, m in choices} else "combined")
+
+    modes = {"fn": offer_modes, "inputs": [session, mode], "outputs": mode, "show_progress": "hidden",
+             "api_visibility": "private"}
     open_source.click(from_source, [session, source, mode], pickers + view_outputs, show_progress="hidden",
-                      api_visibility="private")
+                      api_visibility="private").then(**modes)
     tab.select(on_select, [session, mode], [source, *pickers, *view_outputs], show_progress="hidden",
-               api_visibility="private")
+               api_visibility="private").then(**modes)
     upload.upload(from_upload, [session, upload, mode], pickers + view_outputs, show_progress="hidden",
-                  api_name="open_recording")
+                  api_name="open_recording").then(**modes)
     for control in (step, layer, head, mode):
         # preprocess=False: Gradio's own range check would answer a step past the end with its bare message and a
         # traceback (and a slider rebuilt by an update loses fields.numbers_only); explore_view checks every value

@@ -15,8 +15,9 @@ import gradio as gr
 from ...faults import RunFault
 from ...memory import CARDS_GB, Projection
 from ...viz.figures import memory_figure, placeholder_figure
+from ...policies import policy_class
 from ...viz.legend import view_legend
-from ...viz.tokens import MODES
+from ...viz.tokens import view_mode_choices
 from .. import inputs
 from ..controls import default_view
 from ..handlers import MODEL_GROUP, WAITING, figure_file, recording_file, run_picker, run_with_model, shown
@@ -79,8 +80,8 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             status = gr.Markdown("Pick a preset or type a question, then Generate.", elem_id="tv-live-status",
                                  elem_classes="tv-status")
             stats = gr.HTML("", elem_id="tv-live-stats")
-            view_mode = gr.Radio(list(MODES), value=default_view(DEFAULT_POLICY), label="Token view",
-                                 elem_id="tv-live-mode")
+            view_mode = gr.Radio(view_mode_choices(policy_class(DEFAULT_POLICY).predicts_importance),
+                                 value=default_view(DEFAULT_POLICY), label="Token view", elem_id="tv-live-mode")
             legend = gr.HTML(view_legend(default_view(DEFAULT_POLICY), DEFAULT_POLICY, None), elem_id="tv-live-legend")
             gr.HTML(container_html(LIVE_TOKENS_ID))
             memory = gr.Plot(placeholder_figure("The KV cache's size appears here while a run streams"),
@@ -94,7 +95,12 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             return values + [gr.skip()] * (len(controls.inputs()) + 2)
         preset = choice.preset
         return values + [*controls.preset_values(preset.policy, preset.params), preset.max_new_tokens,
-                         default_view(preset.policy)]
+                         view_for(preset.policy)]
+
+    def view_for(name: str):
+        """The view modes ``name`` offers (the prediction modes for a policy that predicts importance), opened in
+        its default view."""
+        return gr.update(choices=view_mode_choices(policy_class(name).predicts_importance), value=default_view(name))
 
     def shown_legend(s: Session, mode: str, chosen: str) -> str:
         """The legend of what the view shows: the last run (its policy), else the chosen policy."""
@@ -107,7 +113,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                         panel.preset_outputs() + controls.inputs() + [decode.max_new_tokens, view_mode],
                         show_progress="hidden", api_visibility="private"
                         ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private")
-    controls.policy.input(default_view, controls.policy, view_mode, show_progress="hidden", api_visibility="private"
+    controls.policy.input(view_for, controls.policy, view_mode, show_progress="hidden", api_visibility="private"
                           ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private")
 
     def switch_mode(s: Session, mode: str, chosen: str):
