@@ -239,3 +239,7 @@ def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama,
         assert set(scores) == {"spearman", "precision_at_30"}
         assert 0 <= scores["precision_at_30"] <= 1
     assert table["scorers"]["predictor"]["spearman"] == pytest.approx(meta.heldout_spearman)
+    assert main(["train-predictor", "--evaluate-only", "--holdout", "math_tilings", "--output", str(out)]) == 0
+    assert "dynts_tiny.safetensors" in capsys.readouterr().out
+    assert main(["train-predictor", "--evaluate-only", "--output", str(tmp_path / "none.safetensors")]) == 2
+    assert capsys.readouterr().err.strip().startswith("thinkviz: error: no predictor file at")

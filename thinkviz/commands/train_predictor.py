@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -53,6 +54,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the corpus sampler and of the fit")
     parser.add_argument("--output", default=None,
                         help="where to write the predictor (default: assets/dynts_<model>.safetensors)")
+    parser.add_argument("--evaluate-only", action="store_true",
+                        help="measure the predictor at --output (default: the shipped one) on the held-out traces "
+                             "with this model, quantization and backend; train and write nothing")
 
 
 def reasoning_traces() -> dict[str, Trace]:
@@ -96,6 +100,25 @@ def _check(args: argparse.Namespace, traces: dict) -> list[str]:
     return holdout
 
 
+def _corpus(args: argparse.Namespace, loaded) -> list[C.Generation]:
+    """The kept generations of the corpus ``--generate`` asks for, with a progress bar and the keep rate."""
+    if not args.generate:
+        return []
+    settings = C.GenerationSettings(seed=args.seed, think_tokens=args.think_tokens, answer_tokens=args.answer_tokens)
+    with tqdm(total=args.generate, desc="corpus (the model answers)", unit="prompt", file=sys.stderr) as bar:
+        def progress(done: int, kept: int) -> None:
+            bar.update(done - bar.n)
+            bar.set_postfix(kept=kept)
+
+        generations = C.build_corpus(loaded, corpus_prompts(), args.generate, settings, progress)
+    kept = [g for g in generations if g.kept]
+    totals, kinds = Counter(g.kind for g in generations), Counter(g.kind for g in kept)
+    print(f"corpus: {len(kept)} of {len(generations)} generations closed </think> and answered "
+          f"({len(kept) / len(generations):.0%}; " + ", ".join(f"{k} {kinds[k]}/{n}" for k, n in totals.items())
+          + f"); cached in {C.corpus_cache_path(loaded, corpus_prompts(), settings)}")
+    return kept
+
+
 @command("train-predictor", configure)
 def run(args: argparse.Namespace) -> int:
     """Train the DynTS importance predictor on the model's own reasoning and measure it on held-out traces."""
@@ -108,7 +131,9 @@ def run(args: argparse.Namespace) -> int:
             added[spec] = load_trace(spec)
         except TraceError as exc:
             raise CliError(f"--add {spec}: {exc}") from None
+    path = Path(args.output) if args.output else None
     loaded = load_from_args(args)
+    path = path or P.predictor_path(loaded.name)
     depth = loaded.geometry.layers
     if any(not -depth - 1 <= i <= depth for i in layers):
         raise CliError(f"--layers must lie in -{depth + 1} .. {depth} for {loaded.name}")
@@ -116,22 +141,16 @@ def run(args: argparse.Namespace) -> int:
     def label(name, system, question, text):
         return label_trace(loaded, name, system, question, text, layers)
 
-    generations = []
-    if args.generate:
-        settings = C.GenerationSettings(seed=args.seed, think_tokens=args.think_tokens,
-                                        answer_tokens=args.answer_tokens)
-        with tqdm(total=args.generate, desc="corpus (the model answers)", unit="prompt", file=sys.stderr) as bar:
-            def progress(done: int, kept: int) -> None:
-                bar.update(done - bar.n)
-                bar.set_postfix(kept=kept)
-
-            generations = C.build_corpus(loaded, corpus_prompts(), args.generate, settings, progress)
-        kept = [g for g in generations if g.kept]
-        totals, kinds = Counter(g.kind for g in generations), Counter(g.kind for g in kept)
-        print(f"corpus: {len(kept)} of {len(generations)} generations closed </think> and answered "
-              f"({len(kept) / len(generations):.0%}; " + ", ".join(f"{k} {kinds[k]}/{n}" for k, n in totals.items())
-              + f"); cached in {C.corpus_cache_path(loaded, corpus_prompts(), settings)}")
-        generations = kept
+    if args.evaluate_only:
+        try:
+            model, meta = P.load(path)
+        except P.PredictorError as exc:
+            raise CliError(str(exc)) from None
+        heldout = [label(name, traces[name].system, traces[name].question, traces[name].text) for name in holdout]
+        print(f"{path.name} ({meta.trained_on}) on {loaded.name} ({loaded.quantization}, {loaded.backend}):")
+        print(E.format_table(E.scorer_table(heldout, model)))
+        return 0
+    generations = _corpus(args, loaded)
     training = [label(f"corpus #{g.index}", REASONING_SYSTEM_PROMPT, g.question, g.text)
                 for g in tqdm(generations, desc="labelling the corpus", unit="trace", file=sys.stderr)]
     extra = {name: t for name, t in traces.items() if name not in holdout} | added
@@ -160,10 +179,10 @@ def run(args: argparse.Namespace) -> int:
         heldout_spearman=table["scorers"]["predictor"]["spearman"],
         trained_on=described,
     )
-    path = P.save(model, meta, args.output or P.predictor_path(loaded.name))
+    P.save(model, meta, path)
     E.write_table(table, P.eval_path(path))
-    print(f"model: {loaded.name} ({loaded.quantization}, {loaded.device}); trained on {n_tokens} thinking tokens "
-          f"of {described}; layers {','.join(map(str, layers))}")
+    print(f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device}); trained on {n_tokens} "
+          f"thinking tokens of {described}; layers {','.join(map(str, layers))}")
     print("held-out traces (Spearman with attention from the answer, precision at 30 %, thinking tokens):")
     print(E.format_table(table))
     print(f"predictor written to {path}, evaluation to {P.eval_path(path)}")
