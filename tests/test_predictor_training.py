@@ -54,6 +54,27 @@ def test_labels_are_the_attention_paid_by_the_answer(tiny_llama, monkeypatch, ch
     assert examples.thinking.sum() == n - prompt.roles[-1].start
 
 
+def test_transcript_labels_are_the_attention_paid_after_the_last_block(tiny_llama):
+    from thinkviz.chat import build_conversation
+    from thinkviz.transcript import Message
+
+    from thought_trace import MESSAGES
+
+    messages = [Message(role, content) for role, content in MESSAGES]
+    examples = L.label_transcript(tiny_llama, "t", messages)
+    chat = build_conversation(tiny_llama.tokenizer, messages)
+    n = len(examples.labels)
+    assert "".join(chat.texts[:n]).endswith("</think>")  # everything up to the last block is prefilled
+    with torch.inference_mode():
+        out = tiny_llama.model(torch.tensor([chat.ids]), output_attentions=True)
+    maps = torch.stack([a[0] for a in out.attentions])  # (L, H, N, N)
+    want = maps[:, :, n:, :n].sum(2).mean((0, 1)) / (len(chat.ids) - n)
+    assert torch.allclose(examples.labels, want, atol=1e-6)
+    assistant = [r for r in chat.roles if r.role == "assistant" and r.start < n]
+    assert int(examples.thinking.sum()) == sum(min(r.end, n) - r.start for r in assistant)
+    assert not examples.thinking[: chat.roles[1].end].any()
+
+
 def test_a_trace_without_an_answer_cannot_be_labelled(tiny_llama):
     with pytest.raises(ValueError, match="no </think>"):
         L.label_trace(tiny_llama, "t", SYSTEM, QUESTION, "thinking that never ends")

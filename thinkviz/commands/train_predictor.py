@@ -25,7 +25,7 @@ from ..replay import Trace, TraceError, load_trace
 from .predictor_training import corpus as C
 from .predictor_training import evaluate as E
 from .predictor_training.fit import EPOCHS, LEARNING_RATE, WIDTH, train
-from .predictor_training.labels import label_trace
+from .predictor_training.labels import label_trace, label_transcript
 from .predictor_training.prompts import corpus_prompts
 
 DEFAULT_CORPUS = 440  # the committed predictor's corpus: every prompt of the set answered twice
@@ -60,8 +60,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def reasoning_traces() -> dict[str, Trace]:
-    """Each shipped trace with a ``</think>`` (an answer to label with), as replayed by its first
-    preset: ``{trace file stem: thinkviz.replay.Trace}``."""
+    """Each shipped trace or transcript with a ``</think>`` (an answer to label with), as replayed
+    by its first preset: ``{trace file stem: thinkviz.replay.Trace}``."""
     by_text = {}
     for name in list_presets():
         preset = load_preset(name)
@@ -70,7 +70,10 @@ def reasoning_traces() -> dict[str, Trace]:
     traces = {}
     for path in sorted((PRESETS_DIR / "traces").glob("*.md")):
         trace = by_text.get(path.read_text(encoding="utf-8"))
-        if trace is not None and "</think>" in trace.text:
+        if trace is None:
+            continue
+        texts = [trace.text] if trace.messages is None else [m.content for m in trace.messages]
+        if any("</think>" in text for text in texts):
             traces[path.stem] = trace
     return traces
 
@@ -138,29 +141,31 @@ def run(args: argparse.Namespace) -> int:
     if any(not -depth - 1 <= i <= depth for i in layers):
         raise CliError(f"--layers must lie in -{depth + 1} .. {depth} for {loaded.name}")
 
-    def label(name, system, question, text):
-        return label_trace(loaded, name, system, question, text, layers)
+    def label(name: str, trace: Trace):
+        if trace.messages is not None:
+            return label_transcript(loaded, name, trace.messages, layers)
+        return label_trace(loaded, name, trace.system, trace.question, trace.text, layers)
 
     if args.evaluate_only:
         try:
             model, meta = P.load(path)
         except P.PredictorError as exc:
             raise CliError(str(exc)) from None
-        heldout = [label(name, traces[name].system, traces[name].question, traces[name].text) for name in holdout]
+        heldout = [label(name, traces[name]) for name in holdout]
         print(f"{path.name} ({meta.trained_on}) on {loaded.name} ({loaded.quantization}, {loaded.backend}):")
         print(E.format_table(E.scorer_table(heldout, model)))
         return 0
     generations = _corpus(args, loaded)
-    training = [label(f"corpus #{g.index}", REASONING_SYSTEM_PROMPT, g.question, g.text)
+    training = [label(f"corpus #{g.index}", Trace(g.question, REASONING_SYSTEM_PROMPT, g.question, g.text))
                 for g in tqdm(generations, desc="labelling the corpus", unit="trace", file=sys.stderr)]
     extra = {name: t for name, t in traces.items() if name not in holdout} | added
     try:
-        training += [label(name, t.system, t.question, t.text) for name, t in extra.items()]
+        training += [label(name, t) for name, t in extra.items()]
     except ValueError as exc:
         raise CliError(f"a training trace cannot be labelled: {exc}") from None
     if not training:
         raise CliError("nothing to train on: use --generate N, --add TRACE or hold out fewer traces")
-    heldout = [label(name, traces[name].system, traces[name].question, traces[name].text) for name in holdout]
+    heldout = [label(name, traces[name]) for name in holdout]
     with tqdm(total=args.epochs, desc="training", unit="epoch", file=sys.stderr) as bar:
         def step(epoch: int, loss: float) -> None:
             bar.update(1)

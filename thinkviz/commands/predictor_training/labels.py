@@ -1,7 +1,8 @@
 """Label a reasoning trace for the DynTS predictor: what the answer attended to, and what the
 baselines knew before it.
 
-A trace is the assistant's text: thinking, the last ``</think>``, then the answer.  It is
+A trace is the assistant's text: thinking, the last ``</think>``, then the answer (a
+transcript: a whole conversation, whose answer is everything after its last ``</think>``).  It is
 teacher-forced under the same chat the app replays it with (:func:`thinkviz.chat.build_chat`,
 assistant turn opened with ``<think>\\n``) through :func:`thinkviz.answer_attention.attention_maps`
 (one eager forward, full cache).  For the ``n`` positions before the answer:
@@ -19,15 +20,17 @@ output, which is what the engine hands to dynts).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from ...answer_attention import attention_maps, from_answer
-from ...chat import build_chat
+from ...chat import anchor, build_chat, build_conversation, token_boundary
 from ...model import LoadedModel
 from ...replay import ASSISTANT_PREFIX
+from ...transcript import Message
 
 RECENT = 32  # h2o's default local window: a token is first judged when it leaves it
 
@@ -73,14 +76,40 @@ def label_trace(
     thinking_text, answer_text = split_answer(trace.removeprefix(ASSISTANT_PREFIX))
     prompt = build_chat(loaded.tokenizer, system, question, assistant=ASSISTANT_PREFIX + thinking_text)
     answer = loaded.tokenizer(answer_text, add_special_tokens=False)["input_ids"]
-    n = len(prompt.ids)
-    maps, features = attention_maps(loaded, prompt.ids + answer, layers)
+    thinking = torch.zeros(len(prompt.ids), dtype=torch.bool)
+    thinking[prompt.roles[-1].start :] = True
+    return _examples(loaded, name, prompt.ids + answer, thinking, layers, recent)
+
+
+def label_transcript(
+    loaded: LoadedModel, name: str, messages: Sequence[Message], layers: Sequence[int] = (-1,), recent: int = RECENT
+) -> Examples:
+    """Label a transcript: the answer is everything after its last ``</think>`` (the last answer,
+    and any tool and later turns); the assistant turns before it are the thinking positions."""
+    chat = build_conversation(loaded.tokenizer, messages)
+    close = chat.text.rfind("</think>")
+    if close < 0:
+        raise ValueError("the transcript has no </think>: it has no answer to label with")
+    starts = [0, *itertools.accumulate(map(len, chat.texts))]
+    cut = token_boundary([anchor(p, a) for p, a in zip(chat.texts, starts)], close + len("</think>"))
+    if cut >= len(chat.ids):
+        raise ValueError("the transcript has nothing after its last </think>")
+    thinking = torch.zeros(cut, dtype=torch.bool)
+    for role in chat.roles:
+        if role.role == "assistant":
+            thinking[role.start : min(role.end, cut)] = True
+    return _examples(loaded, name, chat.ids, thinking, layers, recent)
+
+
+def _examples(loaded: LoadedModel, name: str, ids: Sequence[int], thinking: torch.Tensor, layers: Sequence[int],
+              recent: int) -> Examples:
+    """The examples of positions ``0 .. n-1`` (``n = len(thinking)``) of ``ids``, whose rest is the answer."""
+    n = len(thinking)
+    maps, features = attention_maps(loaded, ids, layers)
     before = maps[:n, :n]
     seen = n - torch.arange(n)  # queries before the answer that could see each position
     window = (torch.arange(n) + recent).clamp(max=n) - 1  # last query of each token's local window
     in_window = before.cumsum(0).gather(0, window[None])[0]
-    thinking = torch.zeros(n, dtype=torch.bool)
-    thinking[prompt.roles[-1].start :] = True
     return Examples(
         name=name,
         features=features[:n],
