@@ -112,7 +112,8 @@ def _synthetic(name, n=200, seed=0):
 
 def test_the_table_ranks_scorers_of_known_quality():
     heldout = [_synthetic("a"), _synthetic("b", seed=1)]
-    table = E.scorer_table(heldout, lambda features, relative: features[:, 0, 0])  # a perfect predictor
+    table = E.scorer_table({"a": heldout[:1], "b": heldout[1:]},
+                           lambda features, relative: features[:, 0, 0])  # a perfect predictor
     assert table["heldout_traces"] == ["a", "b"]
     scorers = table["scorers"]
     assert set(scorers) == {"predictor", "fallback", "recency", "h2o"}
@@ -122,10 +123,13 @@ def test_the_table_ranks_scorers_of_known_quality():
     per_trace = table["per_trace"]["a"]["fallback"]["spearman"]
     assert per_trace == pytest.approx(E.spearman(heldout[0].labels.flip(0)[20:], heldout[0].labels[20:]))
     assert "predictor" in E.format_table(table)
+    grouped = E.scorer_table({"both": heldout}, lambda features, relative: features[:, 0, 0])
+    assert grouped["per_trace"]["both"]["recency"]["spearman"] == pytest.approx(scorers["recency"]["spearman"])
 
 
 def test_the_table_is_written_as_json_with_nan_as_null(tmp_path):
-    table = E.scorer_table([_synthetic("a")], lambda features, relative: torch.zeros(len(features)))  # constant: NaN
+    table = E.scorer_table({"a": [_synthetic("a")]},
+                           lambda features, relative: torch.zeros(len(features)))  # constant: NaN
     path = E.write_table(table, tmp_path / "eval.json")
     data = json.loads(path.read_text())
     assert data["scorers"]["predictor"]["spearman"] is None
@@ -251,10 +255,10 @@ def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama,
     printed = capsys.readouterr().out
     assert "generations closed </think> and answered" in printed and "math_tilings" in printed
     predictor, meta = P.load(out)
-    assert meta.model == loaded.name and meta.layers == (-1,)
+    assert meta.model == loaded.name and meta.layers == (0, 1, 2)  # auto: the embeddings to the final norm
     assert "corpus generations" in meta.trained_on and "coding_ratelimit" in meta.trained_on
     table = json.loads(P.eval_path(out).read_text())
-    assert table["heldout_traces"] == ["math_tilings"]
+    assert table["heldout_traces"][0] == "math_tilings"
     assert set(table["scorers"]) == {"predictor", "fallback", "recency", "h2o"}
     for scores in table["scorers"].values():
         assert set(scores) == {"spearman", "precision_at_30"}

@@ -3,9 +3,10 @@ it on traces it never saw.
 
 The corpus is the model's own reasoning on the committed prompt set (``--generate N``,
 cached); shipped traces that are not held out and any ``--add`` trace join it.  The held-out
-shipped traces (all of them by default) are only measured: one table of Spearman and
-precision at 30 % for the predictor and its baselines, printed and written beside the
-predictor as ``dynts_<model>.eval.json``.
+shipped traces (all of them by default) and every fifth answered generation
+(``--holdout-corpus``) are only measured: one table of Spearman and precision at 30 % for the
+predictor and its baselines, printed and written beside the predictor as
+``dynts_<model>.eval.json``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .predictor_training.labels import label_trace, label_transcript
 from .predictor_training.prompts import corpus_prompts
 
 DEFAULT_CORPUS = 440  # the committed predictor's corpus: every prompt of the set answered twice
+LAYER_COUNT = 6  # --layers auto: how many hidden states the predictor mixes
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +48,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--holdout", action="append", default=None, metavar="TRACE",
                         help="shipped trace (file stem in presets/traces) kept out of training and measured on "
                              "(repeatable; default: every shipped reasoning trace)")
-    parser.add_argument("--layers", default="-1",
-                        help="comma-separated hidden-state layers the predictor mixes (0 = embeddings, -1 = final)")
+    parser.add_argument("--holdout-corpus", type=float, default=0.2, metavar="FRACTION",
+                        help="share of the answered corpus generations kept out of training and measured on "
+                             "(every k-th by index, k = 1/FRACTION; 0: none)")
+    parser.add_argument("--layers", default="auto",
+                        help="comma-separated hidden-state layers the predictor mixes (0 = embeddings, -1 = the "
+                             f"final norm), or auto: {LAYER_COUNT} evenly spaced from the embeddings to the final one")
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--lr", type=float, default=LEARNING_RATE)
     parser.add_argument("--width", type=int, default=WIDTH)
@@ -78,13 +84,18 @@ def reasoning_traces() -> dict[str, Trace]:
     return traces
 
 
-def _layers(text: str) -> tuple[int, ...]:
+def _layers(text: str, depth: int) -> tuple[int, ...]:
+    """The hidden-state indices ``--layers`` names for a model of ``depth`` decoder layers."""
+    if text == "auto":
+        return tuple(sorted({round(i * depth / (LAYER_COUNT - 1)) for i in range(LAYER_COUNT)}))
     try:
         layers = tuple(int(part) for part in text.split(","))
     except ValueError:
         raise CliError(f"--layers takes comma-separated integers, got {text!r}") from None
-    if len(set(layers)) != len(layers):
+    if len(set(i % (depth + 1) for i in layers)) != len(layers):
         raise CliError(f"--layers names a layer twice: {text!r}")
+    if any(not -depth - 1 <= i <= depth for i in layers):
+        raise CliError(f"--layers must lie in -{depth + 1} .. {depth} for a model of {depth} layers")
     return layers
 
 
@@ -96,6 +107,8 @@ def _check(args: argparse.Namespace, traces: dict) -> list[str]:
         raise CliError("--generate must be 0 or more")
     if args.think_tokens < 1 or args.answer_tokens < 1:
         raise CliError("--think-tokens and --answer-tokens must be at least 1")
+    if not 0 <= args.holdout_corpus < 1:
+        raise CliError("--holdout-corpus must be at least 0 and below 1")
     holdout = args.holdout or list(traces)
     for name in holdout:
         if name not in traces:
@@ -127,7 +140,6 @@ def run(args: argparse.Namespace) -> int:
     """Train the DynTS importance predictor on the model's own reasoning and measure it on held-out traces."""
     traces = reasoning_traces()
     holdout = _check(args, traces)
-    layers = _layers(args.layers)
     added = {}
     for spec in args.add:
         try:
@@ -137,9 +149,7 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.output) if args.output else None
     loaded = load_from_args(args)
     path = path or P.predictor_path(loaded.name)
-    depth = loaded.geometry.layers
-    if any(not -depth - 1 <= i <= depth for i in layers):
-        raise CliError(f"--layers must lie in -{depth + 1} .. {depth} for {loaded.name}")
+    layers = _layers(args.layers, loaded.geometry.layers)
 
     def label(name: str, trace: Trace):
         if trace.messages is not None:
@@ -151,13 +161,16 @@ def run(args: argparse.Namespace) -> int:
             model, meta = P.load(path)
         except P.PredictorError as exc:
             raise CliError(str(exc)) from None
-        heldout = [label(name, traces[name]) for name in holdout]
+        heldout = {name: [label(name, traces[name])] for name in holdout}
         print(f"{path.name} ({meta.trained_on}) on {loaded.name} ({loaded.quantization}, {loaded.backend}):")
         print(E.format_table(E.scorer_table(heldout, model)))
         return 0
     generations = _corpus(args, loaded)
-    training = [label(f"corpus #{g.index}", Trace(g.question, REASONING_SYSTEM_PROMPT, g.question, g.text))
+    every = round(1 / args.holdout_corpus) if args.holdout_corpus else 0
+    labelled = [(g, label(f"corpus #{g.index}", Trace(g.question, REASONING_SYSTEM_PROMPT, g.question, g.text)))
                 for g in tqdm(generations, desc="labelling the corpus", unit="trace", file=sys.stderr)]
+    training = [e for g, e in labelled if not every or g.index % every]
+    held_corpus = [e for g, e in labelled if every and not g.index % every]
     extra = {name: t for name, t in traces.items() if name not in holdout} | added
     try:
         training += [label(name, t) for name, t in extra.items()]
@@ -165,7 +178,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"a training trace cannot be labelled: {exc}") from None
     if not training:
         raise CliError("nothing to train on: use --generate N, --add TRACE or hold out fewer traces")
-    heldout = [label(name, traces[name]) for name in holdout]
+    heldout = {name: [label(name, traces[name])] for name in holdout}
+    if held_corpus:
+        heldout[f"corpus ({len(held_corpus)} held out)"] = held_corpus
     with tqdm(total=args.epochs, desc="training", unit="epoch", file=sys.stderr) as bar:
         def step(epoch: int, loss: float) -> None:
             bar.update(1)
@@ -175,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
                       progress=step)
     table = E.scorer_table(heldout, model)
     n_tokens = sum(int(e.thinking.sum()) for e in training)
-    described = f"{len(generations)} corpus generations" + "".join(f", {name}" for name in extra)
+    described = f"{len(generations) - len(held_corpus)} corpus generations" + "".join(f", {name}" for name in extra)
     meta = P.PredictorMeta(
         model=loaded.name,
         hidden_size=int(training[0].features.shape[-1]),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -72,22 +72,33 @@ def scores_of(examples: Examples, predict: Predict) -> dict[str, torch.Tensor]:
     }
 
 
-def scorer_table(heldout: Sequence[Examples], predict: Predict) -> dict:
+MEASURES = ("spearman", "precision_at_30")
+
+
+def measures(examples: Examples, predict: Predict) -> dict[str, dict[str, float]]:
+    """``{scorer: {"spearman", "precision_at_30"}}`` on the thinking tokens of one trace."""
+    truth = examples.labels[examples.thinking]
+    return {name: {"spearman": spearman(score, truth), "precision_at_30": precision_at(score, truth)}
+            for name, score in scores_of(examples, predict).items()}
+
+
+def scorer_table(heldout: Mapping[str, Sequence[Examples]], predict: Predict) -> dict:
     """``{"heldout_traces": [...], "scorers": {name: {"spearman", "precision_at_30"}},
-    "per_trace": {trace: {name: {...}}}}``; the scorers' values are means over the traces."""
+    "per_trace": {row: {name: {...}}}}``.  Each row of ``heldout`` is one trace, or a group of
+    traces (held-out corpus generations) whose measures are averaged; the scorers' values are
+    means over the rows."""
     per_trace = {}
-    for examples in heldout:
-        truth = examples.labels[examples.thinking]
-        per_trace[examples.name] = {
-            name: {"spearman": spearman(score, truth), "precision_at_30": precision_at(score, truth)}
-            for name, score in scores_of(examples, predict).items()
-        }
-    means = {
-        name: {measure: float(np.mean([row[name][measure] for row in per_trace.values()]))
-               for measure in ("spearman", "precision_at_30")}
-        for name in SCORERS
-    }
-    return {"heldout_traces": [e.name for e in heldout], "scorers": means, "per_trace": per_trace}
+    for row, group in heldout.items():
+        each = [measures(examples, predict) for examples in group]
+        per_trace[row] = {name: {m: _mean([e[name][m] for e in each]) for m in MEASURES} for name in SCORERS}
+    means = {name: {m: _mean([row[name][m] for row in per_trace.values()]) for m in MEASURES} for name in SCORERS}
+    return {"heldout_traces": list(heldout), "scorers": means, "per_trace": per_trace}
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean of the finite values; NaN when there are none."""
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan
 
 
 def format_table(table: dict) -> str:
