@@ -250,7 +250,7 @@ def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama,
     monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "dynts_tiny.safetensors"
     code = main(["train-predictor", "--generate", "16", "--think-tokens", "6", "--holdout", "math_tilings",
-                 "--epochs", "3", "--output", str(out)])
+                 "--epochs", "3", "--layers", "auto", "--output", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "generations closed </think> and answered" in printed and "math_tilings" in printed
@@ -268,3 +268,40 @@ def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama,
     assert "dynts_tiny.safetensors" in capsys.readouterr().out
     assert main(["train-predictor", "--evaluate-only", "--output", str(tmp_path / "none.safetensors")]) == 2
     assert capsys.readouterr().err.strip().startswith("thinkviz: error: no predictor file at")
+
+
+def test_train_predictor_relabels_a_corpus_read_from_a_file(tiny_llama, tmp_path, monkeypatch, capsys):
+    """--corpus: text generated earlier (say under another 4-bit backend) is labelled, not generated again."""
+    from thinkviz import predictor as P
+    from thinkviz.cli import main
+    from thinkviz.commands import train_predictor
+
+    loaded = _scripted(tiny_llama)
+    prompts = corpus_prompts()
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "cache"))
+    settings = C.GenerationSettings(think_tokens=6)
+    generated = C.build_corpus(loaded, prompts, 16, settings)
+    cached = C.corpus_cache_path(loaded, prompts, settings)
+    assert C.read_corpus(cached) == generated
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("--corpus should not generate")
+
+    monkeypatch.setattr(loaded.model, "generate", no_generation)
+    monkeypatch.setattr(train_predictor, "load_from_args", lambda args: loaded)
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "empty"))
+    out = tmp_path / "dynts_tiny.safetensors"
+    assert main(["train-predictor", "--corpus", str(cached), "--holdout", "math_tilings", "--epochs", "2",
+                 "--output", str(out)]) == 0
+    kept = sum(g.kept for g in generated)
+    assert f"corpus: {kept} answered of 16 generations read from {cached}" in capsys.readouterr().out
+    _, meta = P.load(out)
+    assert meta.layers == (-1,)  # the default: the final hidden state, what dynts gets
+    held = sum(g.kept and not g.index % 5 for g in generated)  # every fifth answered one is measured on
+    assert meta.trained_on.startswith(f"{kept - held} corpus generations")
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("not json\n")
+    for path in (garbage, tmp_path / "missing.jsonl"):
+        assert main(["train-predictor", "--corpus", str(path), "--output", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"thinkviz: error: --corpus {path}: ") and len(err.splitlines()) == 1

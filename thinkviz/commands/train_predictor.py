@@ -38,6 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generate", type=int, default=DEFAULT_CORPUS, metavar="N",
                         help="answer N prompts of the committed set with the model (the set is sampled again "
                              "past its end; cached under the user's cache directory); 0: no corpus")
+    parser.add_argument("--corpus", default=None, metavar="FILE",
+                        help="read the generated text from FILE (a corpus cache --generate wrote, for example under "
+                             "another 4-bit backend) instead of generating; it is labelled under the loaded model")
     parser.add_argument("--think-tokens", type=int, default=C.GenerationSettings.think_tokens, metavar="N",
                         help="a generation that has not closed </think> after N new tokens is dropped")
     parser.add_argument("--answer-tokens", type=int, default=C.GenerationSettings.answer_tokens, metavar="N",
@@ -51,9 +54,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--holdout-corpus", type=float, default=0.2, metavar="FRACTION",
                         help="share of the answered corpus generations kept out of training and measured on "
                              "(every k-th by index, k = 1/FRACTION; 0: none)")
-    parser.add_argument("--layers", default="auto",
+    parser.add_argument("--layers", default="-1",
                         help="comma-separated hidden-state layers the predictor mixes (0 = embeddings, -1 = the "
-                             f"final norm), or auto: {LAYER_COUNT} evenly spaced from the embeddings to the final one")
+                             f"final norm; default -1: dynts gets the final hidden state), or auto: {LAYER_COUNT} "
+                             "evenly spaced from the embeddings to the final one")
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--lr", type=float, default=LEARNING_RATE)
     parser.add_argument("--width", type=int, default=WIDTH)
@@ -120,6 +124,14 @@ def _corpus(args: argparse.Namespace, loaded) -> list[C.Generation]:
     """The kept generations of the corpus ``--generate`` asks for, with a progress bar and the keep rate."""
     if not args.generate:
         return []
+    if args.corpus:
+        try:
+            generations = C.read_corpus(Path(args.corpus))[: args.generate]
+        except (OSError, ValueError) as exc:
+            raise CliError(f"--corpus {args.corpus}: {exc}") from None
+        kept = [g for g in generations if g.kept]
+        print(f"corpus: {len(kept)} answered of {len(generations)} generations read from {args.corpus}")
+        return kept
     settings = C.GenerationSettings(seed=args.seed, think_tokens=args.think_tokens, answer_tokens=args.answer_tokens)
     with tqdm(total=args.generate, desc="corpus (the model answers)", unit="prompt", file=sys.stderr) as bar:
         def progress(done: int, kept: int) -> None:

@@ -180,17 +180,34 @@ def build_corpus(
     return corpus
 
 
-def _read_batches(path: Path) -> list[list[Generation]]:
-    """The whole batches cached at ``path`` (one JSON line each); a line cut short by a run that
-    died while writing it is dropped, and the file rewritten without it."""
-    if not path.is_file():
-        return []
-    batches, lines = [], path.read_text(encoding="utf-8").splitlines()
+def read_corpus(path: Path) -> list[Generation]:
+    """Every generation of a corpus cache written by :func:`build_corpus` (whichever model or
+    backend wrote it); :class:`ValueError` when ``path`` holds none."""
+    text = path.read_text(encoding="utf-8")  # OSError when there is no such file
+    generations = [g for batch in _parse(text.splitlines()) for g in batch]
+    if not generations:
+        raise ValueError("not a corpus cache (one JSON list of generations per line)")
+    return generations
+
+
+def _parse(lines: list[str]) -> list[list[Generation]]:
+    """The batches of the leading whole lines."""
+    batches = []
     for line in lines:
         try:
             batches.append([Generation(**g) for g in json.loads(line)])
         except (ValueError, TypeError):
             break
+    return batches
+
+
+def _read_batches(path: Path) -> list[list[Generation]]:
+    """The whole batches cached at ``path`` (one JSON line each); a line cut short by a run that
+    died while writing it is dropped, and the file rewritten without it."""
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    batches = _parse(lines)
     if len(batches) < len(lines):
         path.write_text("".join(json.dumps([asdict(g) for g in b], ensure_ascii=False) + "\n" for b in batches),
                         encoding="utf-8")
