@@ -160,16 +160,31 @@ def test_train_predictor_refuses_an_unknown_holdout(capsys):
 
 
 @pytest.mark.integration
-def test_shipped_predictor_is_used_for_the_embedded_model(embedded_model):
+def test_shipped_predictor_ranks_when_asked_and_auto_follows_its_evaluation(embedded_model):
     path = P.predictor_path(embedded_model.name)
     _, meta = P.load(path)
     assert meta.model == embedded_model.name and meta.hidden_size == embedded_model.model.config.hidden_size
+    assert meta.layers == (-1,)  # what the engine hands dynts
+    measured = json.loads(P.eval_path(path).read_text())["scorers"]
     prompt, trace = chat_and_trace(embedded_model.tokenizer)
-    run = Run(embedded_model, make_policy("dynts", budget=len(prompt.ids) + 32, interval=16, recent=8),
-              prompt, DecodeSettings())
-    events = list(run.replay(trace[:64]))
-    assert events[-1].info["importance"] == f"predicted by {path.name}"
-    assert any(e.evicted for e in events)
+
+    def replay(scorer):
+        run = Run(embedded_model, make_policy("dynts", budget=len(prompt.ids) + 32, interval=16, recent=8,
+                                              scorer=scorer), prompt, DecodeSettings())
+        events = list(run.replay(trace[:64]))
+        assert events[-1].kv_tokens < len(prompt.ids) + 64  # it evicted (per head, when attention ranks)
+        return events
+
+    def importance(scorer):
+        return replay(scorer)[-1].info["importance"]
+
+    predicted = replay("predictor")
+    assert predicted[-1].info["importance"] == f"predicted by {path.name}"
+    assert any(e.evicted for e in predicted)  # one score for every head: whole tokens go
+    if measured["predictor"]["spearman"] >= measured["fallback"]["spearman"]:
+        assert importance("auto") == f"predicted by {path.name}"
+    else:
+        assert importance("auto").startswith("attention fallback (scorer: auto): attention ranked held-out traces")
 
 
 def test_every_token_reports_its_predicted_importance_as_written_whichever_score_ranks(tiny_llama, tmp_path,
