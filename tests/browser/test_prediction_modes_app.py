@@ -38,8 +38,9 @@ def app_url(tmp_path_factory):
 
 
 def _heated(page, root: str) -> int:
+    """Heated tokens of the view (not the legend's colour swatches, which Explore shows in the same box)."""
     return page.evaluate(f"[...document.querySelectorAll('{root} .tv-tok')]"
-                         ".filter(t => /tv-h[0-9]/.test(t.className)).length")
+                         ".filter(t => /tv-h[0-9]/.test(t.className) && !t.closest('.tv-legend')).length")
 
 
 def test_dynts_offers_predicted_importance_and_the_answers_attention(app_url, browser):
