@@ -13,3 +13,5 @@ def test_overhead_measures_the_engine_and_generate_on_the_same_tokens(tiny_llama
     assert result.new_tokens == 8
     assert result.engine_tokens_per_second > 0 and result.generate_tokens_per_second > 0
     assert result.ratio == result.engine_tokens_per_second / result.generate_tokens_per_second
+    assert result.engine_cpu_tokens_per_second > 0 and result.generate_cpu_tokens_per_second > 0
+    assert result.cpu_ratio == result.engine_cpu_tokens_per_second / result.generate_cpu_tokens_per_second

@@ -95,8 +95,8 @@ def measure_ratio(loaded: LoadedModel, new_tokens: int, repeats: int, scoring: b
     time_generate(loaded, 8)
     engine, baseline = [], []
     for _ in range(repeats):
-        engine.append(time_engine(loaded, new_tokens, RATIO_BUDGET, scoring=scoring))
-        baseline.append(time_generate(loaded, new_tokens))
+        engine.append(time_engine(loaded, new_tokens, RATIO_BUDGET, scoring=scoring).wall)
+        baseline.append(time_generate(loaded, new_tokens).wall)
     return RatioRow(scoring, max(engine), max(baseline))
 
 

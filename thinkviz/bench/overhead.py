@@ -3,7 +3,10 @@
 Both decode the same number of tokens greedily from the same prompt on the same loaded
 model, in the same process, alternating, so machine noise hits both alike, and with the same
 attention kernel: eager when the engine needs the attention weights, SDPA when it runs an
-attention-free policy without scores (so the ratio is the engine's own cost).
+attention-free policy without scores (so the ratio is the engine's own cost).  Each run is timed
+by the wall clock and by the process's CPU time: on a machine shared with other jobs a wall
+second includes waits for a busy core, which land on either contender by chance; the CPU-time
+ratio leaves them out (both contenders run on one thread with ``OMP_NUM_THREADS=1``).
 
 At long context (:func:`measure_context_overhead`) the prompt is ``L`` tokens of the shipped
 traces, and only the decode steps after the first generated token are timed (the prefill is
@@ -32,20 +35,50 @@ PROMPT = "Explain step by step why the sum of two odd numbers is always even."
 
 
 @dataclass
+class Throughput:
+    """Tokens per second of one timed run: per wall-clock second, and per second of this process's
+    CPU time (on a shared machine the second counts only the time the run was scheduled)."""
+
+    wall: float
+    cpu: float
+
+
+@dataclass
 class OverheadResult:
     new_tokens: int
     engine_tokens_per_second: float
     generate_tokens_per_second: float
     attention: str = "eager"  # the kernel both ran with
+    engine_cpu_tokens_per_second: float = 0.0
+    generate_cpu_tokens_per_second: float = 0.0
 
     @property
     def ratio(self) -> float:
         """Engine throughput ÷ ``model.generate`` throughput (target ≥ 0.85)."""
         return self.engine_tokens_per_second / self.generate_tokens_per_second
 
+    @property
+    def cpu_ratio(self) -> float:
+        """The same per CPU second: the waits for a core that other jobs hold count for neither."""
+        return self.engine_cpu_tokens_per_second / self.generate_cpu_tokens_per_second
+
+
+class _Timer:
+    """Wall-clock and process CPU time of a block; :meth:`rate` turns a token count into a :class:`Throughput`."""
+
+    def __enter__(self) -> _Timer:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+    def rate(self, tokens: int) -> Throughput:
+        return Throughput(tokens / self.wall, tokens / max(self.cpu, 1e-9))
+
 
 def time_engine(loaded: LoadedModel, new_tokens: int, budget: int, policy: str = "h2o", scoring: bool = True,
-                interval: int = 1) -> float:
+                interval: int = 1) -> Throughput:
     """Tokens per second of a full engine run (prefill included), nothing stops it early.
 
     ``scoring=False`` leaves out the per-step importance scores (a policy that evicts still
@@ -53,20 +86,19 @@ def time_engine(loaded: LoadedModel, new_tokens: int, budget: int, policy: str =
     prompt = build_chat(loaded.tokenizer, REASONING_SYSTEM_PROMPT, PROMPT)
     settings = DecodeSettings(max_new_tokens=new_tokens, stop_at_eos=False, scoring=scoring)
     run = Run(loaded, make_policy(policy, budget=budget, interval=interval), prompt, settings)
-    start = time.perf_counter()
-    produced = sum(len(event.token_ids) for event in run.generate())
-    return produced / (time.perf_counter() - start)
+    with _Timer() as timer:
+        produced = sum(len(event.token_ids) for event in run.generate())
+    return timer.rate(produced)
 
 
-def time_generate(loaded: LoadedModel, new_tokens: int, attention: str = "eager") -> float:
+def time_generate(loaded: LoadedModel, new_tokens: int, attention: str = "eager") -> Throughput:
     """Tokens per second of ``model.generate`` (greedy, EOS ignored) on the same prompt, with the
     ``attention`` kernel."""
     prompt = build_chat(loaded.tokenizer, REASONING_SYSTEM_PROMPT, PROMPT)
     ids = torch.tensor([prompt.ids], device=loaded.device)
-    start = time.perf_counter()
-    with attention_implementation(loaded.model, attention):
+    with _Timer() as timer, attention_implementation(loaded.model, attention):
         out = _greedy(loaded, ids, new_tokens)
-    return (out.shape[1] - ids.shape[1]) / (time.perf_counter() - start)
+    return timer.rate(out.shape[1] - ids.shape[1])
 
 
 @torch.inference_mode()
@@ -86,7 +118,7 @@ def _greedy(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int, **options) 
 def measure_overhead(loaded: LoadedModel, new_tokens: int = 512, budget: int = 128, repeats: int = 2,
                      interval: int = 1, policy: str = "h2o", scoring: bool = True) -> OverheadResult:
     """Alternate engine (``policy`` at ``budget``, per-token scores shown or not) and baseline
-    ``repeats`` times after a warm-up; keep each one's best."""
+    ``repeats`` times after a warm-up; keep each one's best (wall clock and CPU time apart)."""
     attention = attention_kernel(loaded.model, make_policy(policy, budget=budget), DecodeSettings(scoring=scoring))
     time_engine(loaded, 8, budget, policy, scoring, interval)
     time_generate(loaded, 8, attention)
@@ -94,7 +126,8 @@ def measure_overhead(loaded: LoadedModel, new_tokens: int = 512, budget: int = 1
     for _ in range(repeats):
         engine.append(time_engine(loaded, new_tokens, budget, policy, scoring, interval))
         baseline.append(time_generate(loaded, new_tokens, attention))
-    return OverheadResult(new_tokens, max(engine), max(baseline), attention)
+    return OverheadResult(new_tokens, max(e.wall for e in engine), max(b.wall for b in baseline), attention,
+                          max(e.cpu for e in engine), max(b.cpu for b in baseline))
 
 
 @dataclass

@@ -89,7 +89,7 @@ def measure_quant_speed(
         time_plain_pass(loaded, prompt_ids, ids[: 2 * chunk], chunk)
     for _ in range(repeats):
         for label, loaded in contenders.items():
-            decode[label].append(time_generate(loaded, new_tokens))
+            decode[label].append(time_generate(loaded, new_tokens).wall)
             chunked[label].append((len(prompt_ids) + len(ids)) / time_plain_pass(loaded, prompt_ids, ids, chunk))
     quality = lockstep_quality(models, prompt_ids, ids)
     return [

@@ -78,6 +78,9 @@ def _print_overhead(result, policy: str, budget: int, interval: int, scoring: bo
     print(f"baseline (model.generate, full cache, {result.attention} attention): "
           f"{result.generate_tokens_per_second:7.2f} tok/s")
     print(f"overhead ratio (engine / generate, {result.new_tokens} new tokens): {result.ratio:.3f}  (target >= 0.85)")
+    print(f"per CPU second: engine {result.engine_cpu_tokens_per_second:.2f}, generate "
+          f"{result.generate_cpu_tokens_per_second:.2f} tok/s, ratio {result.cpu_ratio:.3f}  (waits for a busy core "
+          f"left out)")
 
 
 @bench_kind("overhead", _overhead_args)
