@@ -23,6 +23,7 @@ from .browser import BenchError, app_process
 
 HEARTBEAT_SECONDS = 1.0  # Gradio's heartbeat for an app the benchmark starts (GRADIO_HEARTBEAT_INTERVAL)
 DEFAULT_HEARTBEAT_SECONDS = 15.0  # Gradio's own default, for an app started elsewhere
+CLIENT_TIMEOUT = 300.0  # seconds for one HTTP call: httpx's default 5 s fails a soak on a starved machine
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,6 @@ def client(url: str):
     from gradio_client import Client  # DEFERRED: the rest of the CLI runs without gradio_client
 
     try:
-        return Client(url, verbose=False)
+        return Client(url, verbose=False, httpx_kwargs={"timeout": CLIENT_TIMEOUT})
     except Exception as exc:  # httpx errors, a page that is not a Gradio app
         raise BenchError(f"cannot connect to {url}: {exc}") from None
