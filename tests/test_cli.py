@@ -36,6 +36,9 @@ def _cli(*args):
         (["generate", "--budget-fraction", "2", "hi"], "budget_fraction must be between 0.01 and 1.0, got 2.0"),
         (["bench", "overhead", "--policy", "lru"], "unknown policy 'lru'"),
         (["bench", "overhead", "--policy", "knorm", "--budget", "16"], "budget (16) must be larger"),
+        (["generate", "--kv-quant", "q3_k", "hi"], "unknown KV format 'q3_k'; choose one of: none, q8_0"),
+        (["generate", "--kv-quant", "kivi2", "--kv-residual", "1000", "hi"], "residual must be between 8 and 512"),
+        (["bench", "overhead", "--kv-quant", "fp8"], "unknown KV format 'fp8'"),
     ],
 )
 def test_bad_arguments_exit_non_zero_with_one_line(args, reason):
@@ -66,6 +69,19 @@ def test_generate_streams_and_writes_a_recording(tmp_path, capsys):
     events = RunRecord.load(out).events
     kind = "cuda" if torch.cuda.is_available() else "cpu"
     assert events and all(e.info["device_memory"]["kind"] == kind for e in events)  # measured every step
+
+
+@pytest.mark.integration
+def test_generate_with_a_quantized_kv_cache_records_its_format_and_bytes(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["generate", "--policy", "full", "--kv-quant", "kivi2", "--kv-residual", "16",
+                 "--max-new-tokens", "8", "--json", str(out), "What is 2 + 3?"])
+    assert code == 0
+    assert "KV format kivi2/r16" in capsys.readouterr().err
+    record = RunRecord.load(out)
+    assert record.meta["kv_quant"] == {"format": "kivi2", "bits": 2, "residual": 16}
+    last = record.events[-1]
+    assert last.kv_bytes < last.full_kv_bytes / 3  # every token kept, at about 2-3 bits of 16
 
 
 def test_the_readme_policy_table_is_the_registry_listing(capsys):

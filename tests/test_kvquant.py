@@ -11,6 +11,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 from transformers import DynamicCache
 
+from thinkviz.bench.overhead import measure_overhead
 from thinkviz.cache import EvictingCache
 from thinkviz.engine import DecodeSettings, EngineError, Run, causal_mask
 from thinkviz.kvquant import (
@@ -314,3 +315,10 @@ def test_lockstep_measures_every_format_against_the_full_precision_full_cache(ti
     assert fractions[0] == pytest.approx(34 / 32 / 4)  # fp32 model: 8.5 of 32 bits
     with pytest.raises(EngineError, match="3 policies but 1 KV formats"):
         LockstepReplay(tiny_llama_d32, policies, list(range(100, 132)), ids, kv_quants=formats[:1])
+
+
+def test_the_overhead_bench_times_the_engine_in_the_kv_format_too(tiny_llama_d32):
+    result = measure_overhead(tiny_llama_d32, new_tokens=6, budget=40, repeats=1, kv_quant=KVQuant("q8_0"))
+    assert result.quantized_tokens_per_second > 0
+    assert result.kv_quant_ratio == result.quantized_tokens_per_second / result.engine_tokens_per_second
+    assert measure_overhead(tiny_llama_d32, new_tokens=6, budget=40, repeats=1).kv_quant_ratio is None

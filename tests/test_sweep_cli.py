@@ -10,7 +10,17 @@ import sys
 
 import pytest
 
-from thinkviz.sweep import COLUMNS, Budget, parse_budgets, parse_policies, sweep_trace, write_rows
+from thinkviz.kvquant import KVQuant
+from thinkviz.sweep import (
+    COLUMNS,
+    Budget,
+    markdown_table,
+    parse_budgets,
+    parse_kv_quants,
+    parse_policies,
+    sweep_trace,
+    write_rows,
+)
 from thinkviz.policies import policy_names
 from thinkviz.replay import Trace
 from thinkviz.viz.pareto import pareto_figure, pareto_front
@@ -229,3 +239,43 @@ def test_cli_sweep_and_replay_cost_on_a_transcript_file(tmp_path):
                            "--repeats", "1", "--interval", "16"], capture_output=True, text=True, timeout=300)
     assert cost.returncode == 0, cost.stderr
     assert "trace agent:" in cost.stdout and "ratio" in cost.stdout
+
+
+def test_sweep_adds_a_kv_format_dimension_against_the_full_precision_reference(tiny_llama_d32, tmp_path):
+    formats = parse_kv_quants("none, q8_0,q4_0,q8_0")
+    assert formats == [KVQuant("none"), KVQuant("q8_0"), KVQuant("q4_0")]
+    rows, replay = sweep_trace(tiny_llama_d32, TRACE, ["window"], [Budget(0.5, True)], interval=8, kv_quants=formats)
+    assert [(r["policy"], r["budget"], r["kv_quant"]) for r in rows] == [
+        ("full", "100%", "none"), ("full", "100%", "q8_0"), ("full", "100%", "q4_0"),
+        ("window", "50%", "none"), ("window", "50%", "q8_0"), ("window", "50%", "q4_0")]
+    assert replay.reference.record.meta["kv_quant"]["format"] == "none"
+    full, full_q8, full_q4 = rows[:3]
+    # every token kept, fewer bits: a float32 model stores 8.5 (q8_0) and 4.5 (q4_0) of 32 bits
+    assert full_q8["kv_fraction"] == pytest.approx(8.5 / 32) and full_q4["kv_fraction"] == pytest.approx(4.5 / 32)
+    assert 0 < full_q8["kl"] < full_q4["kl"]
+    window, window_q4 = rows[3], rows[5]
+    assert window_q4["kv_fraction"] == pytest.approx(window["kv_fraction"] * 4.5 / 32)
+    paths = write_rows(rows, tmp_path, {})
+    with open(paths["csv"], newline="", encoding="utf-8") as fh:
+        assert [r["kv_quant"] for r in csv.DictReader(fh)] == ["none", "q8_0", "q4_0", "none", "q8_0", "q4_0"]
+    lines = paths["md"].read_text(encoding="utf-8").splitlines()
+    assert "| KV |" in lines[0] and lines[4].startswith("| tiny | full | 100% | q4_0 |")
+    figure = pareto_figure(rows)
+    legend = [t.name for t in figure.data if t.showlegend]
+    assert legend == ["full", "full · q8_0", "full · q4_0", "window", "window · q8_0", "window · q4_0", "Pareto front"]
+    assert [t.marker.symbol for t in figure.data[:3]] == ["circle", "square", "diamond"]
+
+
+def test_sweep_tables_without_formats_keep_their_columns(tiny_llama):
+    rows, _ = sweep_trace(tiny_llama, TRACE, ["window"], [Budget(0.5, True)], interval=8)
+    assert all(r["kv_quant"] == "none" for r in rows)
+    assert "| KV |" not in markdown_table(rows).splitlines()[0]
+
+
+@pytest.mark.parametrize("args, reason", [
+    (["--kv-quants", "none,q5_1"], "unknown KV format 'q5_1'"),
+    (["--kv-quants", "kivi2", "--kv-residual", "4"], "residual must be between 8 and 512"),
+    (["--kv-quants", " , "], "no KV formats given"),
+])
+def test_bad_kv_formats_exit_non_zero_before_loading(args, reason):
+    _one_line_error(_cli("--trace", "math_h2o_vs_window", *args), reason)

@@ -116,3 +116,18 @@ def test_bad_sweep_files_exit_non_zero_with_one_line(tmp_path, capsys, content, 
     lines = [line for line in captured.err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("thinkviz: error:") and reason in lines[0], captured.err
     assert captured.out == ""
+
+
+def test_kv_formats_are_rows_of_their_own_with_a_kv_column():
+    rows = [dict(row) for row in ROWS if row["trace"] == "math"] + [
+        {**_row("math", "full", "100%", 0.28, 0.02), "kv_quant": "q8_0"},
+        {**_row("math", "window", "25%", 0.074, 0.30), "kv_quant": "q4_0"},
+        {**_row("math", "h2o", "25%", 0.074, 0.20), "kv_quant": "q4_0"},
+    ]
+    table = summary_table(rows)
+    assert table.splitlines()[0] == "| policy | budget | KV | math | mean | peak KV (of full, worst) |"
+    body = table.splitlines()[2:]
+    assert "| full | 100% | q8_0 | 0.020 | 0.020 | 28.0% |" in body  # the pure quantization baseline, never bold
+    assert "| window | 25% | none | **0.140** | 0.140 | 26.4% |" in body  # best of the full-precision rows
+    assert "| h2o | 25% | q4_0 | **0.200** | 0.200 | 7.4% |" in body  # best of the q4_0 rows
+    assert "| window | 25% | q4_0 | 0.300 | 0.300 | 7.4% |" in body

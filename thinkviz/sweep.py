@@ -1,12 +1,14 @@
-"""Budget × policy sweeps: replay traces, measure memory and fidelity, write CSV / JSON / Pareto HTML.
+"""Budget × policy × KV-format sweeps: replay traces, measure memory and fidelity, write CSV / JSON / Pareto HTML.
 
-For each trace every (policy, budget) pair is replayed in lockstep with one full-cache run
-(:class:`~thinkviz.replay.LockstepReplay`), ``interval`` tokens per forward, so the
-reference is computed once per trace and every pair sees exactly the same tokens.  A row
-holds the trace, policy, budget, the peak KV bytes measured on the real tensors, the
-compression against the full cache's peak, fidelity means (overall and per segment kind),
-the replay throughput and, for a policy that fits attention biases, the mean seconds its fit
-took per compression.
+For each trace every (policy, budget, KV format) is replayed in lockstep with one full-cache,
+full-precision run (:class:`~thinkviz.replay.LockstepReplay`), ``interval`` tokens per
+forward, so the reference is computed once per trace and every run sees exactly the same
+tokens.  Each quantized format also gets a ``full`` run in that format (every token kept, at
+lower precision: the pure quantization baseline).  A row holds the trace, policy, budget, KV
+format, the peak KV bytes measured on the real tensors (codes, scales and residual included),
+the compression against the full-precision full cache's peak, fidelity means (overall and
+per segment kind), the replay throughput and, for a policy that fits attention biases, the
+mean seconds its fit took per compression.
 
 A policy may be named with its own knobs, ``tam:compaction=match`` (``name:knob=value:…``), so
 one sweep compares two settings of one policy; the row's ``policy`` is that text.
@@ -22,16 +24,17 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .engine import DecodeSettings
+from .kvquant import KVQuant
 from .metrics import SEGMENT_KINDS
 from .model import LoadedModel
 from .policies import REFERENCE_POLICY, PolicyConfigError, make_policy, policy_names, policy_params
 from .replay import LockstepReplay, Trace, prepare
-from .viz.tables import cell
+from .viz.tables import cell, kv_label, mixes_formats
 
 Progress = Callable[[str, int, int], None]  # (trace name, tokens done, tokens in the trace)
 
 COLUMNS = (
-    "trace", "policy", "budget", "budget_tokens", "interval", "prompt_tokens", "trace_tokens",
+    "trace", "policy", "budget", "kv_quant", "budget_tokens", "interval", "prompt_tokens", "trace_tokens",
     "peak_kv_bytes", "full_peak_kv_bytes", "kv_fraction", "compression",
     "nll", "nll_full", "nll_delta", "ppl", "ppl_full", "kl", "top1", "tokens_per_second", "fit_seconds",
     *(f"{name}_{kind}" for kind in SEGMENT_KINDS for name in ("nll_delta", "kl", "top1")),
@@ -149,29 +152,35 @@ def sweep_trace(
     params: dict[str, Any] | None = None,
     progress: Progress | None = None,
     max_trace_tokens: int | None = None,
+    kv_quants: Sequence[KVQuant] = (KVQuant(),),
 ) -> tuple[list[dict[str, Any]], LockstepReplay]:
-    """Replay ``trace`` (single-turn or a transcript) through every (policy, budget) in lockstep
-    with the full cache.
+    """Replay ``trace`` (single-turn or a transcript) through every (policy, budget, KV format) in
+    lockstep with the full cache.
 
     ``params`` holds policy knobs (``recent``, ``n_sink``, ``protect_system`` ...), each given to
     the policies that declare it; ``max_trace_tokens`` replays only the trace's first tokens
-    (an affordable subset on a slow machine).  Returns one row per run — the full cache first — and the
-    finished replay (its records carry per-token fidelity).  Raises
-    :class:`~thinkviz.replay.TraceError` / :class:`~thinkviz.policies.PolicyConfigError`.
+    (an affordable subset on a slow machine); ``kv_quants`` are the KV formats (default: full
+    precision only).  Returns one row per run — the full-precision full cache first, then
+    ``full`` in each quantized format, then policy × budget × format — and the finished replay
+    (its records carry per-token fidelity).  Raises :class:`~thinkviz.replay.TraceError` /
+    :class:`~thinkviz.policies.PolicyConfigError` / :class:`~thinkviz.engine.EngineError`.
     """
     params = dict(params or {})
     prompt, ids = prepare(loaded, trace, max_trace_tokens)
     total = len(prompt.ids) + len(ids)
-    pairs = [(spec, budget) for spec in policies for budget in budgets]
+    grid = [(REFERENCE_POLICY, None, kv) for kv in kv_quants if kv.spec.quantized]
+    grid += [(spec, budget, kv) for spec in policies for budget in budgets for kv in kv_quants]
     built = []
-    for spec, budget in pairs:
+    for spec, budget, _ in grid:
         name, own = split_policy(spec)
-        try:
-            values = {**policy_values(name, params), **own, **budget.policy_values(total)}  # the budget given wins
+        try:  # the budget given wins over a knob of the same name
+            values = {**policy_values(name, params), **own, **({} if budget is None else budget.policy_values(total))}
             built.append(make_policy(name, interval=interval, **values))
         except PolicyConfigError as exc:
-            raise PolicyConfigError(f"{spec} at budget {budget.label} of {trace.name}: {exc}") from None
-    replay = LockstepReplay(loaded, built, prompt, ids, DecodeSettings(scoring=False))
+            where = "" if budget is None else f" at budget {budget.label}"
+            raise PolicyConfigError(f"{spec}{where} of {trace.name}: {exc}") from None
+    replay = LockstepReplay(loaded, built, prompt, ids, DecodeSettings(scoring=False),
+                            kv_quants=[kv for _, _, kv in grid])
     for done in replay:
         if progress is not None:
             progress(trace.name, done, len(ids))
@@ -179,17 +188,27 @@ def sweep_trace(
     full_peak = reference.summary["peak_kv_bytes"]
     base = {"trace": trace.name, "interval": interval, "prompt_tokens": len(prompt.ids), "trace_tokens": len(ids),
             "full_peak_kv_bytes": full_peak}
-    rows = [_row(base, REFERENCE_POLICY, "100%", total, reference)]
-    for (name, budget), run in zip(pairs, replay.runs):
-        rows.append(_row(base, name, budget.label, budget.tokens(total), run.record))
+    rows = [_row(base, REFERENCE_POLICY, "100%", KVQuant(), total, reference)]
+    for (name, budget, kv), run in zip(grid, replay.runs):
+        label, tokens = ("100%", total) if budget is None else (budget.label, budget.tokens(total))
+        rows.append(_row(base, name, label, kv, tokens, run.record))
     return rows, replay
 
 
-def _row(base: dict[str, Any], policy: str, budget: str, budget_tokens: int, record) -> dict[str, Any]:
+def parse_kv_quants(text: str, residual: int = 32) -> list[KVQuant]:
+    """``"none,q8_0,q4_0"`` → formats (duplicates dropped); :class:`~thinkviz.kvquant.KVQuantError` otherwise."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ValueError("no KV formats given")
+    return list(dict.fromkeys(KVQuant.parse(name, residual) for name in names))
+
+
+def _row(base: dict[str, Any], policy: str, budget: str, kv: KVQuant, budget_tokens: int, record) -> dict[str, Any]:
     summary = record.summary
     fidelity = summary["fidelity"]
     peak = summary["peak_kv_bytes"]
-    row = {**base, "policy": policy, "budget": budget, "budget_tokens": budget_tokens, "peak_kv_bytes": peak,
+    row = {**base, "policy": policy, "budget": budget, "kv_quant": kv.label, "budget_tokens": budget_tokens,
+           "peak_kv_bytes": peak,
            "kv_fraction": peak / base["full_peak_kv_bytes"], "compression": base["full_peak_kv_bytes"] / peak,
            "tokens_per_second": summary["tokens_per_second"], "fit_seconds": _fit_seconds(record)}
     row.update({key: fidelity["all"][key] for key in ("nll", "nll_full", "nll_delta", "ppl", "ppl_full", "kl", "top1")})
@@ -210,15 +229,17 @@ def _finite(value: Any) -> Any:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The rows' headline numbers as a Markdown table (one line per row)."""
+    """The rows' headline numbers as a Markdown table (one line per row; a KV column when formats differ)."""
+    kv = mixes_formats(rows)
     lines = [
-        "| trace | policy | budget | budget tokens | peak KV (of full) | ΔNLL | KL | top-1 | KL think | KL answer "
-        "| KL code | tok/s | fit s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| trace | policy | budget | " + ("KV | " if kv else "")
+        + "budget tokens | peak KV (of full) | ΔNLL | KL | top-1 | KL think | KL answer | KL code | tok/s | fit s |",
+        "|---|---|---:|" + ("---|" if kv else "") + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
-            f"| {row['trace']} | {row['policy']} | {row['budget']} | {row['budget_tokens']} "
+            f"| {row['trace']} | {row['policy']} | {row['budget']} | "
+            + (f"{kv_label(row)} | " if kv else "") + f"{row['budget_tokens']} "
             f"| {cell(row['kv_fraction'], '.1%')} | {cell(row['nll_delta'], '.4f')} | {cell(row['kl'], '.4f')} "
             f"| {cell(row['top1'], '.1%')} | {cell(row['kl_think'], '.4f')} | {cell(row['kl_answer'], '.4f')} "
             f"| {cell(row['kl_code'], '.4f')} | {cell(row['tokens_per_second'], '.1f')} "

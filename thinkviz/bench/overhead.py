@@ -7,6 +7,8 @@ attention-free policy without scores (so the ratio is the engine's own cost).  E
 by the wall clock and by the process's CPU time: on a machine shared with other jobs a wall
 second includes waits for a busy core, which land on either contender by chance; the CPU-time
 ratio leaves them out (both contenders run on one thread with ``OMP_NUM_THREADS=1``).
+With a quantized KV format the engine also runs with its cache in that format, in the same
+alternation, and the quantized engine's throughput is compared with the full-precision engine's.
 
 At long context (:func:`measure_context_overhead`) the prompt is ``L`` tokens of the shipped
 traces, and only the decode steps after the first generated token are timed (the prefill is
@@ -27,6 +29,7 @@ from transformers import StoppingCriteria
 from ..attention import attention_implementation
 from ..chat import REASONING_SYSTEM_PROMPT, build_chat
 from ..engine import DecodeSettings, Run, attention_kernel
+from ..kvquant import KVQuant
 from ..model import LoadedModel
 from ..policies import make_policy
 from ..presets import PRESETS_DIR
@@ -51,11 +54,19 @@ class OverheadResult:
     attention: str = "eager"  # the kernel both ran with
     engine_cpu_tokens_per_second: float = 0.0
     generate_cpu_tokens_per_second: float = 0.0
+    quantized_tokens_per_second: float | None = None  # the engine with its cache in ``kv_quant``
 
     @property
     def ratio(self) -> float:
         """Engine throughput ÷ ``model.generate`` throughput (target ≥ 0.85)."""
         return self.engine_tokens_per_second / self.generate_tokens_per_second
+
+    @property
+    def kv_quant_ratio(self) -> float | None:
+        """Quantized-cache engine ÷ full-precision engine throughput (target ≥ 0.7 on the CPU)."""
+        if self.quantized_tokens_per_second is None:
+            return None
+        return self.quantized_tokens_per_second / self.engine_tokens_per_second
 
     @property
     def cpu_ratio(self) -> float:
@@ -78,14 +89,14 @@ class _Timer:
 
 
 def time_engine(loaded: LoadedModel, new_tokens: int, budget: int, policy: str = "h2o", scoring: bool = True,
-                interval: int = 1) -> Throughput:
+                interval: int = 1, kv_quant: KVQuant = KVQuant()) -> Throughput:
     """Tokens per second of a full engine run (prefill included), nothing stops it early.
 
     ``scoring=False`` leaves out the per-step importance scores (a policy that evicts still
-    captures the attention it needs)."""
+    captures the attention it needs); ``kv_quant`` is the cache's storage format."""
     prompt = build_chat(loaded.tokenizer, REASONING_SYSTEM_PROMPT, PROMPT)
     settings = DecodeSettings(max_new_tokens=new_tokens, stop_at_eos=False, scoring=scoring)
-    run = Run(loaded, make_policy(policy, budget=budget, interval=interval), prompt, settings)
+    run = Run(loaded, make_policy(policy, budget=budget, interval=interval), prompt, settings, kv_quant=kv_quant)
     with _Timer() as timer:
         produced = sum(len(event.token_ids) for event in run.generate())
     return timer.rate(produced)
@@ -116,18 +127,26 @@ def _greedy(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int, **options) 
 
 
 def measure_overhead(loaded: LoadedModel, new_tokens: int = 512, budget: int = 128, repeats: int = 2,
-                     interval: int = 1, policy: str = "h2o", scoring: bool = True) -> OverheadResult:
+                     interval: int = 1, policy: str = "h2o", scoring: bool = True,
+                     kv_quant: KVQuant = KVQuant()) -> OverheadResult:
     """Alternate engine (``policy`` at ``budget``, per-token scores shown or not) and baseline
-    ``repeats`` times after a warm-up; keep each one's best (wall clock and CPU time apart)."""
+    ``repeats`` times after a warm-up (and, for a quantized ``kv_quant``, the engine in that format);
+    keep each one's best (wall clock and CPU time apart)."""
     attention = attention_kernel(loaded.model, make_policy(policy, budget=budget), DecodeSettings(scoring=scoring))
+    quantized = kv_quant.spec.quantized
     time_engine(loaded, 8, budget, policy, scoring, interval)
     time_generate(loaded, 8, attention)
-    engine, baseline = [], []
+    if quantized:
+        time_engine(loaded, 8, budget, policy, scoring, interval, kv_quant)
+    engine, baseline, in_format = [], [], []
     for _ in range(repeats):
         engine.append(time_engine(loaded, new_tokens, budget, policy, scoring, interval))
         baseline.append(time_generate(loaded, new_tokens, attention))
+        if quantized:
+            in_format.append(time_engine(loaded, new_tokens, budget, policy, scoring, interval, kv_quant))
     return OverheadResult(new_tokens, max(e.wall for e in engine), max(b.wall for b in baseline), attention,
-                          max(e.cpu for e in engine), max(b.cpu for b in baseline))
+                          max(e.cpu for e in engine), max(b.cpu for b in baseline),
+                          max(q.wall for q in in_format) if quantized else None)
 
 
 @dataclass

@@ -1,11 +1,13 @@
-"""One table across sweeps: a row per (policy, budget), a column per trace.
+"""One table across sweeps: a row per (policy, budget, KV format), a column per trace.
 
 ``bench sweep`` writes one ``sweep.json`` per run (see :mod:`thinkviz.sweep`).  When
 several traces were swept separately, :func:`summary_table` lines their rows up so that a
 policy can be read across traces at a glance: the chosen metric per trace, its mean over
-the traces, and the largest peak KV fraction the policy reached at that budget.
+the traces, and the largest peak KV fraction the policy reached at that budget.  Sweeps
+written before KV formats existed have no ``kv_quant`` column: their rows are full precision,
+and the table shows a KV column only when some row is quantized.
 
-In every (trace, budget) column the best value is bold, among the rows that held the
+In every (trace, budget) column the best value of each KV format is bold, among the rows that held the
 budget — those whose peak KV is within half a percentage point of the smallest peak at
 that budget — so a policy that kept more memory than asked (think_drop keeps code and
 unfinished blocks) cannot win by ignoring its budget.  Pure: rows in, Markdown out.
@@ -18,9 +20,9 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..policies import REFERENCE_POLICY
 from ..metrics import METRICS
-from ..viz.tables import cell
+from ..policies import REFERENCE_POLICY
+from ..viz.tables import cell, kv_label, mixes_formats
 
 REQUIRED = ("trace", "policy", "budget", "kv_fraction", *METRICS)
 BUDGET_SLACK = 0.005  # peak KV (fraction of full) within which a row counts as holding its budget
@@ -34,17 +36,18 @@ def load_sweep_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     """The rows of every ``sweep.json`` given (a file, or a ``bench sweep --out`` folder), in order.
 
     Raises :class:`SummaryError` for a missing, unreadable or malformed file and for a
-    (trace, policy, budget) that two files both contain.
+    (trace, policy, budget, KV format) that two files both contain.
     """
     rows: list[dict[str, Any]] = []
-    seen: dict[tuple[str, str, str], Path] = {}
+    seen: dict[tuple[str, ...], Path] = {}
     for given in paths:
         path = Path(given)
         path = path / "sweep.json" if path.is_dir() else path
         for row in _read_rows(path):
-            key = (row["trace"], row["policy"], row["budget"])
+            key = (row["trace"], row["policy"], row["budget"], kv_label(row))
             if key in seen:
-                raise SummaryError(f"{path}: {' / '.join(key)} is also in {seen[key]}")
+                shown = key if key[3] != "none" else key[:3]
+                raise SummaryError(f"{path}: {' / '.join(shown)} is also in {seen[key]}")
             seen[key] = path
             rows.append(row)
     if not rows:
@@ -70,47 +73,49 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def summary_table(rows: Sequence[dict[str, Any]], metric: str = "nll_delta") -> str:
-    """Markdown: ``| policy | budget | <one column per trace> | mean | peak KV (of full, worst) |``.
+    """Markdown: ``| policy | budget | [KV |] <one column per trace> | mean | peak KV (of full, worst) |``.
 
-    Rows keep the order in which (policy, budget) first appear; traces keep theirs.  A
-    missing (trace, policy, budget) shows "–" and is left out of the mean.
+    Rows keep the order in which (policy, budget, KV format) first appear; traces keep theirs.
+    A missing (trace, policy, budget, format) shows "–" and is left out of the mean.
     """
     if metric not in METRICS:
         raise SummaryError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     higher_is_better = METRICS[metric][1]
     traces = list(dict.fromkeys(row["trace"] for row in rows))
-    keys = list(dict.fromkeys((row["policy"], row["budget"]) for row in rows))
-    cell = {(row["trace"], row["policy"], row["budget"]): row for row in rows}
+    keys = list(dict.fromkeys((row["policy"], row["budget"], kv_label(row)) for row in rows))
+    cell = {(row["trace"], row["policy"], row["budget"], kv_label(row)): row for row in rows}
     best = _best_per_column(rows, metric, higher_is_better)
+    kv = mixes_formats(rows)
 
     lines = [
-        "| policy | budget | " + " | ".join(traces) + " | mean | peak KV (of full, worst) |",
-        "|---|---:|" + "---:|" * len(traces) + "---:|---:|",
+        "| policy | budget | " + ("KV | " if kv else "") + " | ".join(traces) + " | mean | peak KV (of full, worst) |",
+        "|---|---:|" + ("---|" if kv else "") + "---:|" * len(traces) + "---:|---:|",
     ]
-    for policy, budget in keys:
-        found = [cell.get((trace, policy, budget)) for trace in traces]
+    for policy, budget, fmt in keys:
+        found = [cell.get((trace, policy, budget, fmt)) for trace in traces]
         values = [_number(row[metric]) if row else math.nan for row in found]
         cells = [
-            _format(value, metric, bold=row is not None and id(row) in best.get((trace, budget), ()))
+            _format(value, metric, bold=row is not None and id(row) in best.get((trace, budget, fmt), ()))
             for trace, row, value in zip(traces, found, values)
         ]
         present = [value for value in values if not math.isnan(value)]
         mean = sum(present) / len(present) if present else math.nan
         peak = max((_number(row["kv_fraction"]) for row in found if row), default=math.nan)
-        lines.append(f"| {policy} | {budget} | " + " | ".join(cells)
+        lines.append(f"| {policy} | {budget} | " + (f"{fmt} | " if kv else "") + " | ".join(cells)
                      + f" | {_format(mean, metric)} | {_format(peak, 'top1')} |")
     return "\n".join(lines) + "\n"
 
 
 def _best_per_column(rows: Sequence[dict[str, Any]], metric: str, higher_is_better: bool) -> dict[tuple, set[int]]:
-    """``(trace, budget) -> {id(row)}`` of the best rows (ties included) among those that held the budget.
+    """``(trace, budget, KV format) -> {id(row)}`` of the best rows (ties included) among those
+    that held the budget.
 
-    The full-cache reference is never a contender: it has no budget to hold.
+    The full cache is never a contender: it has no budget to hold.
     """
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in rows:
         if row["policy"] != REFERENCE_POLICY and not math.isnan(_number(row[metric])):
-            groups.setdefault((row["trace"], row["budget"]), []).append(row)
+            groups.setdefault((row["trace"], row["budget"], kv_label(row)), []).append(row)
     sign = -1.0 if higher_is_better else 1.0
     best = {}
     for key, group in groups.items():

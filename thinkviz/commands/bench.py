@@ -25,8 +25,26 @@ from ..model import ModelLoadError, choose_backend, load_model
 from ..policies import PolicyConfigError, make_policy
 from ..presets import MAX_NEW_TOKENS_RANGE
 from ..replay import TraceError, load_trace, prepare
-from ..sweep import check_params, markdown_table, parse_budgets, parse_policies, sweep_trace, write_rows
-from .common import CliError, add_model_args, command, load_from_args, parse_param
+from ..engine import EngineError
+from ..kvquant import KVQuant
+from ..sweep import (
+    check_params,
+    markdown_table,
+    parse_budgets,
+    parse_kv_quants,
+    parse_policies,
+    sweep_trace,
+    write_rows,
+)
+from .common import (
+    CliError,
+    add_kv_quant_args,
+    add_model_args,
+    command,
+    kv_quant_from_args,
+    load_from_args,
+    parse_param,
+)
 
 BENCHES: dict[str, tuple] = {}
 
@@ -59,6 +77,7 @@ def _overhead_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="h2o", help="the policy the engine runs (default h2o)")
     parser.add_argument("--no-scoring", action="store_true",
                         help="do not compute the per-token scores the views show (what a sweep does)")
+    add_kv_quant_args(parser)
 
 
 def _parse_contexts(text: str) -> list[int]:
@@ -71,7 +90,7 @@ def _parse_contexts(text: str) -> list[int]:
     return contexts
 
 
-def _print_overhead(result, policy: str, budget: int, interval: int, scoring: bool) -> None:
+def _print_overhead(result, policy: str, budget: int, interval: int, scoring: bool, kv_quant: KVQuant) -> None:
     engine = result.engine_tokens_per_second
     setup = f"{policy}, budget {budget}, interval {interval}, scoring {'on' if scoring else 'off'}"
     print(f"engine   ({setup}, {result.attention} attention): {engine:7.2f} tok/s")
@@ -81,6 +100,11 @@ def _print_overhead(result, policy: str, budget: int, interval: int, scoring: bo
     print(f"per CPU second: engine {result.engine_cpu_tokens_per_second:.2f}, generate "
           f"{result.generate_cpu_tokens_per_second:.2f} tok/s, ratio {result.cpu_ratio:.3f}  (waits for a busy core "
           f"left out)")
+    if result.kv_quant_ratio is not None:
+        print(f"engine with the KV cache in {kv_quant.label}:                "
+              f"{result.quantized_tokens_per_second:7.2f} tok/s")
+        print(f"KV-format ratio (engine {kv_quant.label} / engine full precision): {result.kv_quant_ratio:.3f}  "
+              "(target >= 0.7 on the CPU)")
 
 
 @bench_kind("overhead", _overhead_args)
@@ -98,12 +122,19 @@ def overhead(args: argparse.Namespace) -> int:
         make_policy(args.policy, budget=budget, interval=args.interval)
     except PolicyConfigError as exc:
         raise CliError(str(exc)) from None
+    kv_quant = kv_quant_from_args(args)
+    if long and kv_quant.spec.quantized:
+        raise CliError("--kv-quant times the short-prompt engine; leave it out with --context")
     loaded = load_from_args(args)
     print(f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device})")
     if not long:
         scoring = not args.no_scoring
-        result = measure_overhead(loaded, new_tokens, budget, repeats, args.interval, args.policy, scoring)
-        _print_overhead(result, args.policy, budget, args.interval, scoring)
+        try:
+            result = measure_overhead(loaded, new_tokens, budget, repeats, args.interval, args.policy, scoring,
+                                      kv_quant)
+        except EngineError as exc:
+            raise CliError(str(exc)) from None
+        _print_overhead(result, args.policy, budget, args.interval, scoring, kv_quant)
         return 0
     if max(contexts) + new_tokens > loaded.geometry.max_context:
         raise CliError(f"--context {max(contexts)} + --new-tokens {new_tokens} exceeds the model's context "
@@ -279,6 +310,7 @@ def _sweep_args(parser: argparse.ArgumentParser) -> None:
                                                        "for a transcript it replaces its system message)")
     parser.add_argument("--max-trace-tokens", type=int, default=None, metavar="N",
                         help="replay only the first N tokens of each trace (a cheaper subset)")
+    add_kv_quant_args(parser, several=True)
     parser.add_argument("--out", default="sweep-out", help="folder for sweep.csv, sweep.json and pareto.html")
     parser.add_argument("--save-runs", action="store_true", help="also save every run's recording into OUT/runs/")
 
@@ -291,6 +323,7 @@ def sweep(args: argparse.Namespace) -> int:
         policies = parse_policies(args.policies, variants=True)
         params = dict(args.param)
         check_params(policies, params)
+        kv_quants = parse_kv_quants(args.kv_quants, args.kv_residual)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if not 1 <= args.interval <= 512:
@@ -313,18 +346,19 @@ def sweep(args: argparse.Namespace) -> int:
 
             try:
                 trace_rows, replay = sweep_trace(loaded, trace, policies, budgets, args.interval, params, progress,
-                                                  args.max_trace_tokens)
-            except (TraceError, PolicyConfigError) as exc:
+                                                  args.max_trace_tokens, kv_quants)
+            except (TraceError, PolicyConfigError, EngineError) as exc:
                 raise CliError(str(exc)) from None
         rows.extend(trace_rows)
         if args.save_runs:
             for row, run in zip(trace_rows, [replay.reference, *replay.runs]):
                 label = re.sub(r"\W+", "-", row["budget"]).strip("-")  # "25%" -> "25", "25% of seen" -> "25-of-seen"
-                run.record.save(out / "runs" / f"{trace.name}-{row['policy']}-{label}")
+                kv = "" if row["kv_quant"] == "none" else f"-{row['kv_quant'].replace('/', '-')}"
+                run.record.save(out / "runs" / f"{trace.name}-{row['policy']}-{label}{kv}")
     meta = {"model": loaded.name, "quantization": loaded.quantization, "device": str(loaded.device),
             "interval": args.interval, "budgets": args.budgets, "budget_mode": args.budget_mode, "params": params,
-            "traces": args.trace,
-            "max_trace_tokens": args.max_trace_tokens}
+            "traces": args.trace, "max_trace_tokens": args.max_trace_tokens,
+            "kv_quants": [kv.describe() for kv in kv_quants]}
     paths = write_rows(rows, out, meta)
     print(markdown_table(rows), end="")
     print("written: " + ", ".join(str(p) for p in paths.values()))

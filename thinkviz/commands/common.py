@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Callable
 
+from ..kvquant import RESIDUAL_RANGE, KVQuant, KVQuantError, format_names
 from ..memory import VramCapError, set_vram_cap
 from ..model import BACKENDS, QUANTIZATIONS, ModelLoadError
 from ..policies import PolicyConfigError, make_policy, policy_names
@@ -56,6 +57,28 @@ def add_policy_args(parser: argparse.ArgumentParser, default_policy: str = "h2o"
                              "'python -m thinkviz policies' lists each policy's parameters, ranges and choices)")
     parser.add_argument("--no-protect-system", action="store_true", help="allow evicting the system prompt")
     parser.add_argument("--no-protect-question", action="store_true", help="allow evicting the question")
+
+
+def add_kv_quant_args(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    """``--kv-quant FORMAT`` (or ``--kv-quants A,B`` when ``several``) and ``--kv-residual N``."""
+    names = ", ".join(format_names())
+    if several:
+        parser.add_argument("--kv-quants", default="none", metavar="FORMATS",
+                            help=f"comma-separated KV-cache formats to sweep, from: {names} (default: none)")
+    else:
+        parser.add_argument("--kv-quant", default="none", metavar="FORMAT",
+                            help=f"KV-cache storage format, one of: {names} (default: none, full precision)")
+    low, high = RESIDUAL_RANGE
+    parser.add_argument("--kv-residual", type=int, default=32, metavar="N",
+                        help=f"KIVI: newest tokens kept at full precision until a key group fills ({low}-{high})")
+
+
+def kv_quant_from_args(args: argparse.Namespace) -> KVQuant:
+    """The ``--kv-quant`` format; :class:`CliError` for an unknown format or residual."""
+    try:
+        return KVQuant.parse(args.kv_quant, args.kv_residual)
+    except KVQuantError as exc:
+        raise CliError(str(exc)) from None
 
 
 def policy_from_args(args: argparse.Namespace, name: str | None = None, budget: int | None = None):

@@ -10,12 +10,22 @@ from ..engine import DecodeSettings, EngineError, Run
 from ..faults import guard_frames
 from ..memory import with_device_memory
 from ..units import format_bytes
-from .common import CliError, add_model_args, add_policy_args, command, load_from_args, policy_from_args
+from .common import (
+    CliError,
+    add_kv_quant_args,
+    add_model_args,
+    add_policy_args,
+    command,
+    kv_quant_from_args,
+    load_from_args,
+    policy_from_args,
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the user's question")
     add_policy_args(parser)
+    add_kv_quant_args(parser)
     add_model_args(parser)
     parser.add_argument("--system", default=None, help="system prompt (default: the reasoning prompt)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -31,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise CliError("the prompt is empty")
     policy = policy_from_args(args)
+    kv_quant = kv_quant_from_args(args)
     settings = DecodeSettings(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )
@@ -42,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     system = REASONING_SYSTEM_PROMPT if args.system is None else args.system
     prompt = build_chat(loaded.tokenizer, system or None, args.prompt)
     try:
-        engine_run = Run(loaded, policy, prompt, settings)
+        engine_run = Run(loaded, policy, prompt, settings, kv_quant=kv_quant)
         sys.stdout.write(prompt.assistant_prefix)
         events = with_device_memory(engine_run.generate(), loaded.device)  # recorded per step
         for event in guard_frames(events, f"the {policy.name} run", loaded.device, passthrough=(EngineError,)):
@@ -55,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"\n--- {s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s, "
         f"peak KV {format_bytes(s['peak_kv_bytes'])}, final KV {format_bytes(s['final_kv_bytes'])} "
-        f"(full cache {format_bytes(s['final_full_kv_bytes'])}), kept {s['kept_fraction']:.0%}, "
+        f"(full cache at full precision {format_bytes(s['final_full_kv_bytes'])}), KV format {kv_quant.label}, "
+        f"kept {s['kept_fraction']:.0%}, "
         f"stopped: {s.get('stopped', '?')}",
         file=sys.stderr,
     )

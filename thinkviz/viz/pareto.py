@@ -1,9 +1,11 @@
 """Pareto figure of a sweep: KV memory kept (x) against fidelity lost (y), per policy.
 
 Input rows are the sweep's (see :mod:`thinkviz.sweep`): at least ``trace``, ``policy``,
-``budget``, ``kv_fraction`` (peak KV bytes ÷ the full cache's) and the metric plotted.
-The frontier connects the points no other point beats on both axes: less memory *and*
-better fidelity.  Pure: rows in, figure out.
+``budget``, ``kv_fraction`` (peak KV bytes ÷ the full-precision full cache's) and the metric
+plotted; ``kv_quant`` (the KV format, full precision when absent) picks the marker, so
+"fewer tokens at full precision" and "every token at fewer bits" sit on one plot.  The
+frontier connects the points no other point beats on both axes, across policies and formats:
+less memory *and* better fidelity.  Pure: rows in, figure out.
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from ..kvquant import format_names
 from ..metrics import METRICS
+from .tables import kv_label
 
+# one marker per KV format (circle: full precision)
+SYMBOLS = dict(zip(format_names(), ("circle", "square", "diamond", "x", "triangle-up")))
 
 
 def pareto_front(points: Sequence[tuple[float, float]], higher_is_better: bool = False) -> list[int]:
@@ -44,33 +50,36 @@ def _number(value) -> float:
 
 
 def pareto_figure(rows: list[dict], metric: str = "kl") -> go.Figure:
-    """Scatter of memory vs ``metric`` (one colour per policy, one panel per trace) with the front."""
+    """Scatter of memory vs ``metric`` (one colour per policy, one marker per KV format, one panel
+    per trace) with the front."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     title, higher = METRICS[metric]
     traces = list(dict.fromkeys(row["trace"] for row in rows))
     policies = list(dict.fromkeys(row["policy"] for row in rows))
+    series = list(dict.fromkeys((row["policy"], kv_label(row)) for row in rows))
     palette = qualitative.Plotly if len(policies) <= len(qualitative.Plotly) else qualitative.Dark24
     colours = {p: palette[i % len(palette)] for i, p in enumerate(policies)}
     figure = make_subplots(rows=1, cols=max(1, len(traces)), subplot_titles=traces or None, shared_yaxes=True)
     for col, trace in enumerate(traces, start=1):
         mine = [row for row in rows if row["trace"] == trace]
-        for policy in policies:
-            points = [row for row in mine if row["policy"] == policy]
+        for policy, fmt in series:
+            points = [row for row in mine if row["policy"] == policy and kv_label(row) == fmt]
             if not points:
                 continue
             points.sort(key=lambda row: _number(row["kv_fraction"]))
+            name = policy if fmt == "none" else f"{policy} · {fmt}"
             figure.add_trace(
                 go.Scatter(
                     x=[100 * _number(row["kv_fraction"]) for row in points],
                     y=[_number(row[metric]) for row in points],
                     mode="lines+markers",
-                    name=policy,
-                    legendgroup=policy,
+                    name=name,
+                    legendgroup=name,
                     showlegend=col == 1,
-                    marker={"color": colours[policy], "size": 9},
-                    line={"color": colours[policy], "width": 1},
-                    text=[f"budget {row['budget']}" for row in points],
+                    marker={"color": colours[policy], "size": 9, "symbol": SYMBOLS.get(fmt.split("/")[0], "circle")},
+                    line={"color": colours[policy], "width": 1, "dash": "solid" if fmt == "none" else "dot"},
+                    text=[f"budget {row['budget']}, KV {fmt}" for row in points],
                     hovertemplate=(
                         f"<b>{policy}</b> %{{text}}<br>KV kept %{{x:.1f}}%<br>{metric} %{{y:.4g}}<extra>{trace}</extra>"
                     ),
@@ -94,7 +103,7 @@ def pareto_figure(rows: list[dict], metric: str = "kl") -> go.Figure:
             row=1,
             col=col,
         )
-        figure.update_xaxes(title_text="peak KV memory, % of the full cache", row=1, col=col)
+        figure.update_xaxes(title_text="peak KV memory, % of the full-precision full cache", row=1, col=col)
     figure.update_yaxes(title_text=title, row=1, col=1)
     figure.update_layout(
         title=f"Memory vs fidelity: {'up' if higher else 'down'} and to the left is better",

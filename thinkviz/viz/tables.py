@@ -30,6 +30,16 @@ def cell(value: Any, spec: str) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
+def kv_label(row: Mapping[str, Any]) -> str:
+    """A sweep row's KV format (``none`` for sweeps written before the column existed)."""
+    return row.get("kv_quant") or "none"
+
+
+def mixes_formats(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether any sweep row is in a KV format other than full precision."""
+    return any(kv_label(row) != "none" for row in rows)
+
+
 def _event_at(record: RunRecord, step: int | None):
     """The event of ``step`` (the last one at or before it); the last event for ``None``."""
     if not record.events:
