@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from thinkviz.events import StepEvent
+from thinkviz.kvquant import KVQuant
 from thinkviz.memory import (
     GIB,
     TARGETS,
@@ -63,6 +64,19 @@ def test_projection_prices_tokens_and_subtracts_weights():
     assert proj.card_bytes == GIB
     assert proj.available_bytes == GIB - 424
     assert proj.max_tokens == (GIB - 424) // 16
+
+
+def test_projection_prices_a_token_in_a_kv_format():
+    proj = Projection.named("Qwen3-4B", card_gb=8)
+    qwen = proj.target  # 36 layers, 8 kv-heads, head_dim 128
+    assert proj.token_bytes() == qwen.bytes_per_token == 36 * 2 * 8 * 128 * 2
+    assert proj.token_bytes(KVQuant("q8_0")) == 36 * 2 * 8 * 4 * 34  # 4 blocks of 34 bytes per head, K and V
+    assert proj.token_bytes(KVQuant("q4_0")) == 36 * 2 * 8 * 4 * 18
+    # kivi2: packed codes, value scale+zero per 32 channels, a group id, and 1/32 of the key group's scales
+    assert proj.token_bytes(KVQuant("kivi2")) == 36 * 8 * (2 * 32 + 4 * 4 + 2 + 2 * 128 * 2 / 32)
+    assert proj.kv_bytes(1000, KVQuant("q4_0")) == 1000 * proj.token_bytes(KVQuant("q4_0"))
+    assert proj.tokens_fitting(KVQuant("q4_0")) == proj.available_bytes // (36 * 2 * 8 * 4 * 18)
+    assert proj.tokens_fitting(KVQuant()) == proj.max_tokens
 
 
 def test_projection_when_weights_do_not_fit():

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from thinkviz.kvquant import KVQuant
 from thinkviz.policies import make_policy, policy_names
 from thinkviz.presets import PRESETS_DIR, Preset, PresetError, list_presets, load_preset
 from tiny_models import tiny_model
@@ -196,6 +197,16 @@ def test_valid_preset_round_trip(folder):
         preset.title = "changed"  # type: ignore[misc]
 
 
+def test_kv_formats_of_the_run_and_of_each_compared_policy(folder):
+    _write(folder, _valid(kv_quant="kivi2", kv_residual=64, compare=["h2o", "full@q4_0", "window@kivi4"]), "kv")
+    preset = load_preset("kv", directory=folder)
+    assert preset.kv_quant == KVQuant("kivi2", 64)
+    assert preset.compare == ("h2o", "full", "window")
+    assert preset.compare_kv == (KVQuant("none", 64), KVQuant("q4_0", 64), KVQuant("kivi4", 64))
+    _write(folder, _valid(), "plain")
+    assert load_preset("plain", directory=folder).kv_quant == KVQuant()
+
+
 def test_load_by_path_from_elsewhere(folder, tmp_path_factory):
     outside = tmp_path_factory.mktemp("user")
     path = _write(outside, _valid(), "mine")
@@ -264,6 +275,12 @@ def test_unknown_key(folder):
         ({"params": {"recent": {"a": 1}}}, "params.recent must be a number"),
         ({"compare": "h2o"}, "'compare' must be a list"),
         ({"compare": ["h2o", 3]}, "'compare' must be a list"),
+        ({"compare": ["h2o", "full@q5_1"]}, "compare entry 'full@q5_1': unknown KV format 'q5_1'"),
+        ({"compare": ["h2o", "h2o@q8_0"]}, "'compare' lists 'h2o' twice"),
+        ({"kv_quant": "fp8"}, "'kv_quant': unknown KV format 'fp8'"),
+        ({"kv_quant": 4}, "'kv_quant' must be a KV format name"),
+        ({"kv_quant": "kivi2", "kv_residual": 2}, "residual must be between 8 and 512"),
+        ({"kv_residual": "long"}, "'kv_residual' must be an integer"),
         ({"max_new_tokens": 0}, "'max_new_tokens' must be an integer in 1..4096"),
         ({"max_new_tokens": 5000}, "'max_new_tokens' must be an integer in 1..4096"),
         ({"max_new_tokens": True}, "'max_new_tokens' must be an integer in 1..4096"),

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from thinkviz.engine import DecodeSettings
+from thinkviz.kvquant import KVQuant
 from thinkviz.memory import Projection
 from thinkviz.policies import make_policy
-from thinkviz.ui import explore
-from thinkviz.ui.compare import FIDELITY_COLUMNS, compare_frames
+from thinkviz.ui import explore, inputs
+from thinkviz.ui.compare import FIDELITY_COLUMNS, check_policies, compare_frames
 from thinkviz.ui.live import live_frames
 from thinkviz.ui.runs import RunInput, RunInputError
 from thinkviz.ui.stream import TokenChannel
@@ -342,3 +343,52 @@ def test_a_policy_without_predictions_records_no_answer_attention(tiny):
     record = frames[-1].record
     assert "answer_attention" not in record.summary and not explore.predicts_importance(record)
     assert "Attention from the answer" not in frames[-1].status
+
+
+@pytest.mark.parametrize("run_input", [QUESTION, TRACE], ids=["generate", "replay"])
+def test_compare_columns_in_kv_formats_are_measured_against_the_full_precision_cache(tiny_llama_d32, run_input):
+    """h2o at full precision beside the full cache in 2-bit KIVI, with the full-precision full cache shown too."""
+    policies = [make_policy("h2o", budget=24, interval=4, recent=4), make_policy("full", interval=4),
+                make_policy("full", interval=4)]
+    formats = [KVQuant(), KVQuant("kivi2", 8), KVQuant()]
+    channels = [TokenChannel(f"c{i}") for i in range(6)]
+    settings = DecodeSettings(max_new_tokens=16, stop_at_eos=False)
+    frames = list(compare_frames(tiny_llama_d32, policies, run_input, settings, threading.Event(), channels, True,
+                                 FramePacer(0.0), kv_quants=formats))
+    final = frames[-1]
+    assert [row[0] for row in final.table] == ["h2o", "full · kivi2/r8", "full"]
+    kl = [row[3] for row in final.table]
+    assert float(kl[1]) > 0 and kl[2] == "0.0000"  # every token kept, at 2 bits: not the reference
+    records = final.records
+    assert records["full · kivi2/r8"].meta["kv_quant"]["format"] == "kivi2"
+    assert records["full"].meta["kv_quant"]["format"] == "none"
+    assert "KV format" in final.headers[1] and "KV format" not in final.headers[2]
+    quantized, exact = records["full · kivi2/r8"].events[-1], records["full"].events[-1]
+    assert quantized.kv_tokens == exact.kv_tokens and quantized.kv_bytes < exact.kv_bytes / 2
+
+
+def test_compare_refuses_the_same_column_twice_but_not_one_policy_in_two_formats(tiny_llama_d32):
+    policies = [make_policy("full"), make_policy("full")]
+    with pytest.raises(RunInputError, match="compared once"):
+        check_policies(policies, [KVQuant("q8_0"), KVQuant("q8_0")])
+    check_policies(policies, [KVQuant(), KVQuant("q8_0")])
+
+
+def test_live_run_in_a_kv_format_records_it_and_prices_its_budget(tiny_llama_d32):
+    channel = TokenChannel("live")
+    policy = make_policy("h2o", budget=24, recent=4)
+    frames = list(live_frames(tiny_llama_d32, policy, QUESTION, DecodeSettings(max_new_tokens=8, stop_at_eos=False),
+                              threading.Event(), channel, None, FramePacer(0.0), kv_quant=KVQuant("kivi4", 8)))
+    final = frames[-1]
+    assert final.record.meta["kv_quant"] == {"format": "kivi4", "bits": 4, "residual": 8}
+    assert "KV format" in final.stats and "kivi4/r8" in final.stats
+    names = [trace.name for trace in final.figure.data]
+    assert "budget (24 tokens, kivi4/r8)" in names and "full cache (no eviction, full precision)" in names
+
+
+def test_kv_settings_from_the_controls_are_checked_by_the_app_too():
+    assert inputs.kv_quant("kivi2", 64.0) == KVQuant("kivi2", 64)
+    with pytest.raises(RunInputError, match="unknown KV format 'q5_1'"):
+        inputs.kv_quant("q5_1", 32)
+    with pytest.raises(RunInputError, match="residual must be between 8 and 512 tokens, got 1000"):
+        inputs.kv_quant("kivi4", 1000)

@@ -14,7 +14,7 @@ from thinkviz.model import ModelLoadError
 from thinkviz.policies import make_policy, policy_names, policy_params
 from thinkviz.ui import controls, inputs
 from thinkviz.export import export_figures, export_recording, import_recording
-from thinkviz.ui.learn import learn_markdown, policy_card
+from thinkviz.ui.learn import kv_format_card, learn_markdown, policy_card
 from thinkviz.ui.model_slot import ModelSlot, ModelUnavailable
 from thinkviz.ui.runs import RunInputError
 from thinkviz.ui.throttle import FramePacer
@@ -89,6 +89,16 @@ def test_learn_tab_names_every_policy_with_its_source_and_parameters():
         for param in controls.own_params(name):
             assert f"`{param.name}`" in card
     assert "<think>" not in text  # tags are shown escaped, never as markup
+
+
+def test_learn_tab_has_a_card_for_every_kv_format_with_its_bits_and_source():
+    text = learn_markdown()
+    assert "## How the KV cache can be stored" in text
+    for name, bits, source in [("none", "16", "—"), ("q8_0", "8.5", "GGML_TYPE_Q8_0"),
+                               ("q4_0", "4.5", "GGML_TYPE_Q4_0"), ("kivi2", "3.06", "arXiv:2402.02750"),
+                               ("kivi4", "5.06", "arXiv:2402.02750")]:
+        card = kv_format_card(name)
+        assert card in text and f"**Bits per value.** {bits} (of 16)" in card and source in card
 
 
 @pytest.fixture(scope="module")

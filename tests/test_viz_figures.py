@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from thinkviz.events import RunRecord, StepEvent
-from thinkviz.memory import GIB, Projection, TargetModel
+from thinkviz.kvquant import KVQuant
+from thinkviz.memory import GIB, TARGETS, Projection, TargetModel
 from thinkviz.units import format_bytes
+from thinkviz.viz.tables import stats_strip
 from thinkviz.viz.figures import (
     MAX_COLS,
     MAX_ROWS,
@@ -408,3 +412,53 @@ def test_a_fractional_budget_line_grows_with_the_tokens_seen():
     assert budget.name == "budget (25% of the tokens seen)"
     seen = tokens_seen(record)
     np.testing.assert_allclose(np.asarray(budget.y), np.ceil(0.25 * seen) * bytes_per_token(record) / MIB)
+
+
+def test_a_quantized_run_prices_its_budget_and_projection_in_its_format():
+    loaded = tiny_model("llama", hidden=128)  # head_dim 32: one q4_0 block per head
+    record = generated(loaded, "h2o", steps=30, kv_quant=KVQuant("q4_0"), recent=4).record
+    lines = traces(memory_figure(record, projection=Projection.named("Qwen3-4B", 8)))
+    geometry = loaded.geometry
+    per_token = geometry.layers * 2 * geometry.kv_heads * (geometry.head_dim // 32) * 18  # 18 bytes a block
+    assert lines["budget (20 tokens, q4_0)"].y[0] == pytest.approx(20 * per_token / MIB)
+    np.testing.assert_allclose(lines["KV cache (physical, q4_0)"].y, record.kv_bytes_series() / MIB)
+    full = lines["full cache (no eviction, full precision)"].y
+    np.testing.assert_allclose(full, tokens_seen(record) * geometry.bytes_per_token / MIB)
+    qwen = TARGETS["Qwen3-4B"]
+    kept = np.array([e.kv_tokens for e in record.events])
+    np.testing.assert_allclose(lines["policy on Qwen3-4B (q4_0)"].y,
+                               kept * qwen.layers * 2 * qwen.kv_heads * (qwen.head_dim // 32) * 18 / GIB)
+    np.testing.assert_allclose(lines["full cache on Qwen3-4B"].y, tokens_seen(record) * qwen.bytes_per_token / GIB)
+    assert stats_strip(record)["KV format"] == "q4_0"
+    assert "KV format" not in stats_strip(generated(loaded, "h2o", steps=2, recent=4).record)
+
+
+def test_a_recording_with_an_unknown_kv_format_is_drawn_at_full_precision(h2o_run):
+    record = dataclasses.replace(h2o_run.record, meta={**h2o_run.record.meta, "kv_quant": {"format": "q9_9"}})
+    assert "budget (20 tokens)" in traces(memory_figure(record))
+    assert "KV format" not in stats_strip(record)
+
+
+def test_the_projection_of_a_quantized_cache_runs_out_where_its_format_fills_the_card():
+    loaded = tiny_model("llama", hidden=128)  # head_dim 32
+    q4 = KVQuant("q4_0")
+    record = generated(loaded, "full", steps=30, kv_quant=q4).record
+    x = tokens_seen(record)
+    target = one_kv_head_model(1024)  # head_dim 256: 1024 bytes a token in bf16, 288 in q4_0
+    room = int(x[len(x) // 2])  # a full-precision full cache fills the card halfway through the run
+    projection = Projection(target, (target.weights_bytes(4) + room * 1024) / GIB, 4)
+    outcome = projection_outcome(record, projection)
+    assert outcome.compressed and outcome.policy == "full (q4_0)"
+    assert outcome.policy_room == projection.tokens_fitting(q4) > x[-1] > outcome.full_oom
+    assert outcome.policy_oom == pytest.approx(outcome.policy_room, abs=1)  # grows a token per token seen
+    fig = memory_figure(record, projection=projection)
+    text = " ".join(a.text or "" for a in fig.layout.annotations)
+    assert f"full cache runs out of memory at {outcome.full_oom:,.0f} tokens" in text
+    assert "full (q4_0) fits to the end of the run but keeps growing" in text
+    assert "full (q4_0) out of memory (extrapolated)" in traces(fig)
+    evicting = generated(loaded, "h2o", steps=30, kv_quant=q4, recent=4).record
+    held = projection_outcome(evicting, projection)
+    assert held.policy_oom is None and held.kept_bytes == projection.kv_bytes(held.kept_end, q4)
+    assert held.notes() == [f"full cache runs out of memory at {held.full_oom:,.0f} tokens; the policy still fits"]
+    later = Projection(target, (target.weights_bytes(4) + 4 * int(x[-1]) * 1024) / GIB, 4)
+    assert f"h2o (q4_0) holds about {held.kept_end:,} tokens" in " ".join(projection_outcome(evicting, later).notes())

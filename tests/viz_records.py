@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from thinkviz.chat import build_chat
 from thinkviz.engine import DecodeSettings, Run
+from thinkviz.kvquant import KVQuant
 from thinkviz.policies import make_policy
 
 TRACE = (
@@ -23,12 +24,12 @@ def replayed(loaded, policy: str, **params) -> Run:
     return run
 
 
-def generated(loaded, policy: str, steps: int = 40, **params) -> Run:
-    """Generate ``steps`` tokens greedily from a short chat through ``policy``."""
+def generated(loaded, policy: str, steps: int = 40, kv_quant: KVQuant = KVQuant(), **params) -> Run:
+    """Generate ``steps`` tokens greedily from a short chat through ``policy``, the cache in ``kv_quant``."""
     params = {"budget": 20, **params}
     chat = build_chat(loaded.tokenizer, "Be brief.", "What is 2+2?")
     run = Run(loaded, make_policy(policy, **params), chat,
-              DecodeSettings(max_new_tokens=steps, stop_at_eos=False, snapshot_limit=8))
+              DecodeSettings(max_new_tokens=steps, stop_at_eos=False, snapshot_limit=8), kv_quant=kv_quant)
     for _ in run.generate():
         pass
     return run

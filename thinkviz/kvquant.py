@@ -138,6 +138,16 @@ class KVQuant:
         """``"q4_0"`` or ``"kivi2"``; a clear :class:`KVQuantError` for anything else."""
         return cls(str(text).strip().lower(), residual)
 
+    @classmethod
+    def from_meta(cls, meta: Any) -> KVQuant:
+        """The format a recording's ``meta["kv_quant"]`` names: full precision when absent
+        (recordings made before formats existed); :class:`KVQuantError` when malformed."""
+        if meta is None:
+            return cls()
+        if not isinstance(meta, dict):
+            raise KVQuantError(f"kv_quant must be a mapping, got {type(meta).__name__}")
+        return cls(meta.get("format", "none"), meta.get("residual") or 32)
+
     @property
     def spec(self) -> KVFormat:
         return FORMATS[self.format]
@@ -175,7 +185,7 @@ class KVQuant:
         full-precision residual.  This is the formula the stored tensors are tested against.
         """
         if not self.spec.grouped:
-            return int(round(tokens * self.slot_bytes(heads, head_dim, dtype_bytes)))
+            return round(tokens * self.slot_bytes(heads, head_dim, dtype_bytes))
         groups = tokens // self.residual
         quantized, tail = groups * self.residual, tokens % self.residual
         return int(

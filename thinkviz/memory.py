@@ -7,6 +7,10 @@ policy would not:
 
     KV bytes per token = 2 (K and V) · layers · kv_heads · head_dim · dtype bytes
 
+at full precision; a quantized KV format (:mod:`thinkviz.kvquant`) prices a token at that
+format's bytes instead (codes and scales; KIVI at its steady state, one key group's scales
+shared by ``residual`` tokens).
+
 Weights are counted from the architecture (the parameter count follows from the config);
 quantized weights follow bitsandbytes: linear layers at ``bits`` per weight plus their
 blockwise scales, embeddings and the LM head kept at 16 bits.
@@ -27,6 +31,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
+
+from .kvquant import KVQuant
 
 GIB = 1024**3
 
@@ -139,9 +145,15 @@ class Projection:
             raise ValueError(f"unknown projection target {target!r}; choose one of: {', '.join(TARGETS)}") from None
         return cls(model, card_gb, weights_bits)
 
-    def kv_bytes(self, tokens):
-        """KV bytes of ``tokens`` cached tokens on the target (works on numbers and numpy arrays)."""
-        return tokens * self.target.bytes_per_token
+    def kv_bytes(self, tokens, kv_quant: KVQuant = KVQuant()):
+        """KV bytes of ``tokens`` cached tokens on the target stored in ``kv_quant`` (works on
+        numbers and numpy arrays)."""
+        return tokens * self.token_bytes(kv_quant)
+
+    def token_bytes(self, kv_quant: KVQuant = KVQuant()) -> float:
+        """KV bytes of one token on the target in ``kv_quant`` (full precision: an int)."""
+        target = self.target
+        return target.layers * kv_quant.slot_bytes(target.kv_heads, target.head_dim, target.dtype_bytes)
 
     @property
     def card_bytes(self) -> int:
@@ -158,8 +170,12 @@ class Projection:
 
     @property
     def max_tokens(self) -> int:
-        """How many tokens of KV cache fit in :attr:`available_bytes` (0 when nothing fits)."""
-        return max(0, self.available_bytes) // self.target.bytes_per_token
+        """How many tokens of full-precision KV cache fit in :attr:`available_bytes` (0 when nothing fits)."""
+        return self.tokens_fitting(KVQuant())
+
+    def tokens_fitting(self, kv_quant: KVQuant) -> int:
+        """How many tokens of KV cache in ``kv_quant`` fit in :attr:`available_bytes` (0 when nothing fits)."""
+        return int(max(0, self.available_bytes) // self.token_bytes(kv_quant))
 
 
 def process_rss_bytes() -> int:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import yaml
 
 from .chat import REASONING_SYSTEM_PROMPT
+from .kvquant import KVQuant, KVQuantError
 from .transcript import Message, TraceError, is_transcript, join_chat, parse_transcript
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -28,7 +29,7 @@ DEFAULT_MAX_NEW_TOKENS = 256
 MAX_NEW_TOKENS_RANGE = (1, 4096)
 
 _REQUIRED = ("title", "notice", "mode", "policy", "params", "question")
-_OPTIONAL = ("system", "trace", "max_new_tokens", "compare")
+_OPTIONAL = ("system", "trace", "max_new_tokens", "compare", "kv_quant", "kv_residual")
 # Common knobs whose type is part of the schema; policy-specific knobs only need to be scalars.
 _POSITIVE_INT_PARAMS = ("budget", "interval")
 _BOOL_PARAMS = ("protect_system", "protect_question")
@@ -45,7 +46,11 @@ Fail = Callable[[str], PresetError]
 class Preset:
     """One loaded preset.  ``trace`` is the trace file's text (replay mode), ``trace_file`` its path
     as the preset names it (relative to the presets folder); ``messages`` the whole conversation
-    when that file is a transcript (else ``None``)."""
+    when that file is a transcript (else ``None``).
+
+    ``kv_quant`` is the KV format of the preset's run; ``compare_kv`` the format of each
+    ``compare`` column (``full@q4_0`` in the file: the full cache stored in q4_0).
+    """
 
     name: str
     title: str
@@ -61,6 +66,8 @@ class Preset:
     path: Path
     messages: tuple[Message, ...] | None = None
     trace_file: str | None = None
+    kv_quant: KVQuant = KVQuant()
+    compare_kv: tuple[KVQuant, ...] = ()
 
     @property
     def system_prompt(self) -> str:
@@ -110,7 +117,11 @@ def load_preset(name_or_path: str | Path, directory: Path | str = PRESETS_DIR) -
     if system is not None and not isinstance(system, str):
         raise fail(f"'system' must be a string or null, got {type(system).__name__}")
     params = _params(data["params"], fail)
-    compare = _compare(data.get("compare"), fail)
+    residual = data.get("kv_residual", 32)
+    if isinstance(residual, bool) or not isinstance(residual, int):
+        raise fail(f"'kv_residual' must be an integer, got {residual!r}")
+    kv_quant = _kv_quant(data.get("kv_quant", "none"), residual, "'kv_quant'", fail)
+    compare, compare_kv = _compare(data.get("compare"), residual, fail)
     max_new_tokens = _max_new_tokens(data.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS), fail)
 
     trace_ref = data.get("trace")
@@ -142,6 +153,8 @@ def load_preset(name_or_path: str | Path, directory: Path | str = PRESETS_DIR) -
         path=path,
         messages=messages,
         trace_file=trace_ref if mode == "replay" else None,
+        kv_quant=kv_quant,
+        compare_kv=compare_kv,
     )
 
 
@@ -210,12 +223,29 @@ def _params(value: Any, fail: Fail) -> dict[str, Any]:
     return params
 
 
-def _compare(value: Any, fail: Fail) -> tuple[str, ...]:
+def _kv_quant(value: Any, residual: int, where: str, fail: Fail) -> KVQuant:
+    if not isinstance(value, str):
+        raise fail(f"{where} must be a KV format name, got {value!r}")
+    try:
+        return KVQuant.parse(value, residual)
+    except KVQuantError as exc:
+        raise fail(f"{where}: {exc}") from None
+
+
+def _compare(value: Any, residual: int, fail: Fail) -> tuple[tuple[str, ...], tuple[KVQuant, ...]]:
+    """The compared policy names and their KV formats (``name@format``; plain ``name``: full precision)."""
     if value is None:
-        return ()
+        return (), ()
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise fail("'compare' must be a list of policy names")
-    return tuple(value)
+        raise fail("'compare' must be a list of policy names (name@format for a KV format)")
+    names, formats = [], []
+    for entry in value:
+        name, _, fmt = entry.partition("@")
+        if name.strip() in names:
+            raise fail(f"'compare' lists {name.strip()!r} twice; the Compare tab shows each policy once")
+        names.append(name.strip())
+        formats.append(_kv_quant(fmt or "none", residual, f"compare entry {entry!r}", fail))
+    return tuple(names), tuple(formats)
 
 
 def _max_new_tokens(value: Any, fail: Fail) -> int:

@@ -107,3 +107,25 @@ def test_a_model_that_cannot_load_leaves_the_current_one_in_use(client, tmp_path
     assert "Could not load" in lines[0] and "SmolLM2" in lines[0] and "still in use" in lines[0]
     final = client.predict(*_live_args(max_new_tokens=2), api_name="/generate")
     assert final[0].startswith("Done: 2 tokens generated")
+
+
+def test_generation_with_a_quantized_kv_cache_reports_its_format(client):
+    frames = list(client.submit(*_live_args(max_new_tokens=6), "q4_0", 32, api_name="/generate"))
+    assert frames[-1][0].startswith("Done: 6 tokens generated")
+    assert "KV format" in frames[-1][3] and "q4_0" in frames[-1][3]
+
+
+def _compare_formats(**chosen: str) -> list[str]:
+    """The /compare KV-format values: one per registered policy (``none`` unless given)."""
+    from thinkviz.policies import policy_names
+
+    return [chosen.get(name, "none") for name in policy_names()]
+
+
+def test_comparison_of_a_policy_at_full_precision_and_the_full_cache_in_q4_0(client):
+    formats = _compare_formats(full="q4_0")
+    job = client.submit("combined", "generate", None, QUESTION, "", ["h2o", "full"], 64, 4, True, False, "",
+                        True, 8, 0.0, False, *formats, 32, api_name="/compare")
+    status, _, _, table = list(job)[-1][:4]
+    assert status.startswith("Done"), status
+    assert [r[0] for r in table["data"]] == ["h2o", "full · q4_0"]

@@ -12,7 +12,7 @@ import re
 import threading
 
 import pytest
-from test_app_client import _live_args  # the /generate argument layout, kept in one place
+from test_app_client import _compare_formats, _live_args  # the /generate and /compare argument layouts
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -114,6 +114,24 @@ def test_compare_refuses_bad_policy_lists(client, policies):
     with pytest.raises(AppError):
         client.predict("combined", "generate", None, "Hi", "", policies, 64, "tokens", 0.25, 4, True, False, "", True,
                        2, 0.0, False, api_name="/compare")
+
+
+# the dropdown and the slider refuse what they do not offer (Gradio checks choices and ranges)
+@pytest.mark.parametrize("kv, reason", [(["q5_1", 32], "q5_1 is not in the list of choices"),
+                                        (["kivi2", 4], "less than minimum value 8")])
+def test_generate_refuses_bad_kv_settings_with_a_message(client, kv, reason):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match=reason):
+        client.predict(*_live_args(max_new_tokens=2), *kv, api_name="/generate")
+
+
+def test_compare_refuses_a_bad_kv_format_with_a_message(client):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="q9 is not in the list of choices"):
+        client.predict("combined", "generate", None, "Hi", "", ["full", "h2o"], 64, 4, True, False, "", True, 2,
+                       0.0, False, *_compare_formats(h2o="q9"), 32, api_name="/compare")
 
 
 def test_sweep_takes_only_listed_presets(client):

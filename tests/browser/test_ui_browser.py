@@ -261,6 +261,31 @@ def test_an_uploaded_transcript_previews_its_turns_and_replays_with_tool_segment
     wait_for_text(page, "#tv-live-turns-caption", r"Cannot replay this: .*unknown role 'robot'", 60)
 
 
+def test_a_live_run_with_a_quantized_kv_cache_shows_its_format(page):
+    page.get_by_role("tab", name="Live").click()
+    page.click("#tv-live-run-mode label:has-text('generate')")
+    pick(page, "#tv-live-kv-quant", "q4_0")
+    set_number(page, "#tv-live-max-new", 6)
+    page.click("#tv-live-run")
+    wait_for_text(page, "#tv-live-status", r"Done: 6 tokens generated", RUN_TIMEOUT)
+    assert "q4_0" in page.inner_text("#tv-live-stats")
+    page.wait_for_function("document.querySelector('#tv-live-memory').textContent.includes('physical, q4_0')",
+                           timeout=60_000)
+    pick(page, "#tv-live-kv-quant", "none")
+
+
+def test_the_quantize_or_evict_preset_sets_each_compare_columns_format(page):
+    page.get_by_role("tab", name="Compare").click()
+    pick(page, "#tv-compare-preset", "Quantize or evict?")
+    page.wait_for_function("document.querySelector('#tv-compare-question textarea').value.includes('2×n strip')")
+    page.click("#tv-compare-kv button")  # open the accordion: its dropdowns are drawn only then
+    page.wait_for_function("document.querySelector('#tv-compare-full-kv-quant input')?.value === 'q4_0'",
+                           timeout=60_000)
+    assert "full: KV format" in page.inner_text("#tv-compare-full-kv-quant")
+    assert page.locator("#tv-compare-h2o-kv-quant input").input_value() == "none"
+    assert not page.locator("#tv-compare-tova-kv-quant").is_visible()
+
+
 def test_no_errors_in_the_browser_console(page):
     assert page.problems == []
 

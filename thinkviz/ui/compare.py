@@ -1,5 +1,10 @@
 """The Compare tab: 2–6 policies on the same input, streamed side by side, with fidelity.
 
+A column is a policy and the KV format its cache is stored in, so "h2o at 25 %, full
+precision" can stand beside "the full cache in q4_0"; fidelity is always measured against
+the full cache at full precision (a ``full`` column in a quantized format is compared, not
+the reference).
+
 Generate mode runs every policy and a full-cache reference round-robin, one token each in
 turn, so the columns grow together; the fidelity table reports the step at which each
 greedy text first leaves the full cache's.  Then (optionally) the full cache's text is
@@ -20,6 +25,7 @@ import numpy as np
 from ..engine import DecodeSettings, EngineError, Run
 from ..events import RunRecord
 from ..faults import guard_frames
+from ..kvquant import KVQuant
 from ..metrics import TokenFidelity, divergence_step, summarize
 from ..model import LoadedModel
 from ..policies import REFERENCE_POLICY, Policy, make_policy, policy_names
@@ -64,23 +70,43 @@ class CompareFrame:
         return {"headers": [FIDELITY_COLUMNS[i] for i in keep], "data": [[row[i] for i in keep] for row in self.table]}
 
 
-def check_policies(policies: Sequence[Policy]) -> None:
-    """:class:`RunInputError` unless there are 2–6 distinct policies sharing one interval."""
-    names = [p.name for p in policies]
+def column_label(name: str, kv_quant: KVQuant) -> str:
+    """A column's title: the policy, and its KV format when quantized (``full · q4_0``)."""
+    return name if not kv_quant.spec.quantized else f"{name} · {kv_quant.label}"
+
+
+def _formats(policies: Sequence[Policy], kv_quants: Sequence[KVQuant] | None) -> list[KVQuant]:
+    kv_quants = list(kv_quants) if kv_quants is not None else [KVQuant()] * len(policies)
+    if len(kv_quants) != len(policies):
+        raise ValueError(f"{len(policies)} policies but {len(kv_quants)} KV formats")
+    return kv_quants
+
+
+def _is_reference(policy: Policy, kv_quant: KVQuant) -> bool:
+    return policy.name == REFERENCE_POLICY and not kv_quant.spec.quantized
+
+
+def check_policies(policies: Sequence[Policy], kv_quants: Sequence[KVQuant] | None = None) -> None:
+    """:class:`RunInputError` unless there are 2–6 distinct (policy, KV format) columns sharing one interval."""
+    names = [column_label(p.name, kv) for p, kv in zip(policies, _formats(policies, kv_quants))]
     if not MIN_POLICIES <= len(names) <= MAX_POLICIES:
         raise RunInputError(f"Choose between {MIN_POLICIES} and {MAX_POLICIES} policies to compare (got {len(names)}).")
     if len(set(names)) != len(names):
-        raise RunInputError("Each policy can be compared once.")
+        raise RunInputError("Each policy can be compared once (in each KV format).")
     if len({p.interval for p in policies}) > 1:
         raise RunInputError("Policies compared together must share one interval.")
 
 
-def preset_policies(preset: Preset) -> tuple[list[str], list[str]]:
-    """The policies a preset compares (its ``compare`` list, else the full cache and its policy):
-    ``(registered ones, at most MAX_POLICIES; those left out)``."""
-    wanted = list(preset.compare) or [REFERENCE_POLICY, preset.policy]
-    known = [name for name in wanted if name in policy_names()][:MAX_POLICIES]
-    return known, [name for name in wanted if name not in known]
+def preset_columns(preset: Preset) -> tuple[list[str], list[KVQuant], list[str]]:
+    """The columns a preset compares (its ``compare`` list, else the full cache and its policy in
+    its KV format): ``(registered policies, at most MAX_POLICIES; their KV formats; those left out)``."""
+    if preset.compare:
+        wanted = list(zip(preset.compare, preset.compare_kv))
+    else:
+        wanted = [(REFERENCE_POLICY, KVQuant()), (preset.policy, preset.kv_quant)]
+    known = [(name, kv) for name, kv in wanted if name in policy_names()][:MAX_POLICIES]
+    left_out = [name for name, _ in wanted if name not in {n for n, _ in known}]
+    return [name for name, _ in known], [kv for _, kv in known], left_out
 
 
 def fidelity_row(name: str, fidelity: TokenFidelity | None, diverged: str | None, record: RunRecord) -> list[Any]:
@@ -104,8 +130,10 @@ def fidelity_row(name: str, fidelity: TokenFidelity | None, diverged: str | None
 
 def column_views(mode: str, records: dict[str, RunRecord], views: Sequence[TokenData]) -> tuple[str, list[str]]:
     """The legend over the columns (what the view draws besides heat) and one header per column:
-    the policy's name, its heat legend (or why it has none) and its stats strip."""
-    headers = [f"<div class='tv-col-title'>{name}</div>{view_legend(mode, name, view, ('heat',), compact=True)}"
+    the column's title (the policy, and its KV format when quantized), the policy's heat legend (or
+    why it has none) and its stats strip."""
+    headers = [f"<div class='tv-col-title'>{name}</div>"
+               f"{view_legend(mode, record.meta.get('policy', name), view, ('heat',), compact=True)}"
                f"{stats_html(record)}" for (name, record), view in zip(records.items(), views)]
     widest = max(views, key=lambda v: len(v.texts), default=None)
     return view_legend(mode, "", widest, parts=("keep", "segments", "boxes")), headers
@@ -151,23 +179,27 @@ def compare_frames(
     channels: Sequence[TokenChannel],
     measure_fidelity: bool = True,
     pacer: FramePacer | None = None,
+    kv_quants: Sequence[KVQuant] | None = None,
 ) -> Iterator[CompareFrame]:
     """Run ``policies`` side by side on ``run_input``; yield paced frames and a final one.
 
+    ``kv_quants[i]`` is the KV format of column ``i`` (default: full precision everywhere);
     ``channels[i]`` streams column ``i``.  In generate mode with ``measure_fidelity``, a
     second phase teacher-forces the full cache's text through the policies.  Raises
     :class:`RunInputError` for input the model cannot run and
     :class:`~thinkviz.faults.RunFault` when the model or a policy fails mid-run.
     """
-    check_policies(policies)
+    kv_quants = _formats(policies, kv_quants)
+    check_policies(policies, kv_quants)
     if len(channels) < len(policies):
         raise ValueError(f"{len(policies)} policies need as many channels, got {len(channels)}")
     pacer = pacer or FramePacer()
+    columns = list(zip(policies, kv_quants))
     if run_input.replay:
-        frames = _replay_frames(loaded, policies, run_input, settings, cancel, channels, pacer)
+        frames = _replay_frames(loaded, columns, run_input, settings, cancel, channels, pacer)
     else:
-        frames = _generate_frames(loaded, policies, run_input, settings, cancel, channels, measure_fidelity, pacer)
-    label = f"the comparison of {', '.join(p.name for p in policies)}"
+        frames = _generate_frames(loaded, columns, run_input, settings, cancel, channels, measure_fidelity, pacer)
+    label = f"the comparison of {', '.join(column_label(p.name, kv) for p, kv in columns)}"
     try:
         yield from guard_frames(frames, label, loaded.device, passthrough=(EngineError, RunInputError))
     except EngineError as exc:
@@ -179,39 +211,41 @@ def _fresh(policy: Policy) -> Policy:
     return make_policy(policy.name, **policy.config)
 
 
-def _replay_frames(loaded, policies, run_input, settings, cancel, channels, pacer) -> Iterator[CompareFrame]:
+def _replay_frames(loaded, columns, run_input, settings, cancel, channels, pacer) -> Iterator[CompareFrame]:
     prompt, trace_ids = prepare(loaded, run_input)
-    evicting = [p for p in policies if p.name != REFERENCE_POLICY]
-    lockstep = LockstepReplay(loaded, evicting, prompt, trace_ids, replace(settings, scoring=True), cancel)
-    pairs = {p.name: (run, f) for p, run, f in zip(evicting, lockstep.runs, lockstep.fidelity)}
+    evicting = [(p, kv) for p, kv in columns if not _is_reference(p, kv)]
+    lockstep = LockstepReplay(loaded, [p for p, _ in evicting], prompt, trace_ids, replace(settings, scoring=True),
+                              cancel, kv_quants=[kv for _, kv in evicting])
+    pairs = {column_label(p.name, kv): (run, f) for (p, kv), run, f in zip(evicting, lockstep.runs, lockstep.fidelity)}
     pairs[REFERENCE_POLICY] = (lockstep.reference, lockstep.reference_fidelity)
-    names = [p.name for p in policies]
-    columns = _Columns(names, [pairs[n][0] for n in names], channels)
+    names = [column_label(p.name, kv) for p, kv in columns]
+    shown = _Columns(names, [pairs[n][0] for n in names], channels)
 
     def table() -> list[list[Any]]:
         return [fidelity_row(n, pairs[n][1], None, pairs[n][0].record) for n in names]
 
     curves = {n: pairs[n][1] for n in names}
     reference = lockstep.reference.record
-    yield columns.frame(f"Prefilling {len(prompt.ids)} prompt tokens in {len(evicting) + 1} runs…", table())
+    yield shown.frame(f"Prefilling {len(prompt.ids)} prompt tokens in {len(evicting) + 1} runs…", table())
     for replayed in lockstep:
         if pacer.due():
-            yield columns.frame(f"Replaying in lockstep… {replayed}/{len(trace_ids)} trace tokens", table(),
-                                fidelity=curves, reference=reference)
+            yield shown.frame(f"Replaying in lockstep… {replayed}/{len(trace_ids)} trace tokens", table(),
+                              fidelity=curves, reference=reference)
     stopped = reference.summary.get("stopped", "end of trace")
-    yield columns.frame(f"Done: {len(trace_ids)} trace tokens through {len(names)} policies (stopped: {stopped}).",
-                        table(), done=True, fidelity=curves, reference=reference)
+    yield shown.frame(f"Done: {len(trace_ids)} trace tokens through {len(names)} policies (stopped: {stopped}).",
+                      table(), done=True, fidelity=curves, reference=reference)
 
 
-def _generate_frames(loaded, policies, run_input, settings, cancel, channels, measure, pacer) -> Iterator[CompareFrame]:
+def _generate_frames(loaded, columns, run_input, settings, cancel, channels, measure, pacer) -> Iterator[CompareFrame]:
     prompt, _ = prepare(loaded, run_input)
-    names = [p.name for p in policies]
-    runs = [Run(loaded, policy, prompt, settings, cancel) for policy in policies]
-    columns = _Columns(names, runs, channels)
+    names = [column_label(p.name, kv) for p, kv in columns]
+    runs = [Run(loaded, policy, prompt, settings, cancel, kv) for policy, kv in columns]
+    shown = _Columns(names, runs, channels)
     if REFERENCE_POLICY in names:
         reference, everyone = runs[names.index(REFERENCE_POLICY)], runs
     else:
-        reference = Run(loaded, make_policy(REFERENCE_POLICY, interval=policies[0].interval), prompt, settings, cancel)
+        interval = columns[0][0].interval
+        reference = Run(loaded, make_policy(REFERENCE_POLICY, interval=interval), prompt, settings, cancel)
         everyone = runs + [reference]
 
     def table(fidelity: dict[str, TokenFidelity] | None = None) -> list[list[Any]]:
@@ -223,7 +257,7 @@ def _generate_frames(loaded, policies, run_input, settings, cancel, channels, me
                                      run.record))
         return rows
 
-    yield columns.frame(f"Prefilling {len(prompt.ids)} prompt tokens in {len(everyone)} runs…", table())
+    yield shown.frame(f"Prefilling {len(prompt.ids)} prompt tokens in {len(everyone)} runs…", table())
     streams = [run.generate() for run in everyone]
     active = list(range(len(streams)))
     while active:
@@ -232,19 +266,20 @@ def _generate_frames(loaded, policies, run_input, settings, cancel, channels, me
                 active.remove(i)
         if active and pacer.due():
             longest = max(len(r.record.events) for r in everyone)
-            yield columns.frame(f"Generating round-robin… {longest} tokens", table())
+            yield shown.frame(f"Generating round-robin… {longest} tokens", table())
     full_ids = [t for e in reference.record.events for t in e.token_ids]
     if not measure or cancel.is_set() or not full_ids:
-        yield columns.frame("Stopped." if cancel.is_set() else f"Done: {len(full_ids)} tokens.", table(), done=True)
+        yield shown.frame("Stopped." if cancel.is_set() else f"Done: {len(full_ids)} tokens.", table(), done=True)
         return
-    evicting = [_fresh(p) for p in policies if p.name != REFERENCE_POLICY]
-    lockstep = LockstepReplay(loaded, evicting, prompt, full_ids, replace(settings, scoring=False), cancel)
-    fidelity = {p.name: f for p, f in zip(evicting, lockstep.fidelity)}
+    evicting = [(_fresh(p), kv) for p, kv in columns if not _is_reference(p, kv)]
+    lockstep = LockstepReplay(loaded, [p for p, _ in evicting], prompt, full_ids, replace(settings, scoring=False),
+                              cancel, kv_quants=[kv for _, kv in evicting])
+    fidelity = {column_label(p.name, kv): f for (p, kv), f in zip(evicting, lockstep.fidelity)}
     fidelity[REFERENCE_POLICY] = lockstep.reference_fidelity
     for replayed in lockstep:
         if pacer.due():
-            yield columns.frame(f"Measuring fidelity: teacher-forcing the full cache's text… "
-                                f"{replayed}/{len(full_ids)}", table(fidelity), fidelity=fidelity,
-                                reference=lockstep.reference.record)
-    yield columns.frame(f"Done: {len(full_ids)} tokens; NLL / KL / top-1 measured on the full cache's text.",
-                        table(fidelity), done=True, fidelity=fidelity, reference=lockstep.reference.record)
+            yield shown.frame(f"Measuring fidelity: teacher-forcing the full cache's text… "
+                              f"{replayed}/{len(full_ids)}", table(fidelity), fidelity=fidelity,
+                              reference=lockstep.reference.record)
+    yield shown.frame(f"Done: {len(full_ids)} tokens; NLL / KL / top-1 measured on the full cache's text.",
+                      table(fidelity), done=True, fidelity=fidelity, reference=lockstep.reference.record)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..engine import DecodeSettings, EngineError
 from ..inspection import inspect_trace
+from ..kvquant import KVQuant, KVQuantError
 from ..memory import TARGETS, Projection
 from ..model import LoadedModel
 from ..presets import Preset, PresetError, list_presets, load_preset
@@ -98,6 +99,14 @@ def decode_settings(max_new_tokens: Any, temperature: Any, stop_at_eos: Any = Tr
     except (TypeError, ValueError) as exc:  # EngineError is a ValueError
         raise RunInputError(str(exc) if isinstance(exc, EngineError) else f"Bad decode setting: {exc}") from None
     return settings
+
+
+def kv_quant(fmt: Any, residual: Any = 32) -> KVQuant:
+    """The KV format the controls ask for; :class:`RunInputError` with the reason otherwise."""
+    try:
+        return KVQuant.parse(str(fmt or "none"), int(round(float(residual))))
+    except (TypeError, ValueError) as exc:  # KVQuantError is a ValueError
+        raise RunInputError(str(exc) if isinstance(exc, KVQuantError) else f"Bad KV setting: {exc}") from None
 
 
 def projection(target: str | None, card_gb: Any) -> Projection | None:

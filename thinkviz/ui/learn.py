@@ -1,10 +1,12 @@
-"""The Learn tab's text: each registered policy's rule, source and parameters, as Markdown."""
+"""The Learn tab's text: each registered policy's rule, source and parameters, and each KV-cache
+format's rule, bits per value and source, as Markdown."""
 
 from __future__ import annotations
 
 import inspect
 import re
 
+from ..kvquant import FORMATS, KVQuant
 from ..policies import policy_class, policy_names
 from ..policies.base import COMMON_PARAMS, Param
 
@@ -46,8 +48,31 @@ def policy_card(name: str) -> str:
     return "\n\n".join(parts)
 
 
+def kv_format_card(name: str) -> str:
+    """Markdown for one KV format: what it is, its rule, bits per value (head_dim 128, a bf16
+    model, KIVI with its default residual of 32), source."""
+    spec = FORMATS[name]
+    bits = KVQuant(name).bits_per_value(128, 2)
+    return "\n\n".join([f"### `{name}`", _escape(spec.summary), f"**Rule.** {_escape(spec.rule)}",
+                         f"**Bits per value.** {bits:.3g} (of 16)", f"**Source.** {_escape(spec.source)}"])
+
+
+def kv_formats_markdown() -> str:
+    """The KV formats section: how a format composes with eviction, then one card each."""
+    intro = (
+        "## How the KV cache can be stored\n\n"
+        "Eviction keeps fewer tokens; quantization keeps every token in fewer bits. Any policy runs "
+        "in any format: the cache holds the codes and scales, attention reads the decoded keys and "
+        "values (the newest token reads itself exactly in the step that writes it), and eviction copies "
+        "codes without quantizing them again. KV memory counts every stored byte (codes, scales, zero "
+        "points, KIVI's full-precision residual); fidelity is always measured against the full cache at "
+        "full precision."
+    )
+    return "\n\n".join([intro] + [kv_format_card(name) for name in FORMATS])
+
+
 def learn_markdown() -> str:
-    """Every registered policy's card, after the knobs they all share."""
+    """Every registered policy's card, after the knobs they all share; then the KV formats."""
     intro = (
         "## How the policies decide\n\n"
         "Every policy keeps at most `budget` tokens per layer and kv-head (between compressions "
@@ -63,4 +88,4 @@ def learn_markdown() -> str:
         "layer and head holds at every step.\n\n"
         "#### Knobs every policy shares\n\n" + params_table(COMMON_PARAMS)
     )
-    return "\n\n---\n\n".join([intro] + [policy_card(n) for n in policy_names()])
+    return "\n\n---\n\n".join([intro] + [policy_card(n) for n in policy_names()] + [kv_formats_markdown()])

@@ -19,6 +19,7 @@ from ..answer_attention import attach_answer_attention
 from ..engine import DecodeSettings, EngineError, Run
 from ..events import RunRecord, StepEvent
 from ..faults import guard_frames
+from ..kvquant import KVQuant
 from ..memory import Projection, device_memory
 from ..model import LoadedModel
 from ..policies import Policy
@@ -70,10 +71,12 @@ def live_frames(
     projection: Projection | None = None,
     pacer: FramePacer | None = None,
     figure_pacer: FramePacer | None = None,
+    kv_quant: KVQuant = KVQuant(),
     *,
     show_device: bool = False,
 ) -> Iterator[LiveFrame]:
-    """Run ``policy`` on ``run_input`` and yield frames at the pacer's rate, then a final one.
+    """Run ``policy`` on ``run_input`` (its cache in ``kv_quant``) and yield frames at the
+    pacer's rate, then a final one.
 
     ``projection`` and ``show_device`` (the process's memory and the weights) say what the memory
     figure shows besides the cache.
@@ -87,14 +90,14 @@ def live_frames(
     dropped and device memory released first).
     """
     frames = _frames(loaded, policy, run_input, settings, cancel, channel, projection,
-                     pacer or FramePacer(), figure_pacer or FramePacer(FIGURE_INTERVAL), show_device)
+                     pacer or FramePacer(), figure_pacer or FramePacer(FIGURE_INTERVAL), kv_quant, show_device)
     return guard_frames(frames, f"the {policy.name} run", loaded.device, passthrough=(RunInputError,))
 
 
 def _frames(loaded, policy, run_input, settings, cancel, channel, projection, pacer,
-            figure_pacer, show_device) -> Iterator[LiveFrame]:
+            figure_pacer, kv_quant, show_device) -> Iterator[LiveFrame]:
     """The frames of :func:`live_frames`, before :func:`~thinkviz.faults.guard_frames` wraps them."""
-    run, events = start_run(loaded, policy, run_input, settings, cancel)
+    run, events = start_run(loaded, policy, run_input, settings, cancel, kv_quant)
     device_stats: dict[int, dict] = {}  # step -> device memory, sampled once per frame
 
     def frame(event: StepEvent | None, done: bool = False) -> LiveFrame:

@@ -14,6 +14,7 @@ from typing import Iterator
 from ..chat import ChatPrompt, build_chat
 from ..engine import DecodeSettings, EngineError, Run
 from ..events import StepEvent
+from ..kvquant import KVQuant
 from ..model import LoadedModel
 from ..policies import Policy
 from ..replay import TraceError, trace_from_text
@@ -62,11 +63,12 @@ def start_run(
     run_input: RunInput,
     settings: DecodeSettings,
     cancel: threading.Event,
+    kv_quant: KVQuant = KVQuant(),
 ) -> tuple[Run, Iterator[StepEvent]]:
-    """A :class:`~thinkviz.engine.Run` and its event stream (generate or replay)."""
+    """A :class:`~thinkviz.engine.Run` (its cache in ``kv_quant``) and its event stream (generate or replay)."""
     prompt, trace_ids = prepare(loaded, run_input)
     try:
-        run = Run(loaded, policy, prompt, settings, cancel)
+        run = Run(loaded, policy, prompt, settings, cancel, kv_quant)
         events = run.replay(trace_ids) if trace_ids is not None else run.generate()
     except EngineError as exc:
         raise RunInputError(str(exc)) from None

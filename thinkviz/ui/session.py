@@ -22,6 +22,7 @@ from typing import Iterable
 
 from ..events import RunRecord
 from ..units import format_bytes
+from ..viz.tables import record_kv_quant
 from ..viz.tokens import TokenData
 from .stream import TokenChannel
 
@@ -49,7 +50,9 @@ class Shelf:
         self.runs[source] = number = self.runs.get(source, 0) + 1
         labels = []
         for record in records:
-            label = f"{source} {number} · {record.meta.get('policy', '?')}"
+            fmt = record_kv_quant(record)
+            kv = f" · {fmt.label}" if fmt.spec.quantized else ""  # full and full · q4_0 are two entries
+            label = f"{source} {number} · {record.meta.get('policy', '?')}{kv}"
             self.records[label] = record
             labels.append(label)
         self.trim([*pinned, *(self.records[label] for label in labels)])

@@ -1,5 +1,5 @@
-"""Control groups more than one tab shows: the chat to run, the policy and its knobs, decoding,
-export buttons, the model settings panel.
+"""Control groups more than one tab shows: the chat to run, the policy and its knobs, the KV-cache
+format, decoding, export buttons, the model settings panel.
 
 Each group is a dataclass of components built in the layout by its ``…_controls`` function;
 ``inputs()`` lists the components a handler receives, in order, and a method turns their
@@ -19,11 +19,12 @@ import gradio as gr
 
 from ..chat import REASONING_SYSTEM_PROMPT
 from ..engine import DecodeSettings
+from ..kvquant import RESIDUAL_RANGE, KVQuant, format_names
 from ..memory import GIB, set_vram_cap, vram_cap_bytes
 from ..model import QUANTIZATIONS
 from ..policies import Policy, policy_names
 from ..policies.base import COMMON_PARAMS
-from ..presets import MAX_NEW_TOKENS_RANGE
+from ..presets import MAX_NEW_TOKENS_RANGE, Preset
 from ..units import format_bytes
 from ..viz.tables import TURN_PREVIEW_HEADERS
 from . import inputs
@@ -246,6 +247,48 @@ def knob_box(tab: str, params: dict[str, Any] | None = None) -> gr.Textbox:
     return gr.Textbox(format_knobs(params or {}), label="Policy knobs", placeholder="e.g. recent=64, window=32",
                       info="name=value, comma-separated; each policy takes the knobs it declares "
                            "(the Learn tab lists them)", elem_id=f"tv-{tab}-knobs")
+
+
+# ---- how the cache stores keys and values ------------------------------------------------------
+KV_FORMAT_INFO = "none: full precision; q8_0 / q4_0: llama.cpp blocks; kivi2 / kivi4: KIVI (Learn tab)"
+RESIDUAL_INFO = "KIVI only: the newest tokens stay at full precision until a key group of this many fills"
+
+
+def kv_format_dropdown(tab: str, label: str = "KV-cache format", visible: bool = True) -> gr.Dropdown:
+    return gr.Dropdown(format_names(), value="none", label=label, info=KV_FORMAT_INFO, visible=visible,
+                       elem_id=f"tv-{tab}-kv-quant")
+
+
+def residual_slider(tab: str) -> gr.Slider:
+    low, high = RESIDUAL_RANGE
+    return slider(low, high, value=32, step=8, label="KIVI residual (tokens)", info=RESIDUAL_INFO,
+                  elem_id=f"tv-{tab}-kv-residual")
+
+
+@dataclass
+class KVControls(Group):
+    """The KV-cache format of one run and KIVI's residual."""
+
+    kv_quant: gr.Dropdown
+    kv_residual: gr.Slider
+
+    def inputs(self) -> list:
+        return [self.kv_quant, self.kv_residual]
+
+    @staticmethod
+    def make(values: Sequence[Any]) -> KVQuant:
+        """The format the values (in :meth:`inputs` order) name; a user error otherwise."""
+        return inputs.kv_quant(*values)
+
+
+def kv_controls(tab: str) -> KVControls:
+    with gr.Row():
+        return KVControls(kv_format_dropdown(tab), residual_slider(tab))
+
+
+def preset_kv(preset: Preset) -> list:
+    """A preset's KV format and residual in :meth:`KVControls.inputs` order."""
+    return [preset.kv_quant.format, preset.kv_quant.residual]
 
 
 # ---- what to run ------------------------------------------------------------------------------

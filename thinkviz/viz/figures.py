@@ -23,6 +23,7 @@ from ..events import RunRecord
 from ..memory import GIB, Projection
 from ..policies import PolicyConfigError, policy_class
 from ..units import format_bytes
+from .tables import record_kv_quant
 
 MIB = 2**20
 MAX_POINTS = 2000
@@ -44,6 +45,12 @@ def bytes_per_token(record: RunRecord) -> int:
     return 2 * int(g["layers"]) * int(g["kv_heads"]) * int(g["head_dim"]) * int(g["dtype_bytes"])
 
 
+def budget_token_bytes(record: RunRecord) -> float:
+    """KV bytes one budget token costs in the run's KV format (KIVI at its steady state)."""
+    g, kv = record.meta["geometry"], record_kv_quant(record)
+    return int(g["layers"]) * kv.slot_bytes(int(g["kv_heads"]), int(g["head_dim"]), int(g["dtype_bytes"]))
+
+
 def _policy_evicts(record: RunRecord) -> bool:
     """Whether the recorded policy has a budget at all (the ``full`` reference does not)."""
     try:
@@ -53,15 +60,19 @@ def _policy_evicts(record: RunRecord) -> bool:
 
 
 def budget_series(record: RunRecord, x: np.ndarray) -> tuple[np.ndarray, str]:
-    """The budget in KV bytes at each number of tokens seen ``x`` ``(S,)``, and its label: a flat
-    ``budget`` tokens, or ``⌈budget_fraction · x⌉`` tokens when the run kept a fraction."""
+    """The budget in KV bytes (priced in the run's KV format) at each number of tokens seen ``x``
+    ``(S,)``, and its label: a flat ``budget`` tokens, or ``⌈budget_fraction · x⌉`` tokens when the
+    run kept a fraction."""
     params = record.meta.get("params", {})
+    fmt = record_kv_quant(record)
+    in_format = f", {fmt.label}" if fmt.spec.quantized else ""
+    per_token = budget_token_bytes(record)
     if params.get("budget_mode") == "fraction":
         fraction = float(params["budget_fraction"])
         tokens = np.ceil(np.round(fraction * x, 9))
-        return tokens * bytes_per_token(record), f"budget ({fraction:.0%} of the tokens seen)"
+        return tokens * per_token, f"budget ({fraction:.0%} of the tokens seen{in_format})"
     budget = int(record.meta["budget"])
-    return np.full(len(x), budget * bytes_per_token(record)), f"budget ({budget} tokens)"
+    return np.full(len(x), budget * per_token), f"budget ({budget} tokens{in_format})"
 
 
 def _thin(n: int, limit: int) -> np.ndarray:
@@ -124,19 +135,23 @@ def oom_step(full_bytes: np.ndarray, policy_bytes: np.ndarray, available: float)
 class ProjectionOutcome:
     """Where a run's caches, priced on a projection's target, outgrow the card.
 
-    ``room``: tokens of KV cache the card holds next to the weights (0 when they do not fit);
+    ``policy``: the policy's name, with its KV format when quantized; ``compressed``: its cache is
+    not the full-precision full cache (it evicts, or is stored in a quantized format);
+    ``room``: tokens of full-precision KV cache the card holds next to the weights (0 when they do
+    not fit), ``policy_room`` the same in the run's KV format;
     ``growth``: kept tokens the policy adds per token seen over the run's second half (0 for a
     policy that holds its budget, 1 for the full cache); ``full_oom`` / ``policy_oom``: tokens seen
-    when the full cache / the policy passes ``room`` (``None``: not within the target's context),
+    when the full cache passes ``room`` / the policy ``policy_room`` (``None``: not within the target's context),
     past the run's ``end`` when extrapolated (the full cache grows by one token per token, the
     policy by ``growth``); ``horizon``: where the projection's x axis ends.
     """
 
     policy: str
-    evicts: bool
+    compressed: bool
     end: int
     kept_end: int
     room: int
+    policy_room: int
     weights_fit: bool
     growth: float
     full_oom: float | None
@@ -157,7 +172,7 @@ class ProjectionOutcome:
         policy_fits = self.fits_at_full_oom and self.policy_oom is None and self.growth <= GROWTH_EPSILON
         if self.full_oom is not None and self.full_oom <= self.end:
             first = f"full cache runs out of memory at {self.full_oom:,.0f} tokens"
-            if policy_fits and self.evicts:
+            if policy_fits and self.compressed:
                 return [f"{first}; the policy still fits"]
             lines = [first]
         elif self.full_oom is not None:
@@ -166,7 +181,7 @@ class ProjectionOutcome:
         else:
             lines = [f"a full cache fits {self.room:,} tokens on this card",
                      f"(more than the model's {self.context:,}-token context)"]
-        if not self.evicts:
+        if not self.compressed:
             return lines
         if self.policy_oom is not None and self.policy_oom <= self.end:
             lines.append(f"{self.policy} runs out too, at {self.policy_oom:,.0f} tokens: it kept {self.kept_end:,} "
@@ -208,16 +223,19 @@ def growth_rate(seen: np.ndarray, kept: np.ndarray) -> float:
 
 
 def projection_outcome(record: RunRecord, projection: Projection) -> ProjectionOutcome:
-    """Where ``record``'s full cache and policy run out of memory on ``projection``'s card."""
+    """Where ``record``'s full cache (at full precision) and its policy (in the run's KV format) run
+    out of memory on ``projection``'s card."""
     seen = tokens_seen(record)
     kept = np.array([e.kv_tokens for e in record.events], dtype=np.int64)
+    fmt = record_kv_quant(record)
     evicts = _policy_evicts(record)
+    compressed = evicts or fmt.spec.quantized
     context = projection.target.max_context
-    room = projection.max_tokens
+    room, policy_room = projection.max_tokens, projection.tokens_fitting(fmt)
     end = int(seen[-1]) if len(seen) else 0
     growth = growth_rate(seen, kept) if evicts else 1.0
 
-    def outgrows(counts: np.ndarray, rate: float) -> float | None:
+    def outgrows(counts: np.ndarray, rate: float, room: int) -> float | None:
         over = np.flatnonzero(counts > room)
         if over.size:
             return float(seen[over[0]])
@@ -226,15 +244,16 @@ def projection_outcome(record: RunRecord, projection: Projection) -> ProjectionO
         at = end + (room - counts[-1]) / rate
         return at if at <= context else None
 
-    full_oom = outgrows(seen, 1.0)
-    policy_oom = outgrows(kept, growth) if evicts else full_oom
+    full_oom = outgrows(seen, 1.0, room)
+    policy_oom = outgrows(kept, growth, policy_room) if compressed else full_oom
     reach = [end, full_oom if full_oom is not None else context] + ([policy_oom] if policy_oom else [])
     horizon = float(min(max(reach), max(end, context))) if projection.available_bytes > 0 else float(end)
-    fits = oom_step(projection.kv_bytes(seen), projection.kv_bytes(kept), projection.available_bytes) is not None
-    return ProjectionOutcome(str(record.meta.get("policy", "the policy")), evicts, end,
-                             int(kept[-1]) if len(kept) else 0, room, projection.available_bytes > 0, growth,
-                             full_oom, policy_oom, horizon, context,
-                             int(projection.kv_bytes(int(kept[-1]) if len(kept) else 0)), fits)
+    fits = oom_step(projection.kv_bytes(seen), projection.kv_bytes(kept, fmt), projection.available_bytes) is not None
+    name = str(record.meta.get("policy", "the policy")) + (f" ({fmt.label})" if fmt.spec.quantized else "")
+    kept_end = int(kept[-1]) if len(kept) else 0
+    return ProjectionOutcome(name, compressed, end, kept_end, room, policy_room, projection.available_bytes > 0,
+                             growth, full_oom, policy_oom, horizon, context, int(projection.kv_bytes(kept_end, fmt)),
+                             fits)
 
 
 def memory_figure(
@@ -269,13 +288,17 @@ def memory_figure(
     pick = _thin(len(x), MAX_POINTS)
     steps = np.array([e.step for e in record.events])[pick]
     kv, full = record.kv_bytes_series(), record.full_kv_bytes_series()
+    fmt = record_kv_quant(record)
+    in_format = f", {fmt.label}" if fmt.spec.quantized else ""
     hover = "tokens %{x}<br>step %{customdata}<br>%{y:.3f} MiB<extra>%{fullData.name}</extra>"
-    fig.add_trace(go.Scatter(x=x[pick], y=full[pick] / MIB, name="full cache (no eviction)", customdata=steps,
+    full_name = "full cache (no eviction, full precision)" if fmt.spec.quantized else "full cache (no eviction)"
+    fig.add_trace(go.Scatter(x=x[pick], y=full[pick] / MIB, name=full_name, customdata=steps,
                              hovertemplate=hover, line=dict(color=FULL_COLOUR, dash="dash")), row=1, col=1)
     logical = record.logical_kv_bytes_series()
     padded = bool((logical != kv).any())
     fig.add_trace(go.Scatter(x=x[pick], y=kv[pick] / MIB, customdata=steps, hovertemplate=hover,
-                             name="KV cache (physical, padding included)" if padded else "KV cache (physical)",
+                             name=f"KV cache (physical{in_format}, padding included)" if padded
+                             else f"KV cache (physical{in_format})",
                              line=dict(color=KV_COLOUR, width=2.5)), row=1, col=1)
     if padded:
         fig.add_trace(go.Scatter(x=x[pick], y=logical[pick] / MIB, name="KV cache (logical: tokens held)",
@@ -343,30 +366,33 @@ def _projection_title(projection: Projection) -> str:
 
 def _add_projection(fig: go.Figure, record: RunRecord, projection: Projection, x: np.ndarray, pick: np.ndarray,
                     row: int) -> None:
-    """Bottom panel: the run's kept tokens priced on the target model, the card's room, where each
-    cache outgrows it (extrapolated past the run's end, dotted), and the notes."""
+    """Bottom panel: the run's kept tokens priced on the target model in the run's KV format, the
+    full-precision full cache, the card's room, where each cache outgrows it (extrapolated past the
+    run's end, dotted), and the notes."""
     kept = np.array([e.kv_tokens for e in record.events], dtype=np.int64)
-    policy, full = projection.kv_bytes(kept), projection.kv_bytes(x)
+    fmt = record_kv_quant(record)
+    policy, full = projection.kv_bytes(kept, fmt), projection.kv_bytes(x)
     available = projection.available_bytes
     outcome = projection_outcome(record, projection)
     target = projection.target.name
     fig.add_trace(go.Scatter(x=x[pick], y=full[pick] / GIB, name=f"full cache on {target}",
                              line=dict(color=FULL_COLOUR, dash="dash"), hovertemplate="%{y:.2f} GiB"), row=row, col=1)
-    fig.add_trace(go.Scatter(x=x[pick], y=policy[pick] / GIB, name=f"policy on {target}",
+    in_format = f" ({fmt.label})" if fmt.spec.quantized else ""
+    fig.add_trace(go.Scatter(x=x[pick], y=policy[pick] / GIB, name=f"policy on {target}{in_format}",
                              line=dict(color=KV_COLOUR, width=2.5), hovertemplate="%{y:.2f} GiB"), row=row, col=1)
     if not len(x):
         return
     horizon = outcome.horizon
     if outcome.extrapolated:
         ahead = np.array([outcome.end, horizon])
-        growth = 1.0 if not outcome.evicts else outcome.growth
+        growth = 1.0 if not outcome.compressed else outcome.growth
         fig.add_trace(go.Scatter(x=ahead, y=projection.kv_bytes(ahead) / GIB, mode="lines", hoverinfo="name",
                                  name="full cache, extrapolated", line=dict(color=FULL_COLOUR, dash="dot")),
                       row=row, col=1)
-        if outcome.evicts:
+        if outcome.compressed:
             grown = kept[-1] + growth * (ahead - outcome.end)
             how = f"grows {growth:.2f} tokens per token seen" if growth > GROWTH_EPSILON else "holds its budget"
-            fig.add_trace(go.Scatter(x=ahead, y=projection.kv_bytes(grown) / GIB, mode="lines", hoverinfo="name",
+            fig.add_trace(go.Scatter(x=ahead, y=projection.kv_bytes(grown, fmt) / GIB, mode="lines", hoverinfo="name",
                                      name=f"policy, extrapolated ({how})",
                                      line=dict(color=KV_COLOUR, width=1.5, dash="dot")), row=row, col=1)
         fig.add_vline(x=outcome.end, line=dict(color="#999", width=1, dash="dot"), row=row, col=1,
@@ -379,7 +405,7 @@ def _add_projection(fig: go.Figure, record: RunRecord, projection: Projection, x
         notes = [f"the weights alone ({format_bytes(projection.weights_bytes)}) do not fit this card"]
     else:
         notes = outcome.notes()
-        for at, who in ((outcome.full_oom, "full cache"), (outcome.policy_oom if outcome.evicts else None,
+        for at, who in ((outcome.full_oom, "full cache"), (outcome.policy_oom if outcome.compressed else None,
                                                            outcome.policy)):
             if at is None:
                 continue

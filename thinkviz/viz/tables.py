@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..events import RunRecord
+from ..kvquant import KVQuant, KVQuantError
 from ..units import format_bytes
 
 SEGMENT_TABLE_HEADERS = ["segment", "tokens", "kept %", "mean importance"]
@@ -28,6 +29,15 @@ TABLE_KINDS = ("system", "user", "tool", "signature", "think", "code", "answer")
 def cell(value: Any, spec: str) -> str:
     """``value`` formatted with ``spec`` for a Markdown table; a missing value (None, NaN) is "–"."""
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def record_kv_quant(record: RunRecord) -> KVQuant:
+    """The KV format the run stored its cache in (full precision for older recordings, and for
+    a format this version does not know)."""
+    try:
+        return KVQuant.from_meta(record.meta.get("kv_quant"))
+    except KVQuantError:
+        return KVQuant()
 
 
 def kv_label(row: Mapping[str, Any]) -> str:
@@ -114,7 +124,16 @@ def segment_table(record: RunRecord, step: int | None = None, spans: Sequence[An
 
 
 def stats_strip(record: RunRecord) -> dict[str, str]:
-    """Headline numbers, formatted: decode speed, share of tokens kept, peak KV, compression."""
+    """Headline numbers, formatted: decode speed, share of tokens kept, peak KV, compression (of
+    the full-precision full cache) and, for a quantized cache, its KV format."""
+    strip = _stats(record)
+    kv = record_kv_quant(record)
+    if kv.spec.quantized:
+        strip["KV format"] = kv.label
+    return strip
+
+
+def _stats(record: RunRecord) -> dict[str, str]:
     events = record.events
     if not events:
         return {"tok/s": "—", "kept": "—", "peak KV": "—", "compression": "—"}

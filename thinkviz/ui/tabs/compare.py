@@ -7,25 +7,28 @@ controls and places what each frame carries.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import gradio as gr
 
+from ...kvquant import KVQuant
 from ...policies import REFERENCE_POLICY, Policy, policy_names
 from ...presets import Preset
 from ...viz.figures import compare_memory_figure, placeholder_figure
 from ...viz.legend import view_legend
 from ...viz.tokens import MODES, TokenData
+from .. import inputs
 from ..compare import (FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, check_policies, column_views, compare_frames,
-                       preset_policies)
+                       preset_columns)
 from ..controls import build_policy, default_view, format_knobs, knobs_for, parse_knobs
 from ..handlers import MODEL_GROUP, WAITING, figure_file, run_picker, run_with_model
 from ..session import COMPARE_TOKENS_IDS, Session
 from ..stream import bus_payload, container_html
 from ..text import plain_markdown
 from ..widgets import (CommonControls, Group, InputControls, common_controls, decode_controls, input_controls,
-                       knob_box, named, preset_knobs, preset_values, split)
+                       knob_box, kv_format_dropdown, named, preset_knobs, preset_values, residual_slider, split)
 from . import AppContext, ExploreLink
 
 DEFAULT_POLICIES = [REFERENCE_POLICY, "window", "h2o"]
@@ -65,8 +68,52 @@ def policy_set_controls() -> PolicySetControls:
     common = common_controls("compare", interval=8)
     knobs = knob_box("compare")
     measure = gr.Checkbox(value=True, label="Measure NLL / KL / top-1 against the full cache",
-                          info="generate mode: afterwards, teacher-force the full cache's text")
+                          info="full precision; generate mode: afterwards, teacher-force the full cache's text")
     return PolicySetControls(policies, common, knobs, measure)
+
+
+@dataclass
+class ColumnFormats(Group):
+    """The KV format each policy's column is stored in (one dropdown per registered policy, shown
+    while it is checked; a NamedTuple whose fields ``kv_<policy>`` are their API names) and
+    KIVI's residual."""
+
+    formats: tuple
+    kv_residual: gr.Slider
+
+    def inputs(self) -> list:
+        return [*self.formats, self.kv_residual]
+
+    @property
+    def policies(self) -> list[str]:
+        return [field.removeprefix("kv_") for field in self.formats._fields]
+
+    def kv_quants(self, values: Sequence[Any], names: Sequence[str]) -> list[KVQuant]:
+        """The formats of the policies ``names`` from the values in :meth:`inputs` order."""
+        *formats, residual = values
+        chosen = dict(zip(self.policies, formats))
+        return [inputs.kv_quant(chosen.get(name, "none"), residual) for name in names]
+
+    def shown(self, names: Sequence[str]) -> list:
+        """Updates showing the dropdowns of the checked policies ``names``."""
+        return [gr.update(visible=name in names) for name in self.policies]
+
+    def preset_values(self, preset: Preset, known: Sequence[str], formats: Sequence[KVQuant]) -> list:
+        """Values for :meth:`inputs` that store the columns ``known`` in ``formats`` (one each)."""
+        residual = next((f.residual for f in formats if f.spec.grouped), preset.kv_quant.residual)
+        chosen = dict(zip(known, (f.format for f in formats)))
+        return [*(gr.update(value=chosen.get(name, "none"), visible=name in known) for name in self.policies),
+                residual]
+
+
+def column_formats() -> ColumnFormats:
+    names = policy_names()
+    with gr.Accordion("KV-cache format of each column", open=False, elem_id="tv-compare-kv"):
+        formats = namedtuple("ColumnFormat", [f"kv_{name}" for name in names])(
+            *(kv_format_dropdown(f"compare-{name}", f"{name}: KV format", visible=name in DEFAULT_POLICIES)
+              for name in names))
+        residual = residual_slider("compare")
+    return ColumnFormats(formats, residual)
 
 
 def build(app: AppContext) -> Callable[[ExploreLink], None]:
@@ -75,6 +122,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         with gr.Column(scale=2, min_width=300):
             panel = input_controls(app.presets, "compare", app.slot)
             chosen = policy_set_controls()
+            kv = column_formats()
             decode = decode_controls("compare")
             with gr.Row():
                 run = gr.Button("Compare", variant="primary", elem_id="tv-compare-run")
@@ -107,12 +155,13 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     def pick_preset(name: str | None) -> list:
         choice, values = preset_values(name)
         if choice is None:
-            return values + [gr.skip()] * (4 + len(chosen.common.inputs()))
-        known, left_out = preset_policies(choice.preset)
+            return values + [gr.skip()] * (4 + len(chosen.common.inputs()) + len(kv.inputs()))
+        known, formats, left_out = preset_columns(choice.preset)
         if left_out:
             values[0] += f"\n\n_Showing {', '.join(known)}; also listed: {plain_markdown(', '.join(left_out))}._"
         view = "combined" if "combined" in map(default_view, known) else "evicted"  # heat if any column has it
-        return values + [*chosen.preset_values(choice.preset, known), choice.preset.max_new_tokens, view]
+        return values + [*chosen.preset_values(choice.preset, known), choice.preset.max_new_tokens, view,
+                         *kv.preset_values(choice.preset, known, formats)]
 
     def clear_results(s: Session, mode: str) -> list:
         """A new preset: the last comparison's columns, table and charts go (Explore keeps its runs)."""
@@ -126,7 +175,8 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                 view_legend(mode, "", None, parts=("keep", "segments", "boxes"))]
 
     panel.preset.change(pick_preset, panel.preset,
-                        panel.preset_outputs() + chosen.inputs()[:-1] + [decode.max_new_tokens, view_mode],
+                        panel.preset_outputs() + chosen.inputs()[:-1] + [decode.max_new_tokens, view_mode]
+                        + kv.inputs(),
                         show_progress="hidden", api_visibility="private"
                         ).then(clear_results, [session, view_mode],
                                [app.bus, *headers, table, overlay, per_token, legend], show_progress="hidden",
@@ -140,6 +190,8 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     chosen.policies.change(lambda names: [gr.update(visible=i < max(MIN_POLICIES, len(names or [])))
                                    for i in range(len(columns))],
                     chosen.policies, columns, show_progress="hidden", api_visibility="private")
+    chosen.policies.change(lambda names: kv.shown(names or []), chosen.policies, list(kv.formats),
+                           show_progress="hidden", api_visibility="private")
 
     def switch_mode(s: Session, mode: str):
         for channel in s.compare_channels:
@@ -156,9 +208,11 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
 
     def run_compare(s: Session, view_mode: str, **values):
         def prepare():
-            chat, policy_values, decode_values = split(values, panel, chosen, decode)
+            chat, policy_values, decode_values, format_values = split(values, panel, chosen, decode, kv)
             policies, measure_fidelity = chosen.make(policy_values)
-            request = policies, InputControls.request(chat), decode.settings(decode_values), measure_fidelity
+            kv_quants = kv.kv_quants(format_values, [p.name for p in policies])
+            request = (policies, InputControls.request(chat), decode.settings(decode_values), measure_fidelity,
+                       kv_quants)
             for channel in s.compare_channels[: len(policies)]:
                 channel.set_mode(view_mode)
             return request
@@ -171,10 +225,11 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                     gr.skip()]
 
         def frames(loaded, request, cancel):
-            policies, run_input, settings, measure_fidelity = request
+            policies, run_input, settings, measure_fidelity, kv_quants = request
             channels = s.compare_channels[: len(policies)]
             shelved = False  # the columns go on the shelf with the first frame: Explore may open them mid-run
-            for frame in compare_frames(loaded, policies, run_input, settings, cancel, channels, measure_fidelity):
+            for frame in compare_frames(loaded, policies, run_input, settings, cancel, channels, measure_fidelity,
+                                        kv_quants=kv_quants):
                 s.compare_records, s.compare_views = frame.records, frame.views
                 source = gr.skip()
                 if not shelved:
@@ -196,7 +251,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             run_compare,
             [session, view_mode],
             [status, app.bus, overlay, table, explore.source, *headers, *columns, legend, per_token],
-            inputs_kwargs=named(panel, chosen, decode),
+            inputs_kwargs=named(panel, chosen, decode, kv),
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="compare", show_progress="hidden",
         ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
 

@@ -26,8 +26,8 @@ from ..scripted import run_summary, script_request
 from ..session import LIVE_TOKENS_ID, Session
 from ..stream import TokenChannel, bus_payload, container_html
 from ..throttle import FramePacer
-from ..widgets import (Group, InputControls, decode_controls, export_controls, input_controls, model_settings,
-                       named, policy_controls, preset_values, split)
+from ..widgets import (Group, InputControls, KVControls, decode_controls, export_controls, input_controls, kv_controls,
+                       model_settings, named, policy_controls, preset_kv, preset_values, split)
 from . import AppContext, ExploreLink
 
 DEFAULT_POLICY = "h2o"
@@ -73,6 +73,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                 generate = gr.Button("Generate", variant="primary", elem_id="tv-live-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="tv-live-stop")
             controls = policy_controls(DEFAULT_POLICY)
+            kv = kv_controls("live")
             decode = decode_controls("live")
             projection = projection_controls()
             model_settings(app.slot, app.model, app.quantization, app.model_status, app.model_loading)
@@ -92,10 +93,10 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     def pick_preset(name: str | None) -> list:
         choice, values = preset_values(name)
         if choice is None:
-            return values + [gr.skip()] * (len(controls.inputs()) + 2)
+            return values + [gr.skip()] * (len(controls.inputs()) + len(kv.inputs()) + 2)
         preset = choice.preset
-        return values + [*controls.preset_values(preset.policy, preset.params), preset.max_new_tokens,
-                         view_for(preset.policy)]
+        return values + [*controls.preset_values(preset.policy, preset.params), *preset_kv(preset),
+                         preset.max_new_tokens, view_for(preset.policy)]
 
     def view_for(name: str):
         """The view modes ``name`` offers (the prediction modes for a policy that predicts importance), opened in
@@ -110,7 +111,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
 
     legend_inputs = [session, view_mode, controls.policy]
     panel.preset.change(pick_preset, panel.preset,
-                        panel.preset_outputs() + controls.inputs() + [decode.max_new_tokens, view_mode],
+                        panel.preset_outputs() + controls.inputs() + kv.inputs() + [decode.max_new_tokens, view_mode],
                         show_progress="hidden", api_visibility="private"
                         ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private")
     controls.policy.input(view_for, controls.policy, view_mode, show_progress="hidden", api_visibility="private"
@@ -148,18 +149,20 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
 
     def run_live(s: Session, view_mode: str, **values):
         def prepare():
-            chat, policy_values, decode_values, projection_values = split(values, panel, controls, decode, projection)
+            chat, policy_values, decode_values, projection_values, kv_values = split(
+                values, panel, controls, decode, projection, kv)
             request = (controls.make(policy_values), InputControls.request(chat), decode.settings(decode_values),
-                       projection.projection(projection_values), projection.show_device(projection_values))
+                       projection.projection(projection_values), projection.show_device(projection_values),
+                       KVControls.make(kv_values))
             s.live_channel.set_mode(view_mode)
             return request
 
         def frames(loaded, request, cancel):
-            policy, run_input, settings, memory_projection, show_device = request
+            policy, run_input, settings, memory_projection, show_device, kv_quant = request
             frame, sent, label = None, None, None
             try:
                 for frame in live_frames(loaded, policy, run_input, settings, cancel, s.live_channel,
-                                         memory_projection, show_device=show_device):
+                                         memory_projection, kv_quant=kv_quant, show_device=show_device):
                     s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
                     source = gr.skip()
                     if label is None:  # on the shelf from its first frame: Explore may open it mid-run
@@ -219,7 +222,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         generate.click(
             run_live,
             [session, view_mode], [status, app.bus, memory, stats, explore.source, legend],
-            inputs_kwargs=named(panel, controls, decode, projection),
+            inputs_kwargs=named(panel, controls, decode, projection, kv),
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="generate", show_progress="hidden",
         ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
 
