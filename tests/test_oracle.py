@@ -360,7 +360,7 @@ def test_quantized_step_matches_full_precision_step_on_decoded_cache(arch_fixtur
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("fmt", ["q4_0", "kivi2"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_embedded_model_quantized_step_is_exact(embedded_model_fp32, fmt):
     _check_stored(embedded_model_fp32, make_policy("h2o", budget=24, interval=4, recent=4), _kv(fmt), (9, 10))
 
