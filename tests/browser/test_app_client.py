@@ -124,8 +124,8 @@ def _compare_formats(**chosen: str) -> list[str]:
 
 def test_comparison_of_a_policy_at_full_precision_and_the_full_cache_in_q4_0(client):
     formats = _compare_formats(full="q4_0")
-    job = client.submit("combined", "generate", None, QUESTION, "", ["h2o", "full"], 64, 4, True, False, "",
-                        True, 8, 0.0, False, *formats, 32, api_name="/compare")
+    job = client.submit("combined", "generate", None, QUESTION, "", ["h2o", "full"], 64, "tokens", 0.25, 4,
+                        True, False, "", True, 8, 0.0, False, *formats, 32, api_name="/compare")
     status, _, _, table = list(job)[-1][:4]
     assert status.startswith("Done"), status
     assert [r[0] for r in table["data"]] == ["h2o", "full · q4_0"]

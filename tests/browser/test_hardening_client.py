@@ -130,8 +130,8 @@ def test_compare_refuses_a_bad_kv_format_with_a_message(client):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError, match="q9 is not in the list of choices"):
-        client.predict("combined", "generate", None, "Hi", "", ["full", "h2o"], 64, 4, True, False, "", True, 2,
-                       0.0, False, *_compare_formats(h2o="q9"), 32, api_name="/compare")
+        client.predict("combined", "generate", None, "Hi", "", ["full", "h2o"], 64, "tokens", 0.25, 4, True,
+                       False, "", True, 2, 0.0, False, *_compare_formats(h2o="q9"), 32, api_name="/compare")
 
 
 def test_sweep_takes_only_listed_presets(client):
