@@ -86,3 +86,12 @@ def test_closing_a_session_lets_go_of_its_runs_and_stops_the_run():
     assert cancel.is_set()
     assert session.sources() == [] and session.live_record is None and session.explore_record is None
     assert session.live_channel is not channel
+
+
+def test_a_column_in_a_quantized_format_is_its_own_entry_on_the_shelf():
+    quantized = _record("full")
+    quantized.meta["kv_quant"] = {"format": "q4_0", "bits": 4, "residual": 32}
+    session = Session(shelf=Shelf(budget=64 * KIB))
+    labels = session.keep_compare([_record("full"), quantized])
+    assert labels == ["Compare 1 · full", "Compare 1 · full · q4_0"]
+    assert session.record_for(labels[1]) is quantized
