@@ -1,7 +1,7 @@
 """ThinkViz in the browser.
 
     python app.py [--host 127.0.0.1] [--port 7860] [--share] [--model embedded] [--quant 4bit]
-                  [--quant-backend auto] [--allow-model-loading] [--vram-cap GiB]
+                  [--quant-backend auto] [--allow-model-loading] [--vram-cap GiB] [--ray-address ADDR]
 
 Binds 127.0.0.1 unless told otherwise and makes no share link unless ``--share`` is given;
 uploads over ``MAX_UPLOAD_BYTES`` are refused by the server.  When the app is reachable from
@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--vram-cap", type=float, default=None, metavar="GiB",
                         help="simulate a card of GiB: cap this process's CUDA memory (weights included)")
+    parser.add_argument("--ray-address", default=None, metavar="ADDR",
+                        help="run the Sweep tab's groups on the Ray cluster at ADDR (each worker loads the app's "
+                             "model; needs 'pip install ray'); default: in this process")
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         parser.error(f"--port must be between 1 and 65535, got {args.port}")
@@ -70,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     slot = ModelSlot(device=args.device, loader=functools.partial(load_any, backend=args.quant_backend))
     slot.start(args.model, args.quant)
     model_loading = args.allow_model_loading or (is_loopback(args.host) and not args.share)
-    demo = build_app(slot, model=args.model, quantization=args.quant, model_loading=model_loading)
+    demo = build_app(slot, model=args.model, quantization=args.quant, model_loading=model_loading,
+                     ray_address=args.ray_address, quant_backend=args.quant_backend)
     demo.queue(default_concurrency_limit=4)
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=APP_CSS,

@@ -5,17 +5,13 @@ from __future__ import annotations
 import pytest
 
 from thinkviz.cli import main
-from tiny_models import tiny_model
+from tiny_models import save_tiny_model
 
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
     """A tiny random Llama saved as a model folder, so the CLI can load it by path."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    loaded = tiny_model("llama", seed=7)
-    loaded.model.save_pretrained(folder)
-    loaded.tokenizer.save_pretrained(folder)
-    return str(folder)
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _bench(capsys, *args: str) -> str:

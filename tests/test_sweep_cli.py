@@ -13,6 +13,7 @@ import pytest
 from thinkviz.kvquant import KVQuant
 from thinkviz.sweep import (
     COLUMNS,
+    RESULT_COLUMNS,
     Budget,
     markdown_table,
     parse_budgets,
@@ -97,12 +98,18 @@ def test_sweep_rows_and_files_are_well_formed(tiny_llama, tmp_path):
     paths = write_rows(rows, tmp_path / "out", {"model": tiny_llama.name})
     with open(paths["csv"], newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
-        assert tuple(reader.fieldnames) == COLUMNS
+        assert tuple(reader.fieldnames) == RESULT_COLUMNS  # everything but the timing
         table = list(reader)
     assert len(table) == len(rows)
     assert [float(r["kl"]) for r in table] == pytest.approx([r["kl"] for r in rows])
     doc = json.loads(paths["json"].read_text(encoding="utf-8"))
-    assert doc["meta"]["model"] == tiny_llama.name and doc["rows"] == json.loads(json.dumps(rows))
+    results = [{k: row[k] for k in RESULT_COLUMNS} for row in rows]
+    assert doc["meta"]["model"] == tiny_llama.name and doc["rows"] == json.loads(json.dumps(results))
+    with open(paths["timings"], newline="", encoding="utf-8") as fh:
+        timings = list(csv.DictReader(fh))
+    assert [(t["trace"], t["policy"], t["budget"]) for t in timings] == [(r["trace"], r["policy"], r["budget"])
+                                                                         for r in rows]
+    assert [float(t["tokens_per_second"]) for t in timings] == pytest.approx([r["tokens_per_second"] for r in rows])
     table_lines = paths["md"].read_text(encoding="utf-8").splitlines()
     assert len(table_lines) == 2 + len(rows) and table_lines[3].startswith("| tiny | window | 50% |")
     html = paths["html"].read_text(encoding="utf-8")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import transformers
 
@@ -61,3 +63,13 @@ def tiny_model(
         cpu_int4.quantize_model(model)
     backend = "torch-int4" if quantization == "4bit" else "none"
     return LoadedModel.wrap(model, tokenizer, f"tiny-{arch} (random)", quantization, torch.device("cpu"), backend)
+
+
+def save_tiny_model(folder: Path, arch: str = "llama", seed: int = 7, hidden: int = 64) -> str:
+    """A tiny random model saved as a model folder (weights and tokenizer), so the CLI and Ray
+    workers can load it by path; returns the folder as a string.  ``hidden=128`` gives head_dim 32,
+    the smallest a quantized KV format can store."""
+    loaded = tiny_model(arch, seed=seed, hidden=hidden)
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    return str(folder)

@@ -1,25 +1,35 @@
 """Budget × policy × KV-format sweeps: replay traces, measure memory and fidelity, write CSV / JSON / Pareto HTML.
 
-For each trace every (policy, budget, KV format) is replayed in lockstep with one full-cache,
-full-precision run (:class:`~thinkviz.replay.LockstepReplay`), ``interval`` tokens per
-forward, so the reference is computed once per trace and every run sees exactly the same
-tokens.  Each quantized format also gets a ``full`` run in that format (every token kept, at
-lower precision: the pure quantization baseline).  A row holds the trace, policy, budget, KV
-format, the peak KV bytes measured on the real tensors (codes, scales and residual included),
-the compression against the full-precision full cache's peak, fidelity means (overall and
-per segment kind), the replay throughput and, for a policy that fits attention biases, the
-mean seconds its fit took per compression.
+The unit of work is a lockstep :class:`Group`: one trace at one budget in one KV format,
+replayed through the full-precision full cache and every chosen policy together
+(:class:`~thinkviz.replay.LockstepReplay`), ``interval`` tokens per forward, so every run
+of a group sees exactly the same tokens and the reference is computed once per group.  A
+quantized format also gets a group of its own with ``full`` in that format (every token
+kept, at lower precision: the pure quantization baseline) beside the reference.
+:func:`run_group` is the one function that computes a group, whether in this process or on
+a worker (:mod:`thinkviz.sweep_run`); :func:`order_rows` puts the groups' rows in the
+sweep's order whatever order they finished in.  A row holds the trace, policy, budget, KV
+format, the peak KV bytes measured on the real tensors (codes, scales and residual
+included), the compression against the full-precision full cache's peak, fidelity means
+(overall and per segment kind) and the replay throughput.  The throughput is a timing, so
+it is written apart (``timings.csv``): ``sweep.csv`` / ``sweep.json`` hold only what the
+same grid reproduces to the byte.
 
 A policy may be named with its own knobs, ``tam:compaction=match`` (``name:knob=value:…``), so
-one sweep compares two settings of one policy; the row's ``policy`` is that text.
+one sweep compares two settings of one policy; the row's ``policy`` is that text.  For a policy
+that fits attention biases a row also holds the mean seconds its fit took per compression
+(a timing too).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
-from dataclasses import dataclass
+import os
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -39,6 +49,8 @@ COLUMNS = (
     "nll", "nll_full", "nll_delta", "ppl", "ppl_full", "kl", "top1", "tokens_per_second", "fit_seconds",
     *(f"{name}_{kind}" for kind in SEGMENT_KINDS for name in ("nll_delta", "kl", "top1")),
 )
+TIMING_COLUMNS = ("tokens_per_second", "fit_seconds")  # wall-clock: in timings.csv, not in the result files
+RESULT_COLUMNS = tuple(column for column in COLUMNS if column not in TIMING_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,125 @@ def check_params(policies: Sequence[str], params: dict[str, Any]) -> None:
         raise ValueError(f"no selected policy takes parameter {', '.join(stray)}")
 
 
+@dataclass(frozen=True)
+class SweepSettings:
+    """What every group of a sweep shares: the policies (in row order), the interval, the policy
+    knobs (each given to the policies that declare it) and how much of each trace to replay."""
+
+    policies: tuple[str, ...]
+    interval: int = 32
+    params: dict[str, Any] = field(default_factory=dict)
+    max_trace_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Group:
+    """One lockstep group: ``trace`` at ``budget`` in ``kv_quant``, with the full-precision
+    full-cache reference and every policy of the sweep; ``budget`` None: ``full`` in
+    ``kv_quant`` (a quantized format's baseline) beside the reference, no policy."""
+
+    trace: Trace
+    budget: Budget | None
+    kv_quant: KVQuant = KVQuant()
+
+    @property
+    def name(self) -> str:
+        budget = REFERENCE_POLICY if self.budget is None else self.budget.label
+        kv = f" {self.kv_quant.label}" if self.kv_quant.spec.quantized else ""
+        return f"{self.trace.name} @ {budget}{kv}"
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """A finished group: its rows (the full-precision full cache first, then each policy in the
+    settings' order, or ``full`` in the group's format),
+    its wall-clock ``seconds`` and the model that computed it (``model``, ``quantization``, ``device``)."""
+
+    name: str
+    rows: list[dict[str, Any]]
+    seconds: float
+    model: dict[str, str]
+
+
+def plan_groups(traces: Sequence[Trace], budgets: Sequence[Budget],
+                kv_quants: Sequence[KVQuant] = (KVQuant(),)) -> list[Group]:
+    """The groups of a sweep, trace-major: per trace ``full`` in each quantized format, then every
+    (budget, KV format).  ValueError when two traces share a name (their groups and rows could
+    not be told apart)."""
+    names = [trace.name for trace in traces]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"two traces are named {', '.join(map(repr, twice))}; give each trace file its own name")
+    return [group for trace in traces
+            for group in [*(Group(trace, None, kv) for kv in kv_quants if kv.spec.quantized),
+                          *(Group(trace, budget, kv) for budget in budgets for kv in kv_quants)]]
+
+
+def run_group(
+    loaded: LoadedModel, group: Group, settings: SweepSettings, progress: Progress | None = None
+) -> tuple[GroupResult, LockstepReplay]:
+    """Replay ``group`` in lockstep with the full-precision full cache: every policy of ``settings``
+    at the group's budget in its KV format, or (budget None) ``full`` in its KV format.
+
+    The one function that computes a group: in this process or on a Ray worker (of a local
+    runtime or a cluster).  Returns its result and the finished replay (its records carry per-token
+    fidelity).  Raises :class:`~thinkviz.replay.TraceError` /
+    :class:`~thinkviz.policies.PolicyConfigError` / :class:`~thinkviz.engine.EngineError`.
+    """
+    trace, budget = group.trace, group.budget
+    prompt, ids = prepare(loaded, trace, settings.max_trace_tokens)
+    total = len(prompt.ids) + len(ids)
+    specs = (REFERENCE_POLICY,) if budget is None else settings.policies
+    budget_values = {} if budget is None else budget.policy_values(total)
+    built = []
+    for spec in specs:
+        name, own = split_policy(spec)
+        try:  # the budget given wins over a knob of the same name
+            values = {**policy_values(name, settings.params), **own, **budget_values}
+            built.append(make_policy(name, interval=settings.interval, **values))
+        except PolicyConfigError as exc:
+            where = "" if budget is None else f" at budget {budget.label}"
+            raise PolicyConfigError(f"{spec}{where} of {trace.name}: {exc}") from None
+    replay = LockstepReplay(loaded, built, prompt, ids, DecodeSettings(scoring=False),
+                            kv_quants=[group.kv_quant] * len(built))
+    start = time.perf_counter()
+    for done in replay:
+        if progress is not None:
+            progress(trace.name, done, len(ids))
+    seconds = time.perf_counter() - start
+    reference = replay.reference.record
+    base = {"trace": trace.name, "interval": settings.interval, "prompt_tokens": len(prompt.ids),
+            "trace_tokens": len(ids), "full_peak_kv_bytes": reference.summary["peak_kv_bytes"]}
+    label, tokens = ("100%", total) if budget is None else (budget.label, budget.tokens(total))
+    rows = [_row(base, REFERENCE_POLICY, "100%", KVQuant(), total, reference)]
+    rows += [_row(base, name, label, group.kv_quant, tokens, run.record) for name, run in zip(specs, replay.runs)]
+    model = {"model": loaded.name, "quantization": loaded.quantization, "device": str(loaded.device)}
+    return GroupResult(group.name, rows, seconds, model), replay
+
+
+def order_rows(groups: Sequence[Group], results: dict[str, GroupResult]) -> list[dict[str, Any]]:
+    """The finished groups' rows in the sweep's order: per trace the full-precision full cache once
+    (from its first finished group), ``full`` in each quantized format, then each policy over the
+    budgets and KV formats in ``groups``' order."""
+    rows: list[dict[str, Any]] = []
+    for trace in dict.fromkeys(group.trace for group in groups):
+        done = [(g, results[g.name]) for g in groups if g.trace == trace and g.name in results]
+        if done:
+            rows.append(done[0][1].rows[0])
+            rows += [result.rows[1] for g, result in done if g.budget is None]
+            budgeted = [result for g, result in done if g.budget is not None]
+            rows += [result.rows[i] for i in range(1, len(budgeted[0].rows) if budgeted else 1) for result in budgeted]
+    return rows
+
+
+@dataclass
+class TraceRuns:
+    """The finished runs of a trace's groups, aligned with :func:`sweep_trace`'s rows."""
+
+    reference: Any  # the first group's full-cache :class:`~thinkviz.engine.Run`
+    runs: list[Any]
+
+
 def sweep_trace(
     loaded: LoadedModel,
     trace: Trace,
@@ -153,46 +284,28 @@ def sweep_trace(
     progress: Progress | None = None,
     max_trace_tokens: int | None = None,
     kv_quants: Sequence[KVQuant] = (KVQuant(),),
-) -> tuple[list[dict[str, Any]], LockstepReplay]:
-    """Replay ``trace`` (single-turn or a transcript) through every (policy, budget, KV format) in
-    lockstep with the full cache.
+) -> tuple[list[dict[str, Any]], TraceRuns]:
+    """Replay ``trace`` (single-turn or a transcript) through every (policy, budget, KV format),
+    one lockstep group per budget and format (:func:`plan_groups`), in this process.
 
     ``params`` holds policy knobs (``recent``, ``n_sink``, ``protect_system`` ...), each given to
     the policies that declare it; ``max_trace_tokens`` replays only the trace's first tokens
     (an affordable subset on a slow machine); ``kv_quants`` are the KV formats (default: full
     precision only).  Returns one row per run — the full-precision full cache first, then
-    ``full`` in each quantized format, then policy × budget × format — and the finished replay
-    (its records carry per-token fidelity).  Raises :class:`~thinkviz.replay.TraceError` /
+    ``full`` in each quantized format, then policy × budget × format — and the runs behind
+    them.  Raises :class:`~thinkviz.replay.TraceError` /
     :class:`~thinkviz.policies.PolicyConfigError` / :class:`~thinkviz.engine.EngineError`.
     """
-    params = dict(params or {})
-    prompt, ids = prepare(loaded, trace, max_trace_tokens)
-    total = len(prompt.ids) + len(ids)
-    grid = [(REFERENCE_POLICY, None, kv) for kv in kv_quants if kv.spec.quantized]
-    grid += [(spec, budget, kv) for spec in policies for budget in budgets for kv in kv_quants]
-    built = []
-    for spec, budget, _ in grid:
-        name, own = split_policy(spec)
-        try:  # the budget given wins over a knob of the same name
-            values = {**policy_values(name, params), **own, **({} if budget is None else budget.policy_values(total))}
-            built.append(make_policy(name, interval=interval, **values))
-        except PolicyConfigError as exc:
-            where = "" if budget is None else f" at budget {budget.label}"
-            raise PolicyConfigError(f"{spec}{where} of {trace.name}: {exc}") from None
-    replay = LockstepReplay(loaded, built, prompt, ids, DecodeSettings(scoring=False),
-                            kv_quants=[kv for _, _, kv in grid])
-    for done in replay:
-        if progress is not None:
-            progress(trace.name, done, len(ids))
-    reference = replay.reference.record
-    full_peak = reference.summary["peak_kv_bytes"]
-    base = {"trace": trace.name, "interval": interval, "prompt_tokens": len(prompt.ids), "trace_tokens": len(ids),
-            "full_peak_kv_bytes": full_peak}
-    rows = [_row(base, REFERENCE_POLICY, "100%", KVQuant(), total, reference)]
-    for (name, budget, kv), run in zip(grid, replay.runs):
-        label, tokens = ("100%", total) if budget is None else (budget.label, budget.tokens(total))
-        rows.append(_row(base, name, label, kv, tokens, run.record))
-    return rows, replay
+    settings = SweepSettings(tuple(policies), interval, dict(params or {}), max_trace_tokens)
+    groups = plan_groups([trace], budgets, kv_quants)
+    results, replays = {}, []
+    for group in groups:
+        results[group.name], replay = run_group(loaded, group, settings, progress)
+        replays.append((group, replay))
+    runs = [replay.runs[0] for group, replay in replays if group.budget is None]
+    budgeted = [replay for group, replay in replays if group.budget is not None]
+    runs += [replay.runs[i] for i in range(len(policies)) for replay in budgeted]
+    return order_rows(groups, results), TraceRuns(replays[0][1].reference, runs)
 
 
 def parse_kv_quants(text: str, residual: int = 32) -> list[KVQuant]:
@@ -248,18 +361,38 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it: a reader (or a crash) sees
+    the old file or the new one, never half of one."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text, encoding="utf-8", newline="")
+    os.replace(temporary, path)
+
+
+def _csv_text(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows({k: ("" if _finite(v) is None else v) for k, v in row.items()} for row in rows)
+    return buffer.getvalue()
+
+
 def write_rows(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]) -> dict[str, Path]:
-    """Write ``sweep.csv``, ``sweep.json`` (``{"meta", "rows"}``), ``sweep.md`` and ``pareto.html`` into ``out_dir``."""
+    """Write ``sweep.csv``, ``sweep.json`` (``{"meta", "rows"}``), ``sweep.md``, ``pareto.html`` and
+    ``timings.csv`` into ``out_dir``.
+
+    ``sweep.csv`` / ``sweep.json`` hold :data:`RESULT_COLUMNS` (the same bytes for the same grid,
+    however it was computed); the measured throughput goes to ``timings.csv`` (keyed by trace,
+    policy, budget and KV format) and to the table in ``sweep.md``.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out_dir / "sweep.csv", "json": out_dir / "sweep.json", "md": out_dir / "sweep.md",
-             "html": out_dir / "pareto.html"}
-    with open(paths["csv"], "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows({k: ("" if _finite(v) is None else v) for k, v in row.items()} for row in rows)
-    clean = [{k: _finite(v) for k, v in row.items()} for row in rows]
-    paths["json"].write_text(json.dumps({"meta": meta, "rows": clean}, indent=1), encoding="utf-8")
-    paths["md"].write_text(markdown_table(rows), encoding="utf-8")
+             "html": out_dir / "pareto.html", "timings": out_dir / "timings.csv"}
+    write_atomic(paths["csv"], _csv_text(rows, RESULT_COLUMNS))
+    clean = [{k: _finite(row[k]) for k in RESULT_COLUMNS} for row in rows]
+    write_atomic(paths["json"], json.dumps({"meta": meta, "rows": clean}, indent=1))
+    write_atomic(paths["timings"], _csv_text(rows, ("trace", "policy", "budget", "kv_quant", *TIMING_COLUMNS)))
+    write_atomic(paths["md"], markdown_table(rows))
     from .viz.pareto import pareto_figure  # plotly, here only: the CLI must import without it (bench gpu)
 
     pareto_figure(rows).write_html(paths["html"], include_plotlyjs=True)

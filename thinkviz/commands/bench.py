@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import re
+import dataclasses
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -28,14 +30,18 @@ from ..replay import TraceError, load_trace, prepare
 from ..engine import EngineError
 from ..kvquant import KVQuant
 from ..sweep import (
+    SweepSettings,
     check_params,
     markdown_table,
     parse_budgets,
     parse_kv_quants,
     parse_policies,
-    sweep_trace,
+    plan_groups,
     write_rows,
 )
+from ..sweep_run import GroupsProgress, SweepOutcome, open_executor, run_groups
+from ..sweep_store import GroupStore
+from ..sweep_work import ModelSpec, WorkerError
 from .common import (
     CliError,
     add_kv_quant_args,
@@ -286,7 +292,8 @@ def quant_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep_args(parser: argparse.ArgumentParser) -> None:
+def _grid_args(parser: argparse.ArgumentParser) -> None:
+    """The model and the grid: traces × budgets (the groups) and the policies each group replays."""
     add_model_args(parser)
     parser.add_argument("--trace", action="extend", nargs="+", required=True, metavar="PRESET_OR_FILE",
                         help="a preset name (its system prompt, question and trace; not its knobs), "
@@ -311,13 +318,34 @@ def _sweep_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-trace-tokens", type=int, default=None, metavar="N",
                         help="replay only the first N tokens of each trace (a cheaper subset)")
     add_kv_quant_args(parser, several=True)
-    parser.add_argument("--out", default="sweep-out", help="folder for sweep.csv, sweep.json and pareto.html")
+
+
+def _sweep_args(parser: argparse.ArgumentParser) -> None:
+    _grid_args(parser)
+    parser.add_argument("--out", default=None,
+                        help="folder for sweep.csv, sweep.json, pareto.html, timings.csv and groups/ "
+                             "(default sweep-out)")
+    parser.add_argument("--resume", default=None, metavar="OUT",
+                        help="continue the sweep in OUT: groups already in OUT/groups/ are kept, "
+                             "damaged ones and the rest computed")
     parser.add_argument("--save-runs", action="store_true", help="also save every run's recording into OUT/runs/")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="run the groups on a local Ray runtime of N workers, one model each "
+                             "(with --ray-address: N workers on that cluster; needs 'pip install ray')")
+    parser.add_argument("--ray-address", default=None, metavar="ADDR",
+                        help="run the groups on the Ray cluster at ADDR (e.g. 10.0.0.5:6379)")
 
 
-@bench_kind("sweep", _sweep_args)
-def sweep(args: argparse.Namespace) -> int:
-    """Replay traces through policies × budgets; write CSV, JSON and a memory-vs-fidelity Pareto plot."""
+@dataclasses.dataclass(frozen=True)
+class _Grid:
+    settings: SweepSettings
+    groups: list
+    spec: ModelSpec
+    kv_quants: list
+
+
+def _grid(args: argparse.Namespace) -> _Grid:
+    """The grid the arguments name, checked before any model loads; :class:`CliError` otherwise."""
     try:
         budgets = parse_budgets(args.budgets, running=args.budget_mode == "fraction")
         policies = parse_policies(args.policies, variants=True)
@@ -330,39 +358,133 @@ def sweep(args: argparse.Namespace) -> int:
         raise CliError(f"--interval must be between 1 and 512, got {args.interval}")
     if args.max_trace_tokens is not None and args.max_trace_tokens < 1:
         raise CliError(f"--max-trace-tokens must be at least 1, got {args.max_trace_tokens}")
+    if args.workers is not None and args.workers < 1:
+        raise CliError(f"--workers must be at least 1, got {args.workers}")
+    if args.vram_cap is not None and (args.workers is not None or getattr(args, "ray_address", None) is not None):
+        raise CliError("--vram-cap caps this process's model; it does not apply to Ray workers")
     params.update(protect_system=not args.no_protect_system, protect_question=not args.no_protect_question)
     try:
         traces = [load_trace(spec, args.question, args.system) for spec in args.trace]
     except TraceError as exc:
         raise CliError(str(exc)) from None
-    loaded = load_from_args(args)
-    out = Path(args.out)
-    rows = []
-    for trace in traces:
-        with tqdm(desc=trace.name, unit="tok", file=sys.stderr, dynamic_ncols=True) as bar:
-            def progress(name: str, done: int, total: int) -> None:
-                bar.total = total
-                bar.update(done - bar.n)
+    try:
+        groups = plan_groups(traces, budgets, kv_quants)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    settings = SweepSettings(tuple(policies), args.interval, params, args.max_trace_tokens)
+    return _Grid(settings, groups, ModelSpec(args.model, args.quant, args.device, args.quant_backend), kv_quants)
 
-            try:
-                trace_rows, replay = sweep_trace(loaded, trace, policies, budgets, args.interval, params, progress,
-                                                  args.max_trace_tokens, kv_quants)
-            except (TraceError, PolicyConfigError, EngineError) as exc:
-                raise CliError(str(exc)) from None
-        rows.extend(trace_rows)
-        if args.save_runs:
-            for row, run in zip(trace_rows, [replay.reference, *replay.runs]):
-                label = re.sub(r"\W+", "-", row["budget"]).strip("-")  # "25%" -> "25", "25% of seen" -> "25-of-seen"
-                kv = "" if row["kv_quant"] == "none" else f"-{row['kv_quant'].replace('/', '-')}"
-                run.record.save(out / "runs" / f"{trace.name}-{row['policy']}-{label}{kv}")
-    meta = {"model": loaded.name, "quantization": loaded.quantization, "device": str(loaded.device),
-            "interval": args.interval, "budgets": args.budgets, "budget_mode": args.budget_mode, "params": params,
-            "traces": args.trace, "max_trace_tokens": args.max_trace_tokens,
-            "kv_quants": [kv.describe() for kv in kv_quants]}
-    paths = write_rows(rows, out, meta)
+
+def _groups_bar(bar: tqdm) -> GroupsProgress:
+    def progress(done: int, total: int, name: str) -> None:
+        if bar.total is None:
+            bar.reset(total=total)
+            bar.initial = done
+        bar.update(done - bar.n)
+        if name:
+            bar.set_postfix_str(name, refresh=False)
+
+    return progress
+
+
+def _run_grid(grid: _Grid, load, workers: int | None, address: str | None, store: GroupStore | None = None,
+              resume: bool = False, runs_dir: Path | None = None) -> tuple[SweepOutcome, float, float]:
+    """Sweep ``grid`` with a progress bar over its groups (ETA included) on stderr; returns the
+    outcome, the seconds to start (model or workers loaded) and the seconds for the groups."""
+    started = time.perf_counter()
+    with tqdm(desc="groups", unit="group", file=sys.stderr, dynamic_ncols=True, total=None) as bar:
+        def tokens(name: str, done: int, total: int) -> None:
+            bar.set_postfix_str(f"{name}: {done}/{total} tokens", refresh=False)
+
+        try:
+            with open_executor(load, grid.spec, workers, address, runs_dir, tokens) as executor:
+                ready = time.perf_counter()
+                outcome = run_groups(grid.groups, grid.settings, executor, store, resume, _groups_bar(bar),
+                                     warn=lambda message: bar.write(f"thinkviz: {message}", file=sys.stderr))
+                finished = time.perf_counter()
+        except (TraceError, PolicyConfigError, EngineError, WorkerError) as exc:
+            raise CliError(str(exc)) from None
+    for failure in outcome.failures:
+        print(f"thinkviz: {failure.reason} (tried twice; the other groups are complete)", file=sys.stderr)
+    return outcome, ready - started, finished - ready
+
+
+def _sweep_meta(args: argparse.Namespace, grid: _Grid, outcome: SweepOutcome) -> dict:
+    first = next(outcome.results[g.name] for g in grid.groups if g.name in outcome.results)
+    meta = {**first.model, "interval": args.interval, "budgets": args.budgets, "budget_mode": args.budget_mode,
+            "params": grid.settings.params, "traces": args.trace, "max_trace_tokens": args.max_trace_tokens,
+            "kv_quants": [kv.describe() for kv in grid.kv_quants]}
+    if outcome.failures:
+        meta["failed"] = [dataclasses.asdict(failure) for failure in outcome.failures]
+    return meta
+
+
+@bench_kind("sweep", _sweep_args)
+def sweep(args: argparse.Namespace) -> int:
+    """Replay traces through policies × budgets; write CSV, JSON and a memory-vs-fidelity Pareto plot."""
+    if args.resume is not None and args.out is not None and Path(args.out) != Path(args.resume):
+        raise CliError(f"--resume {args.resume} continues the sweep in that folder; leave out --out {args.out}")
+    grid = _grid(args)
+    out = Path(args.resume or args.out or "sweep-out")
+    store = GroupStore(out, grid.settings, dataclasses.asdict(grid.spec))
+    outcome, start_seconds, seconds = _run_grid(grid, lambda: load_from_args(args), args.workers, args.ray_address,
+                                                store, args.resume is not None,
+                                                out / "runs" if args.save_runs else None)
+    rows = outcome.rows(grid.groups)
+    if not rows:
+        return 1
+    paths = write_rows(rows, out, _sweep_meta(args, grid, outcome))
     print(markdown_table(rows), end="")
+    computed = len(outcome.results) - outcome.reused
+    print(f"groups: {len(outcome.results)} of {len(grid.groups)} finished ({outcome.reused} reused from "
+          f"{out / 'groups'}, {computed} computed in {start_seconds + seconds:.1f} s), {len(outcome.failures)} failed")
     print("written: " + ", ".join(str(p) for p in paths.values()))
-    return 0
+    return 1 if outcome.failures else 0
+
+
+def _scale_args(parser: argparse.ArgumentParser) -> None:
+    _grid_args(parser)
+    parser.add_argument("--workers", type=int, default=2, metavar="N", help="local Ray workers (default 2)")
+
+
+@bench_kind("scale", _scale_args)
+def scale(args: argparse.Namespace) -> int:
+    """The same sweep grid in this process, then on N local Ray workers: wall-clock speed-up, per-group times."""
+    grid = _grid(args)
+    started = time.perf_counter()
+    loaded = load_from_args(args)
+    load_seconds = time.perf_counter() - started
+    runs = {}
+    for label, workers in (("in-process", None), (f"{args.workers} Ray workers", args.workers)):
+        outcome, start_seconds, seconds = _run_grid(grid, lambda: loaded, workers, None)
+        if outcome.failures:
+            raise CliError(f"{len(outcome.failures)} groups failed in the {label} run; see above")
+        runs[label] = (outcome, start_seconds + (load_seconds if workers is None else 0.0), seconds)
+    (local, local_start, local_seconds), (ray_run, ray_start, ray_seconds) = runs.values()
+    with tempfile.TemporaryDirectory(prefix="thinkviz-scale-") as tmp:
+        files = [write_rows(outcome.rows(grid.groups), Path(tmp) / str(i), _sweep_meta(args, grid, outcome))
+                 for i, (outcome, _, _) in enumerate(runs.values())]
+        first, second = files
+        same = all(first[key].read_bytes() == second[key].read_bytes() for key in ("csv", "json"))
+    groups = len(grid.groups)
+    alone = sum(group.budget is None for group in grid.groups)
+    print(f"grid: {groups} groups ({len(grid.settings.policies)} policies + the full cache each; {alone} of them "
+          f"the full cache in a quantized format alone); model {grid.spec.name}; this process runs "
+          f"{torch.get_num_threads()} threads, each worker 1")
+    print("| run | start s | groups s | total s | wall s per group | groups per hour |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, (_, start_seconds, seconds) in runs.items():
+        print(f"| {label} | {start_seconds:.1f} | {seconds:.1f} | {start_seconds + seconds:.1f} | "
+              f"{seconds / groups:.2f} | {3600 * groups / seconds:.0f} |")
+    print(f"speed-up over the groups ({args.workers} workers ÷ in-process): {local_seconds / ray_seconds:.2f}  "
+          "(target >= 1.6)")
+    print(f"speed-up including start-up: {(local_start + local_seconds) / (ray_start + ray_seconds):.2f}")
+    print(f"sweep.csv and sweep.json identical: {'yes' if same else 'NO'}")
+    print("| group | replay s in-process | replay s on a worker |")
+    print("|---|---:|---:|")
+    for group in grid.groups:
+        print(f"| {group.name} | {local.results[group.name].seconds:.2f} | {ray_run.results[group.name].seconds:.2f} |")
+    return 0 if same else 1
 
 
 def _summary_args(parser: argparse.ArgumentParser) -> None:

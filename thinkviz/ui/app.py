@@ -28,12 +28,15 @@ APP_CSS = TOKEN_CSS + LEGEND_CSS + (Path(__file__).with_name("app.css")).read_te
 
 
 def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bit",
-              model_loading: bool = True, recording_budget: int = RECORDING_BUDGET) -> gr.Blocks:
+              model_loading: bool = True, recording_budget: int = RECORDING_BUDGET,
+              ray_address: str | None = None, quant_backend: str = "auto") -> gr.Blocks:
     """The whole UI.  ``slot`` holds the shared model; ``model`` starts loading when a page opens.
 
     ``model_loading=False`` leaves out the settings panel's model loader and its API endpoint,
     for an app that strangers can reach (any id or local folder could otherwise be loaded).
     ``recording_budget``: bytes of recordings each session keeps (:class:`~.session.Shelf`).
+    ``ray_address`` makes the Sweep tab run its groups on that Ray cluster, each worker loading
+    the slot's model with ``quant_backend``.
     """
     with gr.Blocks(title="ThinkViz — KV-cache eviction, live", analytics_enabled=False) as demo:
         def new_session() -> Session:
@@ -51,7 +54,7 @@ def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bi
         resync = gr.Button(visible="hidden", elem_id=RESYNC_BUTTON_ID)
         resync.click(Session.resync, session, None, queue=False, api_visibility="private")
         app = AppContext(demo, slot, session, bus, model_status, inputs.preset_choices(), model, quantization,
-                         model_loading)
+                         model_loading, ray_address, quant_backend)
         with gr.Tabs():
             with gr.Tab("Live", id="live"):
                 offer_live_runs = live.build(app)

@@ -2,7 +2,9 @@
 
 :func:`~thinkviz.sweep.sweep_trace` reports progress through a callback, so it runs in
 a worker thread and :func:`sweep_frames` turns its progress into paced status frames; the
-last frame carries :func:`~thinkviz.viz.pareto.pareto_figure` and the result table.
+last frame carries :func:`~thinkviz.viz.pareto.pareto_figure` and the result table.  With a
+:class:`RayTarget` (``app.py --ray-address``) the trace's groups run on that Ray cluster
+instead (:func:`~thinkviz.sweep_run.run_groups`), each worker loading the app's model.
 """
 
 from __future__ import annotations
@@ -18,13 +20,33 @@ from ..faults import RunFault, fault_message, release_device_memory
 from ..model import LoadedModel
 from ..policies import REFERENCE_POLICY, PolicyConfigError, policy_names
 from ..presets import Preset
-from ..sweep import Budget, sweep_trace, write_rows
 from ..replay import Trace, TraceError
+from ..sweep import Budget, SweepSettings, plan_groups, sweep_trace, write_rows
+from ..sweep_run import open_executor, run_groups
+from ..sweep_work import ModelSpec, WorkerError
 from ..units import format_bytes
 from ..viz.pareto import pareto_figure
+from .model_slot import ModelSlot
 from .runs import RunInputError
 
 TABLE_COLUMNS = ["policy", "budget", "peak KV", "KV kept", "compression", "ΔNLL (nats)", "KL(full‖policy)", "top-1"]
+
+
+@dataclass(frozen=True)
+class RayTarget:
+    """Where the Sweep tab runs its groups: the Ray cluster at ``address``, each worker loading ``spec``."""
+
+    address: str
+    spec: ModelSpec
+
+
+def ray_target(address: str | None, slot: ModelSlot, backend: str) -> RayTarget | None:
+    """The Ray cluster at ``address`` with workers loading the slot's model as it was asked for
+    (name, quantization, device, ``backend``); None without an address."""
+    if address is None:
+        return None
+    status = slot.status
+    return RayTarget(address, ModelSpec(status.name, status.quantization, slot.device, backend))
 
 
 @dataclass
@@ -75,20 +97,40 @@ def sweep_frames(
     metric: str = "kl",
     max_trace_tokens: int | None = None,
     poll: float = 0.25,
+    ray: RayTarget | None = None,
 ) -> Iterator[SweepFrame]:
-    """Run the sweep in a worker thread; yield a status frame with the newest progress at most
-    every ``poll`` seconds, then the result.  Raises :class:`RunInputError` for a bad trace or knob
-    and :class:`~thinkviz.faults.RunFault` when the model or a policy fails mid-sweep."""
+    """Run the sweep in a worker thread (its groups on the ``ray`` cluster when given); yield a
+    status frame with the newest progress at most every ``poll`` seconds, then the result.  Raises
+    :class:`RunInputError` for a bad trace or knob and :class:`~thinkviz.faults.RunFault` when the
+    model or a policy fails mid-sweep (on Ray: when every group failed; otherwise the last
+    frame names the failed ones)."""
     if not policies:
         raise RunInputError("Choose at least one policy to sweep.")
     reports: queue.Queue = queue.Queue()
-    outcome: dict[str, Any] = {}
+    outcome: dict[str, Any] = {"failed": []}
+    runs = 1 + len(policies) * len(budgets)
+
+    def in_process() -> None:
+        def progress(name: str, done: int, total: int) -> None:
+            reports.put(f"Replaying {name} through {runs} runs in lockstep… {done}/{total} tokens")
+
+        outcome["rows"], _ = sweep_trace(loaded, trace, policies, budgets, interval, params, progress=progress,
+                                         max_trace_tokens=max_trace_tokens)
+
+    def on_ray() -> None:
+        settings = SweepSettings(tuple(policies), interval, dict(params), max_trace_tokens)
+        groups = plan_groups([trace], budgets)
+        with open_executor(lambda: loaded, ray.spec, len(groups), ray.address) as executor:
+            reports.put(f"Replaying {trace.name} on Ray at {ray.address}: 0/{len(groups)} groups…")
+            done = run_groups(groups, settings, executor, progress=lambda finished, total, name: reports.put(
+                f"Replaying {trace.name} on Ray at {ray.address}: {finished}/{total} groups…"))
+        if not done.results:
+            raise WorkerError("; ".join(failure.reason for failure in done.failures))
+        outcome["rows"], outcome["failed"] = done.rows(groups), done.failures
 
     def work() -> None:
         try:
-            outcome["rows"], _ = sweep_trace(loaded, trace, policies, budgets, interval, params,
-                                             progress=lambda name, done, total: reports.put((done, total)),
-                                             max_trace_tokens=max_trace_tokens)
+            (in_process if ray is None else on_ray)()
         except (TraceError, PolicyConfigError) as exc:
             outcome["error"] = RunInputError(str(exc))
         except Exception as exc:  # a boundary: the tab must show why the sweep failed
@@ -98,8 +140,9 @@ def sweep_frames(
 
     worker = threading.Thread(target=work, name="thinkviz-sweep", daemon=True)
     worker.start()
-    runs = 1 + len(policies) * len(budgets)
-    yield SweepFrame(f"Prefilling {runs} runs (the full cache + {len(policies)} policies × {len(budgets)} budgets)…")
+    where = "" if ray is None else f" — starting workers on Ray at {ray.address}"
+    yield SweepFrame(f"Prefilling {runs} runs (the full cache + {len(policies)} policies × {len(budgets)} budgets)"
+                     f"{where}…")
     finished = False
     while not finished:
         batch = [reports.get()]
@@ -108,8 +151,7 @@ def sweep_frames(
         finished = None in batch
         progress = [report for report in batch if report is not None]
         if progress:
-            done, total = progress[-1]
-            yield SweepFrame(f"Replaying {trace.name} through {runs} runs in lockstep… {done}/{total} tokens")
+            yield SweepFrame(progress[-1])
         if not finished:
             time.sleep(poll)  # pace the frames; reports arriving meanwhile are merged
     worker.join()
@@ -117,7 +159,9 @@ def sweep_frames(
         release_device_memory(loaded.device)  # the worker's runs are gone with its frames
         raise outcome["error"]
     rows = outcome["rows"]
-    yield SweepFrame(f"Done: {len(rows)} runs on {trace.name}.", rows, pareto_figure(rows, metric), table_rows(rows))
+    failed = "".join(f" Failed twice: {failure.reason}." for failure in outcome["failed"])
+    yield SweepFrame(f"Done: {len(rows)} runs on {trace.name}.{failed}", rows, pareto_figure(rows, metric),
+                     table_rows(rows))
 
 
 def sweep_meta(loaded: LoadedModel, trace: Trace, policies: Sequence[str], budgets: str, interval: int,

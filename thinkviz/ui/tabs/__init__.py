@@ -30,6 +30,8 @@ class AppContext:
     model: str  # the model and quantization the app started with (the settings panel's defaults)
     quantization: str
     model_loading: bool  # whether the settings panel may load other models
+    ray_address: str | None = None  # the Sweep tab runs its groups on this Ray cluster (app.py --ray-address)
+    quant_backend: str = "auto"  # who holds 4-bit weights, for models loaded elsewhere (Ray workers)
 
 
 @dataclass(frozen=True)

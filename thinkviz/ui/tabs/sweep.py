@@ -22,7 +22,7 @@ from ..fields import slider
 from ..handlers import MODEL_GROUP, WAITING, run_with_model, shown
 from ..runs import RunInputError
 from ..session import Session
-from ..sweep import TABLE_COLUMNS, SweepPreset, export_sweep, sweep_frames, sweep_meta
+from ..sweep import TABLE_COLUMNS, SweepPreset, export_sweep, ray_target, sweep_frames, sweep_meta
 from ..widgets import knob_box
 from . import AppContext
 
@@ -97,8 +97,9 @@ def build(app: AppContext) -> None:
 
         def frames(loaded, request, cancel):
             trace, budget_list, chosen, every, max_tokens, params = request
+            ray = ray_target(app.ray_address, app.slot, app.quant_backend)
             for frame in sweep_frames(loaded, trace, chosen, budget_list, every, params, fidelity_axis,
-                                      max_trace_tokens=max_tokens):
+                                      max_trace_tokens=max_tokens, ray=ray):
                 if frame.rows is None:
                     yield [frame.status, gr.skip(), gr.skip(), gr.skip()]
                     continue
