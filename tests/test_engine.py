@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz.engine import DecodeSettings, EngineError, Run
+from thinkviz.engine import DecodeSettings, EngineError, Run, causal_mask
 from thinkviz.policies import make_policy
 
 from thought_trace import chat_and_trace
@@ -186,3 +186,14 @@ def test_a_prompt_of_plain_ids_has_no_segments_or_labels(tiny_llama):
               DecodeSettings(max_new_tokens=3, stop_at_eos=False))
     list(run.generate())
     assert run.record.segments == [] and run.record.prompt_labels == []
+
+
+@pytest.mark.parametrize("cached, new", [(0, 1), (0, 5), (7, 1), (7, 4), (130, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_causal_mask_without_hidden_slots_is_the_one_hiding_nothing(cached, new, dtype):
+    mask = causal_mask(cached, new, dtype, "cpu")
+    expected = causal_mask(cached, new, dtype, "cpu", hidden=torch.zeros(1, cached, dtype=torch.bool))
+    assert mask.shape == (1, 1, new, cached + new) and mask.dtype == dtype
+    assert torch.equal(mask, expected)
+    blocked = mask[0, 0] == torch.finfo(dtype).min
+    assert torch.equal(blocked, torch.ones(new, cached + new, dtype=torch.bool).triu(cached + 1))

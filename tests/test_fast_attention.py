@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from thinkviz.attention import AttentionCapture, attention_implementation
 from thinkviz.engine import DecodeSettings, Run, attention_kernel
 from thinkviz.policies import make_policy
 
@@ -60,3 +61,39 @@ def test_sdpa_runs_give_the_eager_logits_and_keep_sets(arch_fixture, name, reque
         assert a.evicted == b.evicted and a.kv_bytes == b.kv_bytes
         np.testing.assert_allclose(a.scores, b.scores, rtol=1e-5, atol=1e-6)  # shown without any weights
     assert not np.isnan(fast_events[-1].scores).all()
+
+
+def _kernels_read(model) -> set[str]:
+    """The kernel names every attention module reads at call time."""
+    return {layer.self_attn.config._attn_implementation for layer in model.model.layers}
+
+
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
+def test_the_kernel_switch_writes_what_set_attn_implementation_writes_and_restores_it(arch_fixture, request,
+                                                                                    monkeypatch):
+    model = request.getfixturevalue(arch_fixture).model
+    with attention_implementation(model, "sdpa"):  # the first switch to a kernel may validate it
+        assert _kernels_read(model) == {"sdpa"}
+    assert _kernels_read(model) == {"eager"}
+    validations = []
+    monkeypatch.setattr(type(model), "set_attn_implementation", lambda self, name: validations.append(name))
+    for _ in range(2):  # later switches replay the same config values, without validating again
+        with attention_implementation(model, "sdpa"):
+            assert _kernels_read(model) == {"sdpa"} and model.config._attn_implementation == "sdpa"
+        assert _kernels_read(model) == {"eager"} and model.config._attn_implementation == "eager"
+    with pytest.raises(KeyError), attention_implementation(model, "sdpa"):
+        raise KeyError("the block fails")
+    assert _kernels_read(model) == {"eager"}, "restored when the block raises"
+    assert validations == []
+
+
+def test_a_capture_that_needs_no_weights_installs_no_hooks(tiny_llama):
+    model = tiny_llama.model
+    capture = AttentionCapture(model, tiny_llama.geometry.kv_heads, capture_hidden=True)
+    capture.enabled = False
+    with capture:
+        assert not any(module._forward_hooks for module in model.modules())
+    capture.enabled = True
+    with capture:
+        assert all(layer.self_attn._forward_hooks for layer in model.model.layers)
+    assert not any(module._forward_hooks for module in model.modules())

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -75,7 +76,8 @@ class AttentionCapture:
     ``kv_heads``: number of key/value heads; ``tail_rows``: how many of the latest query rows to
     keep per forward (the widest observation window any policy asked for); ``query_rows``: how
     many of the latest queries :meth:`keep_queries` keeps per layer (when the run's attention is
-    :func:`biased_attention` with this capture's sink).
+    :func:`biased_attention` with this capture's sink); ``enabled``: when ``False`` the context
+    installs no hooks (a run that needs no weights captures nothing).
     """
 
     def __init__(self, model: nn.Module, kv_heads: int, tail_rows: int = 1, capture_hidden: bool = False,
@@ -99,6 +101,8 @@ class AttentionCapture:
         self._queries: list[torch.Tensor] = []
 
     def __enter__(self) -> AttentionCapture:
+        if not self.enabled:  # nothing to capture: no hooks at all
+            return self
         for module in attention_modules(self.model):
             self._handles.append(module.register_forward_hook(self._on_attention, with_kwargs=True))
         if self.capture_hidden:
@@ -111,8 +115,6 @@ class AttentionCapture:
         self._handles.clear()
 
     def _on_attention(self, module, args, kwargs, output) -> None:
-        if not self.enabled:
-            return
         weights = output[1]
         if weights is None:
             raise RuntimeError("attention weights are missing: load the model with attn_implementation='eager'")
@@ -155,8 +157,7 @@ class AttentionCapture:
             self._queries.append(queries[0, :, -self.query_rows :, :].detach().float().clone())
 
     def _on_hidden(self, module, args, output) -> None:
-        if self.enabled:
-            self._hidden = output[0].detach().float()  # (q, d)
+        self._hidden = output[0].detach().float()  # (q, d)
 
     def take(self) -> ForwardScores:
         """Return the reductions of the last forward pass and clear the buffers."""
@@ -183,20 +184,64 @@ def _stack_padded(blocks: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([F.pad(block, (0, width - block.shape[-1])) for block in blocks])
 
 
+# model -> {kernel name: [(config, the value set_attn_implementation gave it), ...]}
+_KERNEL_SETTINGS: weakref.WeakKeyDictionary[nn.Module, dict[str, list[tuple[Any, Any]]]] = weakref.WeakKeyDictionary()
+
+
+def _kernel_configs(model: nn.Module) -> list[Any]:
+    """Every distinct config of ``model`` and its sub-models whose ``_attn_implementation`` the
+    attention modules read (transformers keeps it in ``_attn_implementation_internal``)."""
+    found: dict[int, Any] = {}
+    pending = [module.config for module in model.modules() if hasattr(module, "config")]
+    while pending:
+        config = pending.pop()
+        if id(config) in found or not hasattr(config, "_attn_implementation_internal"):
+            continue
+        found[id(config)] = config
+        pending.extend(sub for key in getattr(config, "sub_configs", {}) if (sub := getattr(config, key, None)) is not None)
+    return list(found.values())
+
+
+def _kernel_settings(model: nn.Module, name: str) -> list[tuple[Any, Any]]:
+    """What ``model.set_attn_implementation(name)`` writes into the model's configs, found once (it
+    validates the kernel, about 0.2 ms) and replayed afterwards (a few attribute writes)."""
+    known = _KERNEL_SETTINGS.setdefault(model, {})
+    if name not in known:
+        configs = _kernel_configs(model)
+        own = _current_settings(configs)
+        model.set_attn_implementation(name)
+        known[name] = _current_settings(configs)
+        _apply(own)
+    return known[name]
+
+
+def _current_settings(configs: list[Any]) -> list[tuple[Any, Any]]:
+    return [(config, config._attn_implementation_internal) for config in configs]
+
+
+def _apply(settings: list[tuple[Any, Any]]) -> None:
+    for config, value in settings:
+        config._attn_implementation_internal = value
+
+
 @contextlib.contextmanager
 def attention_implementation(model: nn.Module, name: str):
-    """Run ``model`` with the attention kernel ``name`` (``"eager"`` or ``"sdpa"``) inside the block,
-    then restore its own.  Only eager returns attention weights; SDPA's fused kernel is faster.
-    The caller holds the model's forward lock, so no other run sees the switch."""
-    own = model.config._attn_implementation
-    if name == own:
+    """Run ``model`` with the attention kernel ``name`` (``"eager"``, ``"sdpa"`` or a registered
+    one) inside the block, then restore its own.  Only eager returns attention weights; SDPA's
+    fused kernel is faster.  The first switch of a model to ``name`` goes through
+    ``set_attn_implementation`` (which checks the kernel); later ones write the same config values
+    directly, since the engine switches around every forward.  The caller holds the model's
+    forward lock, so no other run sees the switch."""
+    if name == model.config._attn_implementation:
         yield
         return
-    model.set_attn_implementation(name)
+    settings = _kernel_settings(model, name)
+    own = _current_settings([config for config, _ in settings])
+    _apply(settings)
     try:
         yield
     finally:
-        model.set_attn_implementation(own)
+        _apply(own)
 
 
 class LayerArguments:

@@ -74,18 +74,19 @@ from .kvquant import (
 )
 
 
-def _is_uniform(indices: torch.Tensor) -> bool:
-    """Whether every kv-head keeps the same slots (``indices`` ``(H_kv, k)``)."""
-    return bool((indices == indices[:1]).all())
+def _flat_slots(indices: torch.Tensor, length: int) -> torch.Tensor:
+    """``(H_kv·k,)`` the slots ``indices`` ``(H_kv, k)`` of rows of ``length`` slots, numbered over the
+    rows laid end to end (kv-head ``h``'s slot ``t`` is ``h·length + t``)."""
+    offsets = torch.arange(indices.shape[0], device=indices.device)[:, None] * length  # (H_kv, 1)
+    return (indices + offsets).flatten()
 
 
-def _gather_slots(tensor: torch.Tensor, indices: torch.Tensor, uniform: bool) -> torch.Tensor:
-    """Slots ``indices`` ``(H_kv, k)`` of ``tensor`` ``(B, H_kv, T, ...)`` along axis 2."""
-    indices = indices.to(tensor.device)
-    if uniform:
-        return tensor.index_select(2, indices[0])
-    rows = torch.arange(indices.shape[0], device=tensor.device)[:, None]  # (H_kv, 1)
-    return tensor[:, rows, indices]
+def _gather_slots(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """Slots ``flat`` (:func:`_flat_slots`) of ``tensor`` ``(B, H_kv, T, ...)``: ``(B, H_kv, k, ...)``.
+    One ``index_select`` over the (kv-head, slot) axes whether or not the heads keep the same slots."""
+    heads = tensor.shape[1]
+    picked = tensor.flatten(1, 2).index_select(1, flat.to(tensor.device))  # (B, H_kv·k, ...)
+    return picked.unflatten(1, (heads, flat.shape[0] // heads))
 
 
 def _put_rows(tensor: torch.Tensor, rows: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -100,9 +101,9 @@ class DenseStore(DynamicLayer):
     """``none``: keys and values ``(B, H_kv, T, D)`` as the model wrote them."""
 
     def gather(self, indices: torch.Tensor) -> None:
-        uniform = _is_uniform(indices)
-        self.keys = _gather_slots(self.keys, indices, uniform)  # (B, H_kv, k, D)
-        self.values = _gather_slots(self.values, indices, uniform)
+        flat = _flat_slots(indices, self.keys.shape[2])
+        self.keys = _gather_slots(self.keys, flat)  # (B, H_kv, k, D)
+        self.values = _gather_slots(self.values, flat)
 
     def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys, self.values
@@ -198,9 +199,9 @@ class BlockStore(QuantizedStore):
         self.scales = torch.cat([self.scales, scales], dim=2)
 
     def gather(self, indices: torch.Tensor) -> None:
-        uniform = _is_uniform(indices)
-        self.codes = _gather_slots(self.codes, indices, uniform)
-        self.scales = _gather_slots(self.scales, indices, uniform)
+        flat = _flat_slots(indices, self.codes.shape[2])
+        self.codes = _gather_slots(self.codes, flat)
+        self.scales = _gather_slots(self.scales, flat)
         self.length = indices.shape[-1]
 
     def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,11 +303,12 @@ class KiviStore(QuantizedStore):
             quantized = (indices < self.quantized_slots).sum(-1)
         split = int(quantized[0])
         head_idx, tail_idx = indices[:, :split], indices[:, split:] - self.quantized_slots
-        uniform = _is_uniform(indices)
+        head_flat = _flat_slots(head_idx, self.quantized_slots)
+        tail_flat = _flat_slots(tail_idx, self.k_tail.shape[2])
         for name in ("k_codes", "k_group", "v_codes", "v_scale", "v_zero"):
-            setattr(self, name, _gather_slots(getattr(self, name), head_idx, uniform))
-        self.k_tail = _gather_slots(self.k_tail, tail_idx, uniform)
-        self.v_tail = _gather_slots(self.v_tail, tail_idx, uniform)
+            setattr(self, name, _gather_slots(getattr(self, name), head_flat))
+        self.k_tail = _gather_slots(self.k_tail, tail_flat)
+        self.v_tail = _gather_slots(self.v_tail, tail_flat)
         self._drop_dead_groups()
         self.length = indices.shape[-1]
 
@@ -439,8 +441,8 @@ class EvictingCache(DynamicCache):
         """Keep the slots ``keep``: indices ``(L, H_kv, k)`` (physical, sorted per head; dense) or a
         keep mask ``(L, H_kv, W)`` bool (ragged, laid out by :func:`ragged_layout`).
 
-        Each layer's store gathers its own tensors (one ``index_select`` per tensor when every
-        head keeps the same slots, advanced indexing otherwise); positions follow.  Returns the
+        Each layer's store gathers its own tensors (one ``index_select`` per tensor over its
+        (kv-head, slot) axes); positions follow.  Returns the
         ``(L, H_kv, W')`` old slot of every new one, for statistics that move with the slots.  A
         mask that keeps the same count everywhere leaves the cache dense.
         """

@@ -34,6 +34,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .attention import BIASED_ATTENTION, AttentionCapture, LayerArguments, attention_implementation
 from .cache import EvictingCache
@@ -97,13 +98,17 @@ def causal_mask(cached: int, new: int, dtype: torch.dtype, device, hidden: torch
     ``hidden`` ``(H, cached)`` bool optionally hides cached slots from the new queries (per
     head, ``H`` may be 1); this is the reference the eviction oracle compares against.
     """
+    if hidden is None:  # no bool mask to build: zeros, and the new tokens' upper triangle blocked
+        mask = torch.zeros(1, 1, new, cached + new, dtype=dtype, device=device)
+        if new > 1:
+            mask[0, 0, :, cached:] = torch.full((new, new), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
+        return mask
     blocked = torch.ones(new, new, dtype=torch.bool, device=device).triu(1)
     visible_past = torch.zeros(new, cached, dtype=torch.bool, device=device)
     mask = torch.cat([visible_past, blocked], dim=-1)[None, None]  # (1, 1, q, T + q)
-    if hidden is not None:
-        hide = hidden.to(device)[:, None, :].expand(-1, new, -1)  # (H, q, T)
-        mask = mask.repeat(1, hidden.shape[0], 1, 1)
-        mask[0, :, :, :cached] |= hide
+    hide = hidden.to(device)[:, None, :].expand(-1, new, -1)  # (H, q, T)
+    mask = mask.repeat(1, hidden.shape[0], 1, 1)
+    mask[0, :, :, :cached] |= hide
     return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(mask, torch.finfo(dtype).min)
 
 
@@ -361,11 +366,16 @@ class Run:
 
     def _absorb(self, scores, q: int) -> None:
         """Fold one forward's reduced attention into the slot-aligned statistics."""
-        layers, heads = self.received.shape[:2]
-        self.received = torch.cat([self.received, torch.zeros(layers, heads, q)], dim=-1) + scores.received.cpu()
-        rows = scores.tail.cpu()  # (L, H_kv, r, T)
-        grown = torch.cat([self.window, torch.zeros(layers, heads, self.window_rows, q)], dim=-1)
-        self.window = torch.cat([grown, rows], dim=2)[:, :, -self.window_rows :, :]
+        cached = self.received.shape[-1]  # slots before this forward; the capture covers them and the q new ones
+        self.received = F.pad(self.received, (0, q)).add_(scores.received.cpu())  # (L, H_kv, T + q)
+        rows = scores.tail.cpu()  # (L, H_kv, r, T + q)
+        kept = self.window_rows - rows.shape[2]  # rows of the old window that stay
+        if kept > 0:
+            window = rows.new_zeros(*rows.shape[:2], self.window_rows, rows.shape[-1])
+            window[:, :, :kept, :cached] = self.window[:, :, -kept:]
+            window[:, :, kept:] = rows
+            rows = window
+        self.window = rows[:, :, -self.window_rows :]
         self.token_entropy = torch.cat([self.token_entropy, scores.row_entropy.cpu()])
         if scores.hidden is not None:
             hidden = scores.hidden.cpu()
