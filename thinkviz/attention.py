@@ -198,7 +198,8 @@ def _kernel_configs(model: nn.Module) -> list[Any]:
         if id(config) in found or not hasattr(config, "_attn_implementation_internal"):
             continue
         found[id(config)] = config
-        pending.extend(sub for key in getattr(config, "sub_configs", {}) if (sub := getattr(config, key, None)) is not None)
+        subs = (getattr(config, key, None) for key in getattr(config, "sub_configs", {}))
+        pending.extend(sub for sub in subs if sub is not None)
     return list(found.values())
 
 
