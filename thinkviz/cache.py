@@ -54,6 +54,7 @@ is no bias tensor at all and nothing changes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -74,11 +75,17 @@ from .kvquant import (
 )
 
 
+@functools.lru_cache(maxsize=256)
+def _row_starts(heads: int, length: int, device: torch.device) -> torch.Tensor:
+    """``(H_kv, 1)`` where each kv-head's row of ``length`` slots starts when the rows are laid end to
+    end (kept: a decode step gathers every layer with the same ones)."""
+    return torch.arange(heads, device=device)[:, None] * length
+
+
 def _flat_slots(indices: torch.Tensor, length: int) -> torch.Tensor:
     """``(H_kv·k,)`` the slots ``indices`` ``(H_kv, k)`` of rows of ``length`` slots, numbered over the
     rows laid end to end (kv-head ``h``'s slot ``t`` is ``h·length + t``)."""
-    offsets = torch.arange(indices.shape[0], device=indices.device)[:, None] * length  # (H_kv, 1)
-    return (indices + offsets).flatten()
+    return (indices + _row_starts(indices.shape[0], length, indices.device)).flatten()
 
 
 def _gather_slots(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:

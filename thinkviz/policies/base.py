@@ -187,7 +187,8 @@ class CacheView:
         rows = []
         for keys in self.keys:
             scores = rule(keys[0].float()).cpu()
-            rows.append(F.pad(scores, (0, total - scores.shape[-1]), value=float("nan")))
+            short = total - scores.shape[-1]
+            rows.append(F.pad(scores, (0, short), value=float("nan")) if short else scores)
         return torch.stack(rows)
 
 
