@@ -64,6 +64,18 @@ def test_profile_accounts_for_the_whole_decode_step(tiny_folder, capsys):
     assert len(operators) == 5 and all(name.startswith("aten::") for name in operators)
 
 
+def test_profile_without_scores_of_an_attention_free_policy_runs_sdpa_without_hooks(tiny_folder, capsys):
+    out = _bench(capsys, "profile", "--model", tiny_folder, "--quant", "none", "--device", "cpu",
+                 "--policy", "knorm", "--no-scoring", "--budget", "40", "--new-tokens", "24", "--ops", "3")
+    assert "scoring off, sdpa attention" in out.splitlines()[0]
+    parts = _table_rows(out.split("\n\n")[0])
+    from thinkviz.bench import profile
+
+    assert profile.HOOKS not in parts and profile.ABSORB not in parts  # nothing captured
+    assert float(parts[profile.POLICY][2]) > 0 and float(parts[profile.GATHER][2]) > 0  # knorm evicts
+    assert float(parts[profile.SCORES][2]) == float(parts[profile.POLICY][2])  # scores only inside select
+
+
 def test_overhead_at_long_context_gives_one_ratio_per_length(tiny_folder, capsys):
     out = _bench(capsys, "overhead", "--model", tiny_folder, "--quant", "none", "--device", "cpu",
                  "--context", "64,300", "--new-tokens", "6", "--budget", "40")

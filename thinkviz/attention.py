@@ -83,6 +83,7 @@ class AttentionCapture:
     def __init__(self, model: nn.Module, kv_heads: int, tail_rows: int = 1, capture_hidden: bool = False,
                  query_rows: int = 0):
         self.model = model
+        self.modules = attention_modules(model)
         self.kv_heads = kv_heads
         self.tail_rows = max(1, tail_rows)
         self.capture_hidden = capture_hidden
@@ -103,7 +104,7 @@ class AttentionCapture:
     def __enter__(self) -> AttentionCapture:
         if not self.enabled:  # nothing to capture: no hooks at all
             return self
-        for module in attention_modules(self.model):
+        for module in self.modules:
             self._handles.append(module.register_forward_hook(self._on_attention, with_kwargs=True))
         if self.capture_hidden:
             self._handles.append(self.model.model.norm.register_forward_hook(self._on_hidden))

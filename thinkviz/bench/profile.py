@@ -124,11 +124,12 @@ class Profile:
     plain_step_seconds: float  # the same run without instrumentation
     parts: list[tuple[str, float, float]]  # (part, seconds per step, calls per step), largest first
     operators: list[tuple[str, float, float]]  # (aten operator, self CPU seconds per step, calls per step)
+    attention: str = "eager"  # the attention kernel the run used
 
 
-def _new_run(loaded: LoadedModel, policy: str, budget: int, interval: int, new_tokens: int) -> Run:
+def _new_run(loaded: LoadedModel, policy: str, budget: int, interval: int, new_tokens: int, scoring: bool) -> Run:
     prompt = build_chat(loaded.tokenizer, REASONING_SYSTEM_PROMPT, PROMPT)
-    settings = DecodeSettings(max_new_tokens=new_tokens + 1, stop_at_eos=False, scoring=True)
+    settings = DecodeSettings(max_new_tokens=new_tokens + 1, stop_at_eos=False, scoring=scoring)
     return Run(loaded, make_policy(policy, budget=budget, interval=interval), prompt, settings)
 
 
@@ -144,13 +145,14 @@ def _decode_seconds(run: Run, on_first: Callable[[], None] = lambda: None) -> fl
 
 
 def profile_decode(loaded: LoadedModel, policy: str = "h2o", budget: int = 128, interval: int = 1,
-                   new_tokens: int = 64, top_ops: int = 12) -> Profile:
-    """Profile ``new_tokens`` decode steps of the engine (after a short warm-up run)."""
-    _decode_seconds(_new_run(loaded, policy, budget, interval, 4))
-    plain = _decode_seconds(_new_run(loaded, policy, budget, interval, new_tokens)) / new_tokens
+                   new_tokens: int = 64, top_ops: int = 12, scoring: bool = True) -> Profile:
+    """Profile ``new_tokens`` decode steps of the engine (after a short warm-up run); ``scoring=False``
+    leaves out the per-token scores the views show, as a sweep does."""
+    _decode_seconds(_new_run(loaded, policy, budget, interval, 4, scoring))
+    plain = _decode_seconds(_new_run(loaded, policy, budget, interval, new_tokens, scoring)) / new_tokens
 
     spans = Spans()
-    run = _new_run(loaded, policy, budget, interval, new_tokens)
+    run = _new_run(loaded, policy, budget, interval, new_tokens, scoring)
     instrument_run(run, spans)
     handles = instrument_model(loaded.model, spans)
     try:
@@ -163,7 +165,7 @@ def profile_decode(loaded: LoadedModel, policy: str = "h2o", budget: int = 128, 
     calls = dict(spans.calls)
     ranked = sorted(parts.items(), key=lambda item: -item[1])
 
-    run = _new_run(loaded, policy, budget, interval, new_tokens)
+    run = _new_run(loaded, policy, budget, interval, new_tokens, scoring)
     events = run.generate()
     next(events)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -177,4 +179,5 @@ def profile_decode(loaded: LoadedModel, policy: str = "h2o", budget: int = 128, 
         plain_step_seconds=plain,
         parts=[(name, seconds / new_tokens, calls.get(name, 0) / new_tokens) for name, seconds in ranked],
         operators=operators,
+        attention=run.attention,
     )

@@ -168,6 +168,8 @@ def _profile_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=int, default=1)
     parser.add_argument("--new-tokens", type=int, default=64, help="decode steps profiled (after the first)")
     parser.add_argument("--ops", type=int, default=12, help="how many aten operators to list")
+    parser.add_argument("--no-scoring", action="store_true",
+                        help="do not compute the per-token scores the views show (what a sweep does)")
 
 
 @bench_kind("profile", _profile_args)
@@ -180,9 +182,11 @@ def profile(args: argparse.Namespace) -> int:
     except PolicyConfigError as exc:
         raise CliError(str(exc)) from None
     loaded = load_from_args(args)
-    result = profile_decode(loaded, args.policy, args.budget, args.interval, args.new_tokens, args.ops)
+    result = profile_decode(loaded, args.policy, args.budget, args.interval, args.new_tokens, args.ops,
+                            scoring=not args.no_scoring)
     print(f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device}); {args.policy}, "
-          f"budget {args.budget}, interval {args.interval}, scoring on; {result.steps} decode steps")
+          f"budget {args.budget}, interval {args.interval}, scoring {'off' if args.no_scoring else 'on'}, "
+          f"{result.attention} attention; {result.steps} decode steps")
     print(f"step time: {1e3 * result.plain_step_seconds:.2f} ms plain, "
           f"{1e3 * result.step_seconds:.2f} ms timed part by part")
     print("| part of a decode step | ms / step | share | calls / step |")
