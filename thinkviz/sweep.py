@@ -19,12 +19,16 @@ A policy may be named with its own knobs, ``tam:compaction=match`` (``name:knob=
 one sweep compares two settings of one policy; the row's ``policy`` is that text.  For a policy
 that fits attention biases a row also holds the mean seconds its fit took per compression
 (a timing too).
+one sweep compares two settings of one policy; the row's ``policy`` is that text.  A knob may also
+be varied (``--vary recent=16,32,64``): every policy that declares it runs once per value (every
+combination of several varied knobs), and the row's ``knobs`` says which (``recent=32``).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import math
 import os
@@ -39,12 +43,12 @@ from .metrics import SEGMENT_KINDS
 from .model import LoadedModel
 from .policies import REFERENCE_POLICY, PolicyConfigError, make_policy, policy_names, policy_params
 from .replay import LockstepReplay, Trace, prepare
-from .viz.tables import cell, kv_label, mixes_formats
+from .viz.tables import cell, kv_label, mixes_formats, run_label
 
 Progress = Callable[[str, int, int], None]  # (trace name, tokens done, tokens in the trace)
 
 COLUMNS = (
-    "trace", "policy", "budget", "kv_quant", "budget_tokens", "interval", "prompt_tokens", "trace_tokens",
+    "trace", "policy", "budget", "kv_quant", "knobs", "budget_tokens", "interval", "prompt_tokens", "trace_tokens",
     "peak_kv_bytes", "full_peak_kv_bytes", "kv_fraction", "compression",
     "nll", "nll_full", "nll_delta", "ppl", "ppl_full", "kl", "top1", "tokens_per_second", "fit_seconds",
     *(f"{name}_{kind}" for kind in SEGMENT_KINDS for name in ("nll_delta", "kl", "top1")),
@@ -141,6 +145,48 @@ def parse_policies(text: str, variants: bool = False) -> list[str]:
     return [spec for spec, name in dict.fromkeys(zip(specs, names)) if name != REFERENCE_POLICY]
 
 
+def parse_vary(text: str) -> dict[str, list[str]]:
+    """``"recent=16,32,64"`` (several knobs separated by ``;`` or new lines) → ``{"recent": ["16", "32",
+    "64"]}``: the knobs to vary and their values, as written (each policy coerces its own); ValueError
+    for anything else."""
+    vary: dict[str, list[str]] = {}
+    for item in (part.strip() for part in text.replace("\n", ";").split(";")):
+        if not item:
+            continue
+        key, sep, values = (piece.strip() for piece in item.partition("="))
+        chosen = [value.strip() for value in values.split(",") if value.strip()]
+        if not sep or not key or not chosen:
+            raise ValueError(f"vary a knob as KNOB=V1,V2,… (e.g. recent=16,32,64), got {item!r}")
+        if key in vary:
+            raise ValueError(f"the knob {key!r} is varied twice")
+        vary[key] = list(dict.fromkeys(chosen))
+    return vary
+
+
+def check_vary(policies: Sequence[str], vary: dict[str, list[str]]) -> None:
+    """ValueError unless every varied knob is declared by one of ``policies`` (names or
+    ``policy:knob=value`` specs, :func:`split_policy`), no spec also sets a knob it varies, and every
+    value is one the declaring policies accept (checked before any model loads)."""
+    check_params(policies, vary)
+    for spec in policies:
+        name, own = split_policy(spec)
+        declared = {p.name: p for p in policy_params(name)}
+        both = sorted(set(own) & set(vary))
+        if both:
+            raise ValueError(f"{spec!r} sets {', '.join(both)}, which --vary also varies: give each knob one way")
+        for key, values in vary.items():
+            for value in values if key in declared else ():
+                declared[key].coerce(value)
+
+
+def vary_grid(name: str, vary: dict[str, list[str]]) -> list[dict[str, str]]:
+    """Every combination of the varied knobs policy ``name`` (a name or a ``policy:knob=value`` spec)
+    declares (``[{}]``: it declares none, so it runs once)."""
+    declared = {p.name for p in policy_params(split_policy(name)[0])}
+    mine = {key: values for key, values in vary.items() if key in declared}
+    return [dict(zip(mine, combo)) for combo in itertools.product(*mine.values())]
+
+
 def policy_values(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """The subset of ``params`` that policy ``name`` declares (others ignore a knob they lack)."""
     declared = {p.name for p in policy_params(name)}
@@ -158,12 +204,18 @@ def check_params(policies: Sequence[str], params: dict[str, Any]) -> None:
 @dataclass(frozen=True)
 class SweepSettings:
     """What every group of a sweep shares: the policies (in row order), the interval, the policy
-    knobs (each given to the policies that declare it) and how much of each trace to replay."""
+    knobs (each given to the policies that declare it), how much of each trace to replay and the
+    varied knobs (:func:`parse_vary`: each policy runs once per combination of those it declares)."""
 
     policies: tuple[str, ...]
     interval: int = 32
     params: dict[str, Any] = field(default_factory=dict)
     max_trace_tokens: int | None = None
+    vary: dict[str, list[str]] = field(default_factory=dict)
+
+    def variants(self) -> list[tuple[str, dict[str, str]]]:
+        """``(policy spec, varied knobs)`` of every policy run of a budgeted group, in row order."""
+        return [(spec, combo) for spec in self.policies for combo in vary_grid(spec, self.vary)]
 
 
 @dataclass(frozen=True)
@@ -213,7 +265,8 @@ def run_group(
     loaded: LoadedModel, group: Group, settings: SweepSettings, progress: Progress | None = None
 ) -> tuple[GroupResult, LockstepReplay]:
     """Replay ``group`` in lockstep with the full-precision full cache: every policy of ``settings``
-    at the group's budget in its KV format, or (budget None) ``full`` in its KV format.
+    (once per combination of the varied knobs it declares) at the group's budget in its KV format,
+    or (budget None) ``full`` in its KV format.
 
     The one function that computes a group: in this process or on a Ray worker (of a local
     runtime or a cluster).  Returns its result and the finished replay (its records carry per-token
@@ -223,16 +276,20 @@ def run_group(
     trace, budget = group.trace, group.budget
     prompt, ids = prepare(loaded, trace, settings.max_trace_tokens)
     total = len(prompt.ids) + len(ids)
-    specs = (REFERENCE_POLICY,) if budget is None else settings.policies
+    variants = [(REFERENCE_POLICY, {})] if budget is None else settings.variants()
     budget_values = {} if budget is None else budget.policy_values(total)
     built = []
-    for spec in specs:
+    for spec, combo in variants:
         name, own = split_policy(spec)
-        try:  # the budget given wins over a knob of the same name
-            values = {**policy_values(name, settings.params), **own, **budget_values}
+        where = ("" if budget is None else f" at budget {budget.label}") + (
+            f" with {knob_text(combo)}" if combo else "")
+        try:
+            if "budget" in combo and budget is not None and budget.running:
+                raise PolicyConfigError("the budget is a fraction of the tokens seen: vary it in --budgets, not --vary")
+            # the budget given wins over a knob of the same name; a varied knob wins over both
+            values = {**policy_values(name, settings.params), **own, **budget_values, **combo}
             built.append(make_policy(name, interval=settings.interval, **values))
-        except PolicyConfigError as exc:
-            where = "" if budget is None else f" at budget {budget.label}"
+        except (PolicyConfigError, ValueError) as exc:
             raise PolicyConfigError(f"{spec}{where} of {trace.name}: {exc}") from None
     replay = LockstepReplay(loaded, built, prompt, ids, DecodeSettings(scoring=False),
                             kv_quants=[group.kv_quant] * len(built))
@@ -244,9 +301,15 @@ def run_group(
     reference = replay.reference.record
     base = {"trace": trace.name, "interval": settings.interval, "prompt_tokens": len(prompt.ids),
             "trace_tokens": len(ids), "full_peak_kv_bytes": reference.summary["peak_kv_bytes"]}
-    label, tokens = ("100%", total) if budget is None else (budget.label, budget.tokens(total))
-    rows = [_row(base, REFERENCE_POLICY, "100%", KVQuant(), total, reference)]
-    rows += [_row(base, name, label, group.kv_quant, tokens, run.record) for name, run in zip(specs, replay.runs)]
+    rows = [_row(base, REFERENCE_POLICY, "100%", KVQuant(), "", total, reference)]
+    for (spec, combo), run in zip(variants, replay.runs):
+        if budget is None:
+            label, tokens = "100%", total
+        elif "budget" in combo:  # a varied budget replaces the one given
+            label, tokens = str(run.policy.budget), run.policy.budget
+        else:
+            label, tokens = budget.label, budget.tokens(total)
+        rows.append(_row(base, spec, label, group.kv_quant, knob_text(combo), tokens, run.record))
     model = {"model": loaded.name, "quantization": loaded.quantization, "device": str(loaded.device)}
     return GroupResult(group.name, rows, seconds, model), replay
 
@@ -284,19 +347,22 @@ def sweep_trace(
     progress: Progress | None = None,
     max_trace_tokens: int | None = None,
     kv_quants: Sequence[KVQuant] = (KVQuant(),),
+    vary: dict[str, list[str]] | None = None,
 ) -> tuple[list[dict[str, Any]], TraceRuns]:
-    """Replay ``trace`` (single-turn or a transcript) through every (policy, budget, KV format),
-    one lockstep group per budget and format (:func:`plan_groups`), in this process.
+    """Replay ``trace`` (single-turn or a transcript) through every (policy, budget, KV format, varied
+    knobs), one lockstep group per budget and format (:func:`plan_groups`), in this process.
 
     ``params`` holds policy knobs (``recent``, ``n_sink``, ``protect_system`` ...), each given to
     the policies that declare it; ``max_trace_tokens`` replays only the trace's first tokens
     (an affordable subset on a slow machine); ``kv_quants`` are the KV formats (default: full
-    precision only).  Returns one row per run — the full-precision full cache first, then
-    ``full`` in each quantized format, then policy × budget × format — and the runs behind
-    them.  Raises :class:`~thinkviz.replay.TraceError` /
-    :class:`~thinkviz.policies.PolicyConfigError` / :class:`~thinkviz.engine.EngineError`.
+    precision only); ``vary`` (:func:`parse_vary`) gives each policy one run per combination of
+    the varied knobs it declares (a row's ``knobs`` says which, ``recent=32``).  Returns one row
+    per run — the full-precision full cache first, then ``full`` in each quantized format, then
+    policy × varied knobs × budget × format — and the runs behind them.  Raises
+    :class:`~thinkviz.replay.TraceError` / :class:`~thinkviz.policies.PolicyConfigError` /
+    :class:`~thinkviz.engine.EngineError`.
     """
-    settings = SweepSettings(tuple(policies), interval, dict(params or {}), max_trace_tokens)
+    settings = SweepSettings(tuple(policies), interval, dict(params or {}), max_trace_tokens, dict(vary or {}))
     groups = plan_groups([trace], budgets, kv_quants)
     results, replays = {}, []
     for group in groups:
@@ -304,8 +370,13 @@ def sweep_trace(
         replays.append((group, replay))
     runs = [replay.runs[0] for group, replay in replays if group.budget is None]
     budgeted = [replay for group, replay in replays if group.budget is not None]
-    runs += [replay.runs[i] for i in range(len(policies)) for replay in budgeted]
+    runs += [replay.runs[i] for i in range(len(budgeted[0].runs) if budgeted else 0) for replay in budgeted]
     return order_rows(groups, results), TraceRuns(replays[0][1].reference, runs)
+
+
+def knob_text(knobs: dict[str, Any]) -> str:
+    """``recent=32, n_sink=4``: the knobs a run varied, as a row and a label show them."""
+    return ", ".join(f"{key}={value}" for key, value in knobs.items())
 
 
 def parse_kv_quants(text: str, residual: int = 32) -> list[KVQuant]:
@@ -316,11 +387,13 @@ def parse_kv_quants(text: str, residual: int = 32) -> list[KVQuant]:
     return list(dict.fromkeys(KVQuant.parse(name, residual) for name in names))
 
 
-def _row(base: dict[str, Any], policy: str, budget: str, kv: KVQuant, budget_tokens: int, record) -> dict[str, Any]:
+def _row(base: dict[str, Any], policy: str, budget: str, kv: KVQuant, knobs: str, budget_tokens: int,
+         record) -> dict[str, Any]:
     summary = record.summary
     fidelity = summary["fidelity"]
     peak = summary["peak_kv_bytes"]
-    row = {**base, "policy": policy, "budget": budget, "kv_quant": kv.label, "budget_tokens": budget_tokens,
+    row = {**base, "policy": policy, "budget": budget, "kv_quant": kv.label, "knobs": knobs,
+           "budget_tokens": budget_tokens,
            "peak_kv_bytes": peak,
            "kv_fraction": peak / base["full_peak_kv_bytes"], "compression": base["full_peak_kv_bytes"] / peak,
            "tokens_per_second": summary["tokens_per_second"], "fit_seconds": _fit_seconds(record)}
@@ -351,7 +424,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     ]
     for row in rows:
         lines.append(
-            f"| {row['trace']} | {row['policy']} | {row['budget']} | "
+            f"| {row['trace']} | {run_label(row)} | {row['budget']} | "
             + (f"{kv_label(row)} | " if kv else "") + f"{row['budget_tokens']} "
             f"| {cell(row['kv_fraction'], '.1%')} | {cell(row['nll_delta'], '.4f')} | {cell(row['kl'], '.4f')} "
             f"| {cell(row['top1'], '.1%')} | {cell(row['kl_think'], '.4f')} | {cell(row['kl_answer'], '.4f')} "

@@ -42,13 +42,16 @@ def compute_group(loaded: LoadedModel, group: Group, settings: SweepSettings, ru
                   progress: Progress | None = None) -> GroupResult:
     """What every executor runs for one group: :func:`~thinkviz.sweep.run_group`, then, with
     ``runs_dir``, every run's recording saved there as ``TRACE-POLICY-BUDGET`` (the budget's
-    label with its punctuation turned into dashes), ``-FORMAT`` added for a quantized KV format."""
+    label with its punctuation turned into dashes), ``-FORMAT`` added for a quantized KV format and
+    ``-KNOB=VALUE`` for the knobs the run varied."""
     result, replay = run_group(loaded, group, settings, progress)
     if runs_dir is not None:
         for row, run in zip(result.rows, [replay.reference, *replay.runs]):
             label = re.sub(r"\W+", "-", row["budget"]).strip("-")  # "25%" -> "25", "25% of seen" -> "25-of-seen"
             kv = "" if row["kv_quant"] == "none" else f"-{row['kv_quant'].replace('/', '-')}"
-            run.record.save(Path(runs_dir) / f"{group.trace.name}-{row['policy']}-{label}{kv}")
+            varied = re.sub(r"[^A-Za-z0-9_.=-]+", "_", row["knobs"])
+            stem = f"{group.trace.name}-{row['policy']}-{label}{kv}" + (f"-{varied}" if varied else "")
+            run.record.save(Path(runs_dir) / stem)
     return result
 
 

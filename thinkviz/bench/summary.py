@@ -22,7 +22,7 @@ from typing import Any, Iterable, Sequence
 
 from ..metrics import METRICS
 from ..policies import REFERENCE_POLICY
-from ..viz.tables import cell, kv_label, mixes_formats
+from ..viz.tables import cell, kv_label, mixes_formats, run_label
 
 REQUIRED = ("trace", "policy", "budget", "kv_fraction", *METRICS)
 BUDGET_SLACK = 0.005  # peak KV (fraction of full) within which a row counts as holding its budget
@@ -44,7 +44,7 @@ def load_sweep_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
         path = Path(given)
         path = path / "sweep.json" if path.is_dir() else path
         for row in _read_rows(path):
-            key = (row["trace"], row["policy"], row["budget"], kv_label(row))
+            key = (row["trace"], run_label(row), row["budget"], kv_label(row))
             if key in seen:
                 shown = key if key[3] != "none" else key[:3]
                 raise SummaryError(f"{path}: {' / '.join(shown)} is also in {seen[key]}")
@@ -82,8 +82,8 @@ def summary_table(rows: Sequence[dict[str, Any]], metric: str = "nll_delta") -> 
         raise SummaryError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     higher_is_better = METRICS[metric][1]
     traces = list(dict.fromkeys(row["trace"] for row in rows))
-    keys = list(dict.fromkeys((row["policy"], row["budget"], kv_label(row)) for row in rows))
-    cell = {(row["trace"], row["policy"], row["budget"], kv_label(row)): row for row in rows}
+    keys = list(dict.fromkeys((run_label(row), row["budget"], kv_label(row)) for row in rows))
+    cell = {(row["trace"], run_label(row), row["budget"], kv_label(row)): row for row in rows}
     best = _best_per_column(rows, metric, higher_is_better)
     kv = mixes_formats(rows)
 

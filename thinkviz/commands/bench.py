@@ -32,10 +32,12 @@ from ..kvquant import KVQuant
 from ..sweep import (
     SweepSettings,
     check_params,
+    check_vary,
     markdown_table,
     parse_budgets,
     parse_kv_quants,
     parse_policies,
+    parse_vary,
     plan_groups,
     write_rows,
 )
@@ -313,6 +315,9 @@ def _grid_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=int, default=32, help="tokens per forward = compression interval")
     parser.add_argument("--param", type=parse_param, action="append", default=[], metavar="KEY=VALUE",
                         help="a policy knob, given to every selected policy that declares it (repeatable)")
+    parser.add_argument("--vary", action="append", default=[], metavar="KNOB=V1,V2,...",
+                        help="run each selected policy that declares KNOB once per value, e.g. --vary "
+                             "recent=16,32,64,128 (repeatable: every combination; rows say which in 'knobs')")
     parser.add_argument("--no-protect-system", action="store_true", help="allow evicting the system prompt")
     parser.add_argument("--no-protect-question", action="store_true", help="allow evicting the question")
     parser.add_argument("--question", default=None, help="the question for trace files (presets bring their own; "
@@ -356,8 +361,13 @@ def _grid(args: argparse.Namespace) -> _Grid:
         params = dict(args.param)
         check_params(policies, params)
         kv_quants = parse_kv_quants(args.kv_quants, args.kv_residual)
+        vary = parse_vary(";".join(args.vary))
+        check_vary(policies, vary)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    both = sorted(set(vary) & set(params))
+    if both:
+        raise CliError(f"--vary and --param both set {', '.join(both)}: give each knob one way")
     if not 1 <= args.interval <= 512:
         raise CliError(f"--interval must be between 1 and 512, got {args.interval}")
     if args.max_trace_tokens is not None and args.max_trace_tokens < 1:
@@ -375,7 +385,7 @@ def _grid(args: argparse.Namespace) -> _Grid:
         groups = plan_groups(traces, budgets, kv_quants)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    settings = SweepSettings(tuple(policies), args.interval, params, args.max_trace_tokens)
+    settings = SweepSettings(tuple(policies), args.interval, params, args.max_trace_tokens, vary)
     return _Grid(settings, groups, ModelSpec(args.model, args.quant, args.device, args.quant_backend), kv_quants)
 
 
@@ -416,7 +426,8 @@ def _run_grid(grid: _Grid, load, workers: int | None, address: str | None, store
 def _sweep_meta(args: argparse.Namespace, grid: _Grid, outcome: SweepOutcome) -> dict:
     first = next(outcome.results[g.name] for g in grid.groups if g.name in outcome.results)
     meta = {**first.model, "interval": args.interval, "budgets": args.budgets, "budget_mode": args.budget_mode,
-            "params": grid.settings.params, "traces": args.trace, "max_trace_tokens": args.max_trace_tokens,
+            "params": grid.settings.params, "vary": grid.settings.vary, "traces": args.trace,
+            "max_trace_tokens": args.max_trace_tokens,
             "kv_quants": [kv.describe() for kv in grid.kv_quants]}
     if outcome.failures:
         meta["failed"] = [dataclasses.asdict(failure) for failure in outcome.failures]

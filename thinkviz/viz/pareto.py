@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 
 from ..kvquant import format_names
 from ..metrics import METRICS
-from .tables import kv_label
+from .tables import kv_label, run_label
 
 # one marker per KV format (circle: full precision)
 SYMBOLS = dict(zip(format_names(), ("circle", "square", "diamond", "x", "triangle-up")))
@@ -56,15 +56,15 @@ def pareto_figure(rows: list[dict], metric: str = "kl") -> go.Figure:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     title, higher = METRICS[metric]
     traces = list(dict.fromkeys(row["trace"] for row in rows))
-    policies = list(dict.fromkeys(row["policy"] for row in rows))
-    series = list(dict.fromkeys((row["policy"], kv_label(row)) for row in rows))
+    policies = list(dict.fromkeys(run_label(row) for row in rows))
+    series = list(dict.fromkeys((run_label(row), kv_label(row)) for row in rows))
     palette = qualitative.Plotly if len(policies) <= len(qualitative.Plotly) else qualitative.Dark24
     colours = {p: palette[i % len(palette)] for i, p in enumerate(policies)}
     figure = make_subplots(rows=1, cols=max(1, len(traces)), subplot_titles=traces or None, shared_yaxes=True)
     for col, trace in enumerate(traces, start=1):
         mine = [row for row in rows if row["trace"] == trace]
         for policy, fmt in series:
-            points = [row for row in mine if row["policy"] == policy and kv_label(row) == fmt]
+            points = [row for row in mine if run_label(row) == policy and kv_label(row) == fmt]
             if not points:
                 continue
             points.sort(key=lambda row: _number(row["kv_fraction"]))

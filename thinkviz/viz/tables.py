@@ -123,6 +123,13 @@ def segment_table(record: RunRecord, step: int | None = None, spans: Sequence[An
     return rows
 
 
+def run_label(row: Mapping[str, Any]) -> str:
+    """A sweep row's run as tables and legends name it: the policy, and the knobs it varied
+    (``h2o · recent=32``)."""
+    knobs = row.get("knobs") or ""
+    return f"{row['policy']} · {knobs}" if knobs else str(row["policy"])
+
+
 def stats_strip(record: RunRecord) -> dict[str, str]:
     """Headline numbers, formatted: decode speed, share of tokens kept, peak KV, compression (of
     the full-precision full cache) and, for a quantized cache, its KV format."""
