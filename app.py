@@ -2,6 +2,7 @@
 
     python app.py [--host 127.0.0.1] [--port 7860] [--share] [--model embedded] [--quant 4bit]
                   [--quant-backend auto] [--allow-model-loading] [--vram-cap GiB] [--ray-address ADDR]
+                  [--threads auto]
 
 Binds 127.0.0.1 unless told otherwise and makes no share link unless ``--share`` is given;
 uploads over ``MAX_UPLOAD_BYTES`` are refused by the server.  When the app is reachable from
@@ -17,6 +18,7 @@ import functools
 import ipaddress
 import sys
 
+from thinkviz.cores import AUTO, TORCH, apply_threads, choose_threads
 from thinkviz.events import MAX_RECORDING_BYTES
 from thinkviz.memory import VramCapError, set_vram_cap
 from thinkviz.model import BACKENDS, QUANTIZATIONS
@@ -56,9 +58,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ray-address", default=None, metavar="ADDR",
                         help="run the Sweep tab's groups on the Ray cluster at ADDR (each worker loads the app's "
                              "model; needs 'pip install ray'); default: in this process")
+    parser.add_argument("--threads", default=AUTO,
+                        help=f"torch threads: a number, {AUTO!r} (default: every core but one, left to the browser; "
+                             f"OMP_NUM_THREADS wins) or {TORCH!r} (torch's default, one per core)")
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         parser.error(f"--port must be between 1 and 65535, got {args.port}")
+    try:
+        choose_threads(args.threads)
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -70,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         except VramCapError as exc:
             print(f"app.py: error: {exc}", file=sys.stderr)
             return 2
+    apply_threads(args.threads)  # before the model loads: torch sizes its thread pool once
     slot = ModelSlot(device=args.device, loader=functools.partial(load_any, backend=args.quant_backend))
     slot.start(args.model, args.quant)
     model_loading = args.allow_model_loading or (is_loopback(args.host) and not args.share)

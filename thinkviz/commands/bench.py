@@ -23,6 +23,7 @@ from ..bench.replay_cost import measure_replay_cost
 from ..bench.served import served_app, short_replay
 from ..bench.soak import soak, soak_table
 from ..bench.summary import SummaryError, load_sweep_rows, summary_table
+from ..cores import AUTO, TORCH, choose_threads, usable_cores
 from ..model import ModelLoadError, choose_backend, load_model
 from ..policies import PolicyConfigError, make_policy
 from ..presets import MAX_NEW_TOKENS_RANGE
@@ -578,31 +579,64 @@ def _browser_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--tokens", type=int, default=500, help="tokens to generate in the Live tab")
     parser.add_argument("--url", default=None, help="measure an app already running there instead of starting app.py")
+    parser.add_argument("--threads", default=AUTO, metavar="T1,T2,...",
+                        help=f"torch threads of the app started, one run each: numbers, {AUTO!r} (the app's "
+                             f"choice) and {TORCH!r} (torch's default: one per core), e.g. {TORCH},{AUTO}")
+
+
+def _thread_counts(text: str) -> list[tuple[str, int]]:
+    """``"torch,auto"`` → ``[("torch", 2), ("auto", 1)]`` on two cores: explicit counts, whatever
+    OMP_NUM_THREADS this process runs with (the app started for each run gets its count)."""
+    out = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        try:
+            threads = usable_cores() if item == TORCH else choose_threads(item, env={})
+        except ValueError as exc:
+            raise CliError(f"--threads: {exc}") from None
+        out.append((item, threads))
+    if not out:
+        raise CliError("--threads needs at least one setting")
+    return out
 
 
 @bench_kind("browser", _browser_args)
 def browser(args: argparse.Namespace) -> int:
-    """Headless Chromium: click → first painted token, and frames per second during a long Live run."""
+    """Headless Chromium: click → first painted token, frames per second and long tasks during a long Live run."""
     low, high = MAX_NEW_TOKENS_RANGE  # what the Live tab's slider allows
     if not low <= args.tokens <= high:
         raise CliError(f"--tokens must be between {low} and {high}, got {args.tokens}")
+    settings = _thread_counts(args.threads)
+    if args.url and len(settings) > 1:
+        raise CliError("--threads with several settings starts the app for each; it cannot measure --url")
+    results = []
     try:
-        if args.url:
-            result = measure(args.url, args.tokens)
-        else:
+        for label, threads in settings:
+            if args.url:
+                results.append((label, None, measure(args.url, args.tokens)))
+                continue
             device = ["--device", args.device] if args.device else []
-            app_args = ["--model", args.model, "--quant", args.quant, *device]
+            app_args = ["--model", args.model, "--quant", args.quant, "--quant-backend", args.quant_backend, *device,
+                        "--threads", str(threads)]
             with launched_app(app_args) as url:
-                result = measure(url, args.tokens)
+                results.append((label, threads, measure(url, args.tokens)))
     except BenchError as exc:
         raise CliError(str(exc)) from None
-    print(f"Live tab, h2o budget 256, {result.new_tokens} new tokens; "
-          f"the app reports {result.app_tokens_per_second} tok/s")
-    print(f"click -> prompt painted:          {result.prompt_painted:6.2f} s")
-    print(f"click -> first generated token:   {result.first_token_painted:6.2f} s")
-    print(f"frames painted while streaming:   {result.frames} in {result.run_seconds:.1f} s "
-          f"= {result.frames_per_second:.1f} fps  (target 5-10)")
-    print(f"main-thread long tasks (>50 ms):  {result.long_tasks}, longest {result.longest_task_ms:.0f} ms")
+    for label, threads, result in results:
+        where = "" if threads is None else f", torch threads {threads} ({label})"
+        print(f"Live tab, h2o, {result.new_tokens} new tokens{where}; "
+              f"the app reports {result.app_tokens_per_second} tok/s")
+        print(f"click -> prompt painted:          {result.prompt_painted:6.2f} s")
+        print(f"click -> first generated token:   {result.first_token_painted:6.2f} s")
+        print(f"frames painted while streaming:   {result.frames} in {result.run_seconds:.1f} s "
+              f"= {result.frames_per_second:.1f} fps  (target 5-10)")
+        print(f"main-thread long tasks (>50 ms):  {result.long_tasks}, longest {result.longest_task_ms:.0f} ms, "
+              f"over 200 ms: {result.tasks_over_200ms} (target 0); p95 per frame {result.task_p95_ms:.0f} ms "
+              "(target <= 50)")
+    if len(results) > 1:
+        base_label, _, base = results[0]
+        for label, _, result in results[1:]:
+            print(f"{label} / {base_label}: run time {result.run_seconds / base.run_seconds:.2f}, "
+                  f"fps {result.frames_per_second / max(base.frames_per_second, 1e-9):.2f}")
     return 0
 
 
