@@ -13,7 +13,7 @@ from thinkviz.presets import list_presets, load_preset
 from thinkviz.replay import load_trace
 from thinkviz.sweep import Budget, sweep_trace
 from thinkviz.ui import controls
-from thinkviz.ui.compare import preset_columns
+from thinkviz.comparison import preset_policies
 from thinkviz.ui.sweep import SweepPreset
 from thinkviz.ui.tabs.compare import policy_set_controls
 from thinkviz.ui.tabs.sweep import PROTECTION
@@ -79,7 +79,7 @@ def test_live_controls_show_and_run_the_presets_knobs(name, groups, tiny):
 def test_every_compared_policy_gets_the_knobs_it_declares(name, groups, tiny):
     preset = load_preset(name)
     _, compare = groups
-    names, _, _ = preset_columns(preset)
+    names, _, _ = preset_policies(preset)
     values = [*compare.preset_values(preset, names), True]
     policies, _ = compare.make(values)
     assert [p.name for p in policies] == names

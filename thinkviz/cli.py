@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .commands.common import COMMANDS, CliError
-from .commands import bench, generate, inspect, policies, train_predictor  # noqa: F401  (each registers itself)
+from .commands import bench, generate, inspect, policies, presets, train_predictor  # noqa: F401  (each registers itself)
 from .faults import RunFault
 
 

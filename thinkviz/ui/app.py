@@ -24,6 +24,13 @@ from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID
 from .tabs import AppContext, compare, explore, learn, live, sweep
 from .widgets import load_status_markdown
 
+# Presentation mode is a class on the app's root element (app.css): the controls fold into a bar, the
+# views grow.  Inside Gradio's .contain, because Gradio repeats every custom rule prefixed with it.
+PRESENT_JS = """(on) => {
+  const root = document.querySelector('.gradio-container .contain');
+  (root?.firstElementChild || document.body).classList.toggle('tv-present', Boolean(on));
+  return [];
+}"""
 APP_CSS = TOKEN_CSS + LEGEND_CSS + (Path(__file__).with_name("app.css")).read_text(encoding="utf-8")
 
 
@@ -49,6 +56,9 @@ def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bi
                         elem_classes="tv-title")
             model_status = gr.Markdown(load_status_markdown(slot.status), elem_id="tv-model-status",
                                        elem_classes="tv-status")
+            present = gr.Checkbox(False, label="Presentation mode", elem_id="tv-present", container=False,
+                                  scale=0, min_width=190)
+        present.change(None, present, None, js=PRESENT_JS)
         bus = gr.Textbox(visible="hidden", elem_id="tv-bus")
         bus.change(None, bus, None, js=PATCH_BUS_JS)
         resync = gr.Button(visible="hidden", elem_id=RESYNC_BUTTON_ID)

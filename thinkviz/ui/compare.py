@@ -1,47 +1,50 @@
-"""The Compare tab: 2–6 policies on the same input, streamed side by side, with fidelity.
+"""The Compare tab: 2–6 columns on the same input, streamed side by side, with fidelity.
 
-A column is a policy and the KV format its cache is stored in, so "h2o at 25 %, full
-precision" can stand beside "the full cache in q4_0"; fidelity is always measured against
-the full cache at full precision (a ``full`` column in a quantized format is compared, not
-the reference).
-
-Generate mode runs every policy and a full-cache reference round-robin, one token each in
-turn, so the columns grow together; the fidelity table reports the step at which each
-greedy text first leaves the full cache's.  Then (optionally) the full cache's text is
-teacher-forced through fresh copies of the policies in lockstep
-(:class:`~thinkviz.replay.LockstepReplay`) to measure NLL, KL and top-1 agreement against
-the full cache on the same tokens.  Replay mode is one lockstep replay from the start: the
-columns stream and the fidelity table fills in as they go.
+A column is a policy with its knobs and a KV format (:class:`~thinkviz.comparison.Column`), so one
+policy may stand in several columns ("h2o · recent 32" beside "h2o · recent 128"), each titled by
+what sets it apart, and "h2o at 25 %, full precision" can stand beside "the full cache in q4_0";
+fidelity is always measured against the full cache at full precision (a ``full`` column in a
+quantized format is compared, not the reference).  The runs come from one
+:class:`~thinkviz.comparison.Comparison` (or a preset recording's
+:class:`~thinkviz.playback.Playback`): generate mode decodes every column and a full-cache
+reference round-robin, so the columns grow together, and the fidelity table reports the step at
+which each greedy text first leaves the full cache's; then (optionally) the full cache's text is
+teacher-forced through fresh copies of the columns in lockstep to measure NLL, KL and top-1
+agreement on the same tokens.  Replay mode is one lockstep replay from the start: the columns
+stream and the fidelity table fills in as they go.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
-from typing import Any, Iterator, Mapping, Sequence
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..engine import DecodeSettings, EngineError, Run
+from ..comparison import MAX_COLUMNS, MIN_COLUMNS, Column, Comparison
+from ..engine import DecodeSettings, EngineError
+from ..estimate import Speed
 from ..events import RunRecord
 from ..faults import guard_frames
 from ..kvquant import KVQuant
 from ..metrics import TokenFidelity, divergence_step, summarize
 from ..model import LoadedModel
-from ..policies import REFERENCE_POLICY, Policy, make_policy, policy_names
-from ..presets import Preset
-from ..replay import LockstepReplay
+from ..playback import Playback
+from ..policies import Policy
+from ..recordings import Recording
 from ..units import format_bytes
 from ..viz.fidelity import fidelity_figure
 from ..viz.figures import compare_memory_figure, series_styles
-from ..viz.tables import stats_html
 from ..viz.legend import view_legend
+from ..viz.tables import stats_html
 from ..viz.tokens import TokenData, token_view
 from .runs import RunInput, RunInputError, prepare
 from .stream import TokenChannel
 from .throttle import FIGURE_INTERVAL, FramePacer
+from .timing import RunTimer, with_time
 
-MIN_POLICIES, MAX_POLICIES = 2, 6
 FIDELITY_COLUMNS = ["policy", "NLL (nats)", "ΔNLL vs full", "KL(full‖policy)", "top-1 agree", "diverges at step",
                     "peak KV", "kept"]
 
@@ -57,11 +60,12 @@ class CompareFrame:
     headers: list[str]
     legend: str  # the strip over the columns (cache, segments, boxes); each header explains its own heat
     figure: Any | None
-    table: list[list[Any]]  # one row per policy, every column of FIDELITY_COLUMNS (None: not measured here)
-    records: dict[str, RunRecord]
+    table: list[list[Any]]  # one row per column, every column of FIDELITY_COLUMNS (None: not measured here)
+    records: dict[str, RunRecord]  # by column label
     views: list[TokenData]
     done: bool = False
     fidelity: Any | None = None  # the per-token ΔNLL / KL figure (None: unchanged, or nothing measured yet)
+    measured: list[TokenFidelity | None] = field(default_factory=list)  # each column's fidelity so far
 
     @property
     def shown_table(self) -> dict[str, list]:
@@ -70,43 +74,31 @@ class CompareFrame:
         return {"headers": [FIDELITY_COLUMNS[i] for i in keep], "data": [[row[i] for i in keep] for row in self.table]}
 
 
-def column_label(name: str, kv_quant: KVQuant) -> str:
-    """A column's title: the policy, and its KV format when quantized (``full · q4_0``)."""
-    return name if not kv_quant.spec.quantized else f"{name} · {kv_quant.label}"
+def as_columns(columns: Sequence[Column | Policy], kv_quants: Sequence[KVQuant] | None = None) -> list[Column]:
+    """Columns, with a bare policy read as that policy in ``kv_quants[i]`` (default: full precision)."""
+    if kv_quants is None:
+        return [c if isinstance(c, Column) else Column(c) for c in columns]
+    if len(kv_quants) != len(columns):
+        raise ValueError(f"{len(columns)} columns but {len(kv_quants)} KV formats")
+    return [Column(c.policy if isinstance(c, Column) else c, kv) for c, kv in zip(columns, kv_quants)]
 
 
-def _formats(policies: Sequence[Policy], kv_quants: Sequence[KVQuant] | None) -> list[KVQuant]:
-    kv_quants = list(kv_quants) if kv_quants is not None else [KVQuant()] * len(policies)
-    if len(kv_quants) != len(policies):
-        raise ValueError(f"{len(policies)} policies but {len(kv_quants)} KV formats")
-    return kv_quants
-
-
-def _is_reference(policy: Policy, kv_quant: KVQuant) -> bool:
-    return policy.name == REFERENCE_POLICY and not kv_quant.spec.quantized
-
-
-def check_policies(policies: Sequence[Policy], kv_quants: Sequence[KVQuant] | None = None) -> None:
-    """:class:`RunInputError` unless there are 2–6 distinct (policy, KV format) columns sharing one interval."""
-    names = [column_label(p.name, kv) for p, kv in zip(policies, _formats(policies, kv_quants))]
-    if not MIN_POLICIES <= len(names) <= MAX_POLICIES:
-        raise RunInputError(f"Choose between {MIN_POLICIES} and {MAX_POLICIES} policies to compare (got {len(names)}).")
-    if len(set(names)) != len(names):
-        raise RunInputError("Each policy can be compared once (in each KV format).")
-    if len({p.interval for p in policies}) > 1:
+def check_columns(columns: Sequence[Column]) -> None:
+    """:class:`RunInputError` unless there are 2–6 columns, no two alike, sharing one interval."""
+    if not MIN_COLUMNS <= len(columns) <= MAX_COLUMNS:
+        raise RunInputError(f"Choose between {MIN_COLUMNS} and {MAX_COLUMNS} columns to compare (got {len(columns)}).")
+    seen = [(c.policy.name, sorted(c.policy.config.items()), c.kv_quant) for c in columns]
+    if any(seen.count(key) > 1 for key in seen):
+        twice = next(c.policy.name for c, key in zip(columns, seen) if seen.count(key) > 1)
+        raise RunInputError(f"Two columns are the same {twice} with the same knobs in one KV format: each column "
+                            "can be compared once; vary a knob to compare a policy with itself.")
+    if len({c.policy.interval for c in columns}) > 1:
         raise RunInputError("Policies compared together must share one interval.")
 
 
-def preset_columns(preset: Preset) -> tuple[list[str], list[KVQuant], list[str]]:
-    """The columns a preset compares (its ``compare`` list, else the full cache and its policy in
-    its KV format): ``(registered policies, at most MAX_POLICIES; their KV formats; those left out)``."""
-    if preset.compare:
-        wanted = list(zip(preset.compare, preset.compare_kv))
-    else:
-        wanted = [(REFERENCE_POLICY, KVQuant()), (preset.policy, preset.kv_quant)]
-    known = [(name, kv) for name, kv in wanted if name in policy_names()][:MAX_POLICIES]
-    left_out = [name for name, _ in wanted if name not in {n for n, _ in known}]
-    return [name for name, _ in known], [kv for _, kv in known], left_out
+def check_policies(policies: Sequence[Policy], kv_quants: Sequence[KVQuant] | None = None) -> None:
+    """:func:`check_columns` for ``policies`` in ``kv_quants`` (default: full precision)."""
+    check_columns(as_columns(policies, kv_quants))
 
 
 def fidelity_row(name: str, fidelity: TokenFidelity | None, diverged: str | None, record: RunRecord) -> list[Any]:
@@ -128,51 +120,22 @@ def fidelity_row(name: str, fidelity: TokenFidelity | None, diverged: str | None
     return [name, *cells, diverged, peak, kept]
 
 
-def column_views(mode: str, records: dict[str, RunRecord], views: Sequence[TokenData]) -> tuple[str, list[str]]:
+def column_views(mode: str, labels: Sequence[str], records: Sequence[RunRecord], views: Sequence[TokenData],
+                 fidelity: Sequence[TokenFidelity | None] = ()) -> tuple[str, list[str]]:
     """The legend over the columns (what the view draws besides heat) and one header per column:
-    the column's title (the policy, and its KV format when quantized), the policy's heat legend (or
-    why it has none) and its stats strip."""
-    headers = [f"<div class='tv-col-title'>{name}</div>"
-               f"{view_legend(mode, record.meta.get('policy', name), view, ('heat',), compact=True)}"
-               f"{stats_html(record)}" for (name, record), view in zip(records.items(), views)]
+    its label, its policy's heat legend (or why it has none) and its stats strip (with ΔNLL and KL
+    once ``fidelity[i]`` is measured)."""
+    measured = list(fidelity) + [None] * (len(records) - len(fidelity))
+    headers = [f"<div class='tv-col-title'>{label}</div>"
+               f"{view_legend(mode, record.meta['policy'], view, ('heat',), compact=True)}{stats_html(record, f)}"
+               for label, record, view, f in zip(labels, records, views, measured)]
     widest = max(views, key=lambda v: len(v.texts), default=None)
     return view_legend(mode, "", widest, parts=("keep", "segments", "boxes")), headers
 
 
-class _Columns:
-    """The runs shown as columns, in the user's order, each with its token channel."""
-
-    def __init__(self, names: list[str], runs: list[Run], channels: Sequence[TokenChannel]) -> None:
-        self.names, self.runs, self.channels = names, runs, list(channels[: len(names)])
-        self.figure_pacer = FramePacer(FIGURE_INTERVAL)
-
-    def frame(self, status: str, table: list[list[Any]], done: bool = False,
-              fidelity: Mapping[str, TokenFidelity] | None = None, reference: RunRecord | None = None) -> CompareFrame:
-        """The columns now; the figures only when due (else ``None``) and at the end.
-
-        ``fidelity``: the per-token fidelity measured so far (by policy name); the full cache's own
-        (all zeros) is left out of its figure.  ``reference``: the full-cache run whose segments
-        and texts the figure shows.
-        """
-        views = [token_view(run.record) for run in self.runs]
-        messages = [c.message(v, reset=done or not run.record.events)
-                    for c, v, run in zip(self.channels, views, self.runs)]
-        records = {name: run.record for name, run in zip(self.names, self.runs)}
-        legend, headers = column_views(self.channels[0].mode, records, views)
-        due = self.figure_pacer.due() or done
-        figure = compare_memory_figure(records) if due else None
-        curves = {n: fidelity[n] for n in self.names if fidelity and n in fidelity and n != REFERENCE_POLICY}
-        measured = any(len(c.positions) for c in curves.values())
-        per_token = fidelity_figure(curves, reference.segments, texts=reference.texts,
-                                    styles=series_styles(self.names)) \
-            if due and measured and reference is not None else None
-        bus = [m for channel in self.channels for m in channel.recent()]
-        return CompareFrame(status, messages, bus, headers, legend, figure, table, records, views, done, per_token)
-
-
 def compare_frames(
     loaded: LoadedModel,
-    policies: Sequence[Policy],
+    columns: Sequence[Column | Policy],
     run_input: RunInput,
     settings: DecodeSettings,
     cancel: threading.Event,
@@ -180,106 +143,120 @@ def compare_frames(
     measure_fidelity: bool = True,
     pacer: FramePacer | None = None,
     kv_quants: Sequence[KVQuant] | None = None,
+    *,
+    speed: Speed | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[CompareFrame]:
-    """Run ``policies`` side by side on ``run_input``; yield paced frames and a final one.
+    """Run ``columns`` side by side on ``run_input``; yield paced frames and a final one.
 
-    ``kv_quants[i]`` is the KV format of column ``i`` (default: full precision everywhere);
+    ``kv_quants[i]``, when given, is the KV format of column ``i`` given as a bare policy;
     ``channels[i]`` streams column ``i``.  In generate mode with ``measure_fidelity``, a
-    second phase teacher-forces the full cache's text through the policies.  Raises
-    :class:`RunInputError` for input the model cannot run and
-    :class:`~thinkviz.faults.RunFault` when the model or a policy fails mid-run.
+    second phase teacher-forces the full cache's text through the columns.  ``speed`` prices
+    the comparison for the status line.  Raises :class:`RunInputError` for input the model
+    cannot run and :class:`~thinkviz.faults.RunFault` when the model or a policy fails mid-run.
     """
-    kv_quants = _formats(policies, kv_quants)
-    check_policies(policies, kv_quants)
-    if len(channels) < len(policies):
-        raise ValueError(f"{len(policies)} policies need as many channels, got {len(channels)}")
-    pacer = pacer or FramePacer()
-    columns = list(zip(policies, kv_quants))
-    if run_input.replay:
-        frames = _replay_frames(loaded, columns, run_input, settings, cancel, channels, pacer)
-    else:
-        frames = _generate_frames(loaded, columns, run_input, settings, cancel, channels, measure_fidelity, pacer)
-    label = f"the comparison of {', '.join(column_label(p.name, kv) for p, kv in columns)}"
+    columns = as_columns(columns, kv_quants)
+    check_columns(columns)
+    if len(channels) < len(columns):
+        raise ValueError(f"{len(columns)} columns need as many channels, got {len(channels)}")
+    prompt, trace_ids = prepare(loaded, run_input)
+    try:
+        driver = Comparison(loaded, columns, prompt, trace_ids, settings, cancel,
+                            measure=measure_fidelity or run_input.replay)
+    except EngineError as exc:
+        raise RunInputError(str(exc)) from None
+    frames = _frames(driver, RunTimer(driver, speed, clock), channels, pacer or FramePacer())
+    label = f"the comparison of {', '.join(driver.labels)}"
     try:
         yield from guard_frames(frames, label, loaded.device, passthrough=(EngineError, RunInputError))
     except EngineError as exc:
         raise RunInputError(str(exc)) from None
 
 
-def _fresh(policy: Policy) -> Policy:
-    """A new policy with the same settings (policies may keep per-run state)."""
-    return make_policy(policy.name, **policy.config)
+def playback_frames(recording: Recording, speed: float, cancel: threading.Event, channels: Sequence[TokenChannel],
+                    pacer: FramePacer | None = None) -> Iterator[CompareFrame]:
+    """:func:`compare_frames` for a preset's recorded comparison, at ``speed`` × the recorded pace (no model)."""
+    playback = Playback(recording, "compare", speed, cancel)
+    return _frames(playback, RunTimer(playback, None), channels, pacer or FramePacer())
 
 
-def _replay_frames(loaded, columns, run_input, settings, cancel, channels, pacer) -> Iterator[CompareFrame]:
-    prompt, trace_ids = prepare(loaded, run_input)
-    evicting = [(p, kv) for p, kv in columns if not _is_reference(p, kv)]
-    lockstep = LockstepReplay(loaded, [p for p, _ in evicting], prompt, trace_ids, replace(settings, scoring=True),
-                              cancel, kv_quants=[kv for _, kv in evicting])
-    pairs = {column_label(p.name, kv): (run, f) for (p, kv), run, f in zip(evicting, lockstep.runs, lockstep.fidelity)}
-    pairs[REFERENCE_POLICY] = (lockstep.reference, lockstep.reference_fidelity)
-    names = [column_label(p.name, kv) for p, kv in columns]
-    shown = _Columns(names, [pairs[n][0] for n in names], channels)
-
-    def table() -> list[list[Any]]:
-        return [fidelity_row(n, pairs[n][1], None, pairs[n][0].record) for n in names]
-
-    curves = {n: pairs[n][1] for n in names}
-    reference = lockstep.reference.record
-    yield shown.frame(f"Prefilling {len(prompt.ids)} prompt tokens in {len(evicting) + 1} runs…", table())
-    for replayed in lockstep:
-        if pacer.due():
-            yield shown.frame(f"Replaying in lockstep… {replayed}/{len(trace_ids)} trace tokens", table(),
-                              fidelity=curves, reference=reference)
-    stopped = reference.summary.get("stopped", "end of trace")
-    yield shown.frame(f"Done: {len(trace_ids)} trace tokens through {len(names)} policies (stopped: {stopped}).",
-                      table(), done=True, fidelity=curves, reference=reference)
+def _table(driver: Comparison | Playback) -> list[list[Any]]:
+    """One fidelity row per column; in a generation, the step where its text leaves the full cache's."""
+    reference = [t for e in driver.reference.record.events for t in e.token_ids] \
+        if driver.reference is not None and not driver.replay else None
+    rows = []
+    for i, (label, run) in enumerate(zip(driver.labels, driver.runs)):
+        diverged = None
+        if reference is not None:
+            step = divergence_step(reference, [t for e in run.record.events for t in e.token_ids])
+            diverged = "never" if step is None else str(step)
+        rows.append(fidelity_row(label, driver.fidelity.get(i), diverged, run.record))
+    return rows
 
 
-def _generate_frames(loaded, columns, run_input, settings, cancel, channels, measure, pacer) -> Iterator[CompareFrame]:
-    prompt, _ = prepare(loaded, run_input)
-    names = [column_label(p.name, kv) for p, kv in columns]
-    runs = [Run(loaded, policy, prompt, settings, cancel, kv) for policy, kv in columns]
-    shown = _Columns(names, runs, channels)
-    if REFERENCE_POLICY in names:
-        reference, everyone = runs[names.index(REFERENCE_POLICY)], runs
+def _status(driver: Comparison | Playback, timer: RunTimer, done: bool) -> str:
+    where = f"▶ Recording at {'full speed' if driver.speed == float('inf') else f'{driver.speed:g}×'}: " \
+        if timer.playing else ""
+    if done:
+        if timer.playing:
+            made = driver.recording.recorded
+            ended = "stopped" if driver.stopped else "played to the end"
+            return (f"Done ({ended}): a recording made on {made.get('date', '?')} with {made.get('model', '?')} "
+                    f"({made.get('backend', '?')}), no model needed.")
+        if driver.cancel.is_set():
+            return "Stopped."
+        measured = "; NLL / KL / top-1 measured on the full cache's text" if driver.fidelity and not driver.replay \
+            else ""
+        what = f"{driver.total} trace tokens" if driver.replay else f"{len(driver.fidelity_text)} tokens"
+        return f"Done: {what} through {len(driver.labels)} columns{measured}, in {timer.elapsed()}."
+    if driver.phase == "prefill":
+        prompt = len(driver.runs[0].record.prompt_ids)
+        runs = "" if timer.playing else f" in {driver.plan()[0].runs} runs"
+        return where + with_time(f"Prefilling {prompt} prompt tokens{runs}…", timer.total())
+    if driver.phase == "replay":
+        line = f"Replaying in lockstep… {driver.done}/{driver.total} trace tokens"
+    elif driver.phase == "generate":
+        line = f"Generating round-robin… {driver.done} tokens"
     else:
-        interval = columns[0][0].interval
-        reference = Run(loaded, make_policy(REFERENCE_POLICY, interval=interval), prompt, settings, cancel)
-        everyone = runs + [reference]
+        line = f"Measuring fidelity: teacher-forcing the full cache's text… {driver.done}/{driver.total}"
+    return where + with_time(line, timer.left())
 
-    def table(fidelity: dict[str, TokenFidelity] | None = None) -> list[list[Any]]:
-        reference_tokens = [t for e in reference.record.events for t in e.token_ids]
-        rows = []
-        for name, run in zip(names, runs):
-            step = divergence_step(reference_tokens, [t for e in run.record.events for t in e.token_ids])
-            rows.append(fidelity_row(name, (fidelity or {}).get(name), "never" if step is None else str(step),
-                                     run.record))
-        return rows
 
-    yield shown.frame(f"Prefilling {len(prompt.ids)} prompt tokens in {len(everyone)} runs…", table())
-    streams = [run.generate() for run in everyone]
-    active = list(range(len(streams)))
-    while active:
-        for i in list(active):  # one token from each run in turn: the columns grow together
-            if next(streams[i], None) is None:
-                active.remove(i)
-        if active and pacer.due():
-            longest = max(len(r.record.events) for r in everyone)
-            yield shown.frame(f"Generating round-robin… {longest} tokens", table())
-    full_ids = [t for e in reference.record.events for t in e.token_ids]
-    if not measure or cancel.is_set() or not full_ids:
-        yield shown.frame("Stopped." if cancel.is_set() else f"Done: {len(full_ids)} tokens.", table(), done=True)
-        return
-    evicting = [(_fresh(p), kv) for p, kv in columns if not _is_reference(p, kv)]
-    lockstep = LockstepReplay(loaded, [p for p, _ in evicting], prompt, full_ids, replace(settings, scoring=False),
-                              cancel, kv_quants=[kv for _, kv in evicting])
-    fidelity = {column_label(p.name, kv): f for (p, kv), f in zip(evicting, lockstep.fidelity)}
-    fidelity[REFERENCE_POLICY] = lockstep.reference_fidelity
-    for replayed in lockstep:
+def _frames(driver: Comparison | Playback, timer: RunTimer, channels: Sequence[TokenChannel],
+            pacer: FramePacer) -> Iterator[CompareFrame]:
+    channels = list(channels[: len(driver.runs)])
+    for channel in channels:
+        channel.new_run()
+    figure_pacer = FramePacer(FIGURE_INTERVAL)
+
+    def frame(done: bool = False) -> CompareFrame:
+        runs = driver.runs
+        views = [token_view(run.record) for run in runs]
+        messages = [c.message(v, reset=done or not run.record.events) for c, v, run in zip(channels, views, runs)]
+        fidelity = [driver.fidelity.get(i) for i in range(len(runs))]
+        legend, headers = column_views(channels[0].mode, driver.labels, [r.record for r in runs], views, fidelity)
+        records = {label: run.record for label, run in zip(driver.labels, runs)}
+        due = figure_pacer.due() or done
+        figure = compare_memory_figure(records) if due else None
+        curves = {label: f for label, f, column in zip(driver.labels, fidelity, range(len(runs)))
+                  if f is not None and column in _evicting(driver)}
+        basis = (driver.reference or runs[0]).record
+        per_token = fidelity_figure(curves, basis.segments, texts=basis.texts, styles=series_styles(driver.labels)) \
+            if due and any(len(c.positions) for c in curves.values()) else None
+        bus = [m for channel in channels for m in channel.recent()]
+        return CompareFrame(_status(driver, timer, done), messages, bus, headers, legend, figure, _table(driver),
+                            records, views, done, per_token, fidelity)
+
+    yield frame()
+    for _ in driver:
+        timer.update()
         if pacer.due():
-            yield shown.frame(f"Measuring fidelity: teacher-forcing the full cache's text… "
-                              f"{replayed}/{len(full_ids)}", table(fidelity), fidelity=fidelity,
-                              reference=lockstep.reference.record)
-    yield shown.frame(f"Done: {len(full_ids)} tokens; NLL / KL / top-1 measured on the full cache's text.",
-                      table(fidelity), done=True, fidelity=fidelity, reference=lockstep.reference.record)
+            yield frame()
+    timer.finish()
+    yield frame(done=True)
+
+
+def _evicting(driver: Comparison | Playback) -> set[int]:
+    """Columns whose fidelity curve means something (not the full cache's own zeros)."""
+    return {i for i, label in enumerate(driver.labels) if driver.runs[i].record.meta["policy"] != "full"
+            or driver.runs[i].record.meta.get("kv_quant", {}).get("format", "none") != "none"}

@@ -20,13 +20,13 @@ import gradio as gr
 from .text import no_markup
 
 
-def numbers_only(slider: gr.Slider) -> gr.Slider:
-    """``slider``, whose server side now refuses non-numbers with ``"<label> must be a number"``."""
+def numbers_only(slider: gr.Slider | gr.Number) -> gr.Slider | gr.Number:
+    """``slider`` (or a number box), whose server side now refuses non-numbers with ``"<label> must be a number"``."""
     slider.preprocess = types.MethodType(_preprocess_number, slider)
     return slider
 
 
-def _preprocess_number(slider: gr.Slider, payload: Any) -> float:
+def _preprocess_number(slider: gr.Slider | gr.Number, payload: Any) -> float:
     label = slider.label or "This value"
     if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
         shown = no_markup(repr(payload)[:40])
@@ -37,7 +37,7 @@ def _preprocess_number(slider: gr.Slider, payload: Any) -> float:
     if slider.maximum is not None and payload > slider.maximum:
         raise gr.Error(f"{label}: {payload:g} is greater than maximum value {slider.maximum:g}",
                        print_exception=False)
-    return gr.Slider.preprocess(slider, payload)
+    return type(slider).preprocess(slider, payload)
 
 
 def slider(*args: Any, **kwargs: Any) -> gr.Slider:

@@ -25,6 +25,7 @@ from .session import Session
 from .text import no_markup
 
 MODEL_GROUP = "model"  # every event that runs the model: one at a time, across all sessions
+PLAYBACK_GROUP = "playback"  # playing recordings needs no model: beside a run, a few at a time
 USER_ERRORS = (ControlError, RunInputError, ModelUnavailable, RecordingError, RunFault, ValueError)
 WAITING = "Waiting for the model to load…"
 RUN_PICKER_INFO = "this session's runs, newest first (the oldest go when they outgrow the session's budget)"
@@ -78,6 +79,22 @@ def run_picker(session: Session, value: str | None = None) -> dict:
     in place of its help text when the recording budget dropped some (``value``: select it)."""
     selected = {} if value is None else {"value": value}
     return gr.update(choices=session.sources(), info=session.shelf.note or RUN_PICKER_INFO, **selected)
+def play_recording(
+    load: Callable[[], Request],
+    play: Callable[[Request, threading.Event], Iterator[list]],
+    session: Session,
+) -> Iterator[list]:
+    """The skeleton of a handler that plays a recording (no model): ``load()`` reads and checks it (a
+    stale or missing one is a toast), ``play(recording, cancel)`` yields each frame's outputs; the
+    session is marked running meanwhile, so its Stop button stops the playback."""
+    recording = shown(load)
+    cancel = session.begin()
+    try:
+        yield from play(recording, cancel)
+    except USER_ERRORS as exc:
+        raise user_error(exc) from None
+    finally:
+        session.running = False
 
 
 def nothing_yet(what: str) -> gr.Error:

@@ -76,17 +76,26 @@ def choose_preset(name: str) -> PresetChoice:
     return PresetChoice(preset, preset.system_prompt, preset.trace or "")
 
 
-def run_input(mode: str, system: str | None, question: str | None, trace: str | None) -> RunInput:
-    """The :class:`RunInput` the controls describe (an empty system box sends no system prompt)."""
+def run_input(mode: str, system: str | None, question: str | None, trace: str | None,
+              max_tokens: Any = None) -> RunInput:
+    """The :class:`RunInput` the controls describe (an empty system box sends no system prompt;
+    ``max_tokens`` 0 or ``None``: the whole trace)."""
     if mode not in RUN_MODES:
         raise RunInputError(f"Unknown run mode {mode!r}; choose generate or replay.")
     if mode == "replay" and not (trace or "").strip():
         raise RunInputError("Replay mode needs a trace: pick a replay preset, paste the assistant's text or a "
                             "transcript, or upload one.")
+    try:
+        limit = int(max_tokens or 0)
+    except (TypeError, ValueError):
+        raise RunInputError(f"The trace tokens to replay must be a whole number, got {max_tokens!r}.") from None
+    if limit < 0:
+        raise RunInputError(f"The trace tokens to replay cannot be negative, got {limit}.")
     return RunInput(
         system=(system or "").strip() or None,
         question=question or "",
         trace=trace if mode == "replay" else None,
+        max_tokens=limit or None,
     )
 
 

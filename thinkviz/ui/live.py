@@ -1,39 +1,54 @@
 """The Live tab's run: one policy, streamed as paced frames a browser can keep up with.
 
-:func:`live_frames` is a plain generator (tests call ``list(live_frames(...))``): it starts
-the run, then after each engine step asks the :class:`~thinkviz.ui.throttle.FramePacer`
-whether a frame is due, and always ends with a final frame.  A frame carries a token-view
-patch message (see :mod:`thinkviz.ui.stream`), the memory figure, the stats strip and a
-status line; the Gradio wiring only places them.  A run of a policy that predicts importance
-(dynts) that ends with an answer also gets the attention that answer paid each earlier token
-(one more forward pass, before the final frame).
+:func:`live_frames` runs the policy on the model; :func:`playback_frames` plays a preset's recording
+of the same run with no model.  Both are plain generators (tests call ``list(...)``) that draw one
+driver, a :class:`~thinkviz.comparison.Comparison` of one column or a
+:class:`~thinkviz.playback.Playback` of its recording, the same way: after each step they ask the
+:class:`~thinkviz.ui.throttle.FramePacer` whether a frame is due, and always end with a final frame.
+A frame carries a token-view patch message (see :mod:`thinkviz.ui.stream`), the memory figure, the
+stats strip (with ΔNLL and KL once fidelity is measured), the per-token fidelity figure and a status
+line saying how long the run will take, how much is left, how long it took; the Gradio wiring only
+places them.
+
+With ``measure``, a replay runs in lockstep with the full cache, fidelity growing chunk by chunk; a
+generation is followed by teacher-forcing its own text through the policy and the full cache.  A run
+of a policy that predicts importance (dynts) that ends with an answer also gets the attention that
+answer paid each earlier token (one more forward pass, before the final frame).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..answer_attention import attach_answer_attention
-from ..engine import DecodeSettings, EngineError, Run
-from ..events import RunRecord, StepEvent
+from ..comparison import Column, Comparison
+from ..engine import DecodeSettings, EngineError
+from ..estimate import Speed
+from ..events import RunRecord
 from ..faults import guard_frames
 from ..kvquant import KVQuant
 from ..memory import Projection, device_memory
 from ..model import LoadedModel
+from ..playback import Playback
 from ..policies import Policy
+from ..recordings import Recording
+from ..viz.fidelity import fidelity_figure
 from ..viz.figures import memory_figure
-from ..viz.tables import stats_html
 from ..viz.legend import view_legend
+from ..viz.tables import stats_html
 from ..viz.tokens import TokenData, token_view
-from .runs import RunInput, RunInputError, start_run
+from .runs import RunInput, RunInputError, prepare
 from .stream import TokenChannel
 from .throttle import FIGURE_INTERVAL, FramePacer
+from .timing import RunTimer, with_time
+
 
 @dataclass
 class LiveFrame:
-    """One screen update of the Live tab (``figure`` ``None``: the chart is unchanged)."""
+    """One screen update of the Live tab (``figure`` / ``fidelity`` ``None``: that chart is unchanged)."""
 
     status: str
     message: dict[str, Any]  # this frame's token-view patch
@@ -45,20 +60,45 @@ class LiveFrame:
     view: TokenData
     device_stats: dict[int, dict]
     done: bool = False
+    fidelity: Any | None = None  # the per-token ΔNLL / KL figure
 
 
-def status_line(run: Run, event: StepEvent | None, replay: bool, done: bool = False) -> str:
-    """One line saying where the run is."""
-    record = run.record
-    generated = sum(len(e.token_ids) for e in record.events)
-    if done:
-        stopped = record.summary.get("stopped", "finished")
-        measured = " Attention from the answer measured." if "answer_attention" in record.summary else ""
-        return f"Done: {generated} tokens {'replayed' if replay else 'generated'} (stopped: {stopped}).{measured}"
-    if event is None:
-        return f"Prefilling {len(record.prompt_ids)} prompt tokens…"
-    verb = "Replaying" if replay else "Generating"
-    return f"{verb}… {generated} tokens, cache holds {event.kv_tokens} per layer and head."
+PHASE_VERBS = {"replay": "Replaying", "generate": "Generating",
+               "fidelity": "Measuring fidelity: teacher-forcing the text through the full cache"}
+
+
+def status_line(driver: Comparison | Playback, timer: RunTimer, done: bool = False) -> str:
+    """One line saying where the run is and how long it takes."""
+    record = driver.runs[0].record
+    tokens = sum(len(e.token_ids) for e in record.events)
+    verb = "replayed" if driver.replay else "generated"
+    if timer.playing:
+        where = f"▶ Recording at {_speed_text(driver.speed)}: "
+        if done:
+            stopped = "stopped" if driver.stopped else "played to the end"
+            made = driver.recording.recorded
+            return (f"Done: {tokens} tokens {verb} ({stopped}) — a recording made on {made.get('date', '?')} "
+                    f"with {made.get('model', '?')} ({made.get('backend', '?')}), no model needed.")
+    else:
+        where = ""
+        if done:
+            stopped = record.summary.get("stopped", "stopped" if driver.cancel.is_set() else "finished")
+            measured = " Attention from the answer measured." if "answer_attention" in record.summary else ""
+            return f"Done: {tokens} tokens {verb} (stopped: {stopped}) in {timer.elapsed()}.{measured}"
+    if driver.phase == "prefill":
+        return where + with_time(f"Prefilling {len(record.prompt_ids)} prompt tokens…", timer.total())
+    last = record.events[-1] if record.events else None
+    if driver.phase == "fidelity":
+        line = f"{PHASE_VERBS['fidelity']}… {driver.done}/{driver.total}"
+    else:
+        count = f"{driver.done}/{driver.total} trace tokens" if driver.replay else f"{tokens} tokens"
+        held = f", cache holds {last.kv_tokens} per layer and head" if last is not None else ""
+        line = f"{PHASE_VERBS[driver.phase]}… {count}{held}"
+    return where + with_time(line, timer.left())
+
+
+def _speed_text(speed: float) -> str:
+    return "full speed" if speed == float("inf") else f"{speed:g}×"
 
 
 def live_frames(
@@ -74,58 +114,103 @@ def live_frames(
     kv_quant: KVQuant = KVQuant(),
     *,
     show_device: bool = False,
+    measure: bool = False,
+    speed: Speed | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[LiveFrame]:
-    """Run ``policy`` on ``run_input`` (its cache in ``kv_quant``) and yield frames at the
-    pacer's rate, then a final one.
+    """Run ``policy`` on ``run_input`` (its cache in ``kv_quant``) and yield frames at the pacer's rate,
+    then a final one.
 
     ``projection`` and ``show_device`` (the process's memory and the weights) say what the memory
-    figure shows besides the cache.
+    figure shows besides the cache; ``measure`` measures fidelity against the full cache;
+    ``speed`` (the machine's, :func:`~thinkviz.estimate.measure_speed`) prices the run for the
+    status line, and learns from it when it ends.
 
-    The memory figure is rebuilt only when ``figure_pacer`` allows (default: every two seconds;
-    ``figure`` is ``None`` in the frames between) and in the first and last frames: a plotly
-    figure costs far more to build and redraw than a token patch.  ``channel`` may be switched
-    to another view mode from outside while the run streams; the next frame then resets the
-    view.  Raises :class:`RunInputError` for input the model cannot run and
-    :class:`~thinkviz.faults.RunFault` when the model or the policy fails mid-run (the run is
-    dropped and device memory released first).
+    The figures are rebuilt only when ``figure_pacer`` allows (default: every two seconds; ``None``
+    in the frames between) and in the first and last frames: a plotly figure costs far more to
+    build and redraw than a token patch.  ``channel`` may be switched to another view mode from
+    outside while the run streams; the next frame then resets the view.  Raises
+    :class:`RunInputError` for input the model cannot run and :class:`~thinkviz.faults.RunFault`
+    when the model or the policy fails mid-run (the run is dropped and device memory released first).
     """
-    frames = _frames(loaded, policy, run_input, settings, cancel, channel, projection,
-                     pacer or FramePacer(), figure_pacer or FramePacer(FIGURE_INTERVAL), kv_quant, show_device)
-    return guard_frames(frames, f"the {policy.name} run", loaded.device, passthrough=(RunInputError,))
+
+    def frames() -> Iterator[LiveFrame]:  # nothing runs, not even the input's checks, before the first frame
+        prompt, trace_ids = prepare(loaded, run_input)
+        try:
+            driver = Comparison(loaded, [Column(policy, kv_quant)], prompt, trace_ids, settings, cancel,
+                                measure=measure, reference_run=False)
+        except EngineError as exc:
+            raise RunInputError(str(exc)) from None
+
+        def ending() -> None:  # what the answer used, beside what was predicted
+            if policy.predicts_importance and not cancel.is_set():
+                attach_answer_attention(loaded, driver.runs[0].record)
+
+        yield from _frames(driver, RunTimer(driver, speed, clock), loaded.device, channel, projection,
+                           pacer or FramePacer(), figure_pacer or FramePacer(FIGURE_INTERVAL), show_device, ending)
+
+    return guard_frames(frames(), f"the {policy.name} run", loaded.device, passthrough=(RunInputError,))
 
 
-def _frames(loaded, policy, run_input, settings, cancel, channel, projection, pacer,
-            figure_pacer, kv_quant, show_device) -> Iterator[LiveFrame]:
-    """The frames of :func:`live_frames`, before :func:`~thinkviz.faults.guard_frames` wraps them."""
-    run, events = start_run(loaded, policy, run_input, settings, cancel, kv_quant)
+def playback_frames(
+    recording: Recording,
+    speed: float,
+    cancel: threading.Event,
+    channel: TokenChannel,
+    projection: Projection | None = None,
+    pacer: FramePacer | None = None,
+    figure_pacer: FramePacer | None = None,
+    *,
+    show_device: bool = False,
+) -> Iterator[LiveFrame]:
+    """:func:`live_frames` for a preset's recorded Live run, at ``speed`` × the recorded pace (no model)."""
+    playback = Playback(recording, "live", speed, cancel)
+    return _frames(playback, RunTimer(playback, None), None, channel, projection, pacer or FramePacer(),
+                   figure_pacer or FramePacer(FIGURE_INTERVAL), show_device)
+
+
+def _frames(driver, timer, device, channel, projection, pacer, figure_pacer, show_device,
+            ending: Callable[[], None] | None = None) -> Iterator[LiveFrame]:
+    """The frames of one driver: the first before it starts, one when due after a step, a final one
+    (after ``ending()``, when given)."""
     device_stats: dict[int, dict] = {}  # step -> device memory, sampled once per frame
+    policy = driver.runs[0].record.meta["policy"]
+    channel.new_run()
 
-    def frame(event: StepEvent | None, done: bool = False) -> LiveFrame:
-        if event is not None:
-            device_stats[event.step] = device_memory(loaded.device)
-        view = token_view(run.record)
+    def frame(done: bool = False) -> LiveFrame:
+        record = driver.runs[0].record
+        if record.events and device is not None:
+            device_stats[record.events[-1].step] = device_memory(device)
+        view = token_view(record)
+        fidelity = driver.fidelity.get(0)
+        due = figure_pacer.due() or done
+        curve = None
+        if due and fidelity is not None and len(fidelity.positions):
+            curve = fidelity_figure({driver.labels[0]: fidelity}, record.segments, texts=record.texts)
         return LiveFrame(
-            status=status_line(run, event, run_input.replay, done),
-            message=channel.message(view, reset=done or event is None),
+            status=status_line(driver, timer, done),
+            message=channel.message(view, reset=done or not record.events),
             bus=channel.recent(),
-            figure=memory_figure(run.record, projection=projection, device_stats=device_stats, show_device=show_device)
-            if figure_pacer.due() or done else None,
-            stats=stats_html(run.record),
-            legend=view_legend(channel.mode, policy.name, view),
-            record=run.record,
+            figure=memory_figure(record, projection=projection, device_stats=device_stats, show_device=show_device)
+            if due else None,
+            stats=stats_html(record, fidelity),
+            legend=view_legend(channel.mode, policy, view),
+            record=record,
             view=view,
             device_stats=device_stats,
             done=done,
+            fidelity=curve,
         )
 
-    yield frame(None)
-    event = None
+    yield frame()
     try:
-        for event in events:
+        for _ in driver:
+            timer.update()
             if pacer.due():
-                yield frame(event)
+                yield frame()
     except EngineError as exc:
         raise RunInputError(str(exc)) from None
-    if policy.predicts_importance and not cancel.is_set():
-        attach_answer_attention(loaded, run.record)  # what the answer used, beside what was predicted
-    yield frame(event, done=True)
+    if ending is not None:
+        ending()
+    timer.finish()
+    yield frame(done=True)

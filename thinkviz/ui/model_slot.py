@@ -6,18 +6,24 @@ the loader's progress messages for the UI to show.  Runs borrow the model with
 run: the engine's attention hooks live on the model, so two runs must never overlap.
 (Gradio's queue already runs one model-using event at a time; the lock makes it a rule.)
 A new model replaces the old one by reference, so a run in progress keeps the model it
-started with.
+started with.  Right after loading, a short calibration measures how fast the model runs on this
+machine (:func:`~thinkviz.estimate.measure_speed`): the status lines' run-time estimates.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from ..estimate import Speed, measure_speed
 from ..model import LoadedModel, ModelLoadError, load_model
+
+
+log = logging.getLogger(__name__)
 
 
 class ModelUnavailable(RuntimeError):
@@ -57,6 +63,7 @@ class ModelSlot:
         self._changed = threading.Condition()
         self._run_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._speeds: dict[int, Speed] = {}  # id(model) -> its speed on this machine
 
     @property
     def status(self) -> LoadStatus:
@@ -66,6 +73,12 @@ class ModelSlot:
     @property
     def loaded(self) -> LoadedModel | None:
         return self._loaded
+
+    @property
+    def speed(self) -> Speed | None:
+        """How fast the loaded model runs here (measured once it loaded, corrected by every run)."""
+        loaded = self._loaded
+        return None if loaded is None else self._speeds.get(id(loaded))
 
     def start_once(self, name: str, quantization: str) -> None:
         """Start loading ``name`` if no model was ever asked for (a new page must not replace the
@@ -105,7 +118,14 @@ class ModelSlot:
                 self._set(LoadStatus(*self._loaded_as, 1.0, f"Ready: {in_use}, still in use",
                                      ready=True, note=f"Could not load {name}: {reason}"))
             return
+        self._set(LoadStatus(name, quantization, 0.99, "Measuring this machine's speed (for run-time estimates)…"))
+        try:
+            speed = measure_speed(loaded)
+        except Exception:  # a boundary: without a measurement, runs only go without an estimate
+            log.warning("could not measure the speed of %s", loaded.name, exc_info=True)
+            speed = None
         self._loaded, self._loaded_as = loaded, (name, quantization)
+        self._speeds = {id(loaded): speed} if speed is not None else {}
         self._set(LoadStatus(name, quantization, 1.0, f"Ready: {loaded.name} ({loaded.quantization}, {loaded.device})",
                              ready=True))
 

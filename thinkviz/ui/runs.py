@@ -7,16 +7,10 @@ instead of generating.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Iterator
 
 from ..chat import ChatPrompt, build_chat
-from ..engine import DecodeSettings, EngineError, Run
-from ..events import StepEvent
-from ..kvquant import KVQuant
 from ..model import LoadedModel
-from ..policies import Policy
 from ..replay import TraceError, trace_from_text
 from ..replay import prepare as prepare_replay
 from ..transcript import is_transcript
@@ -28,11 +22,13 @@ class RunInputError(ValueError):
 
 @dataclass(frozen=True)
 class RunInput:
-    """A chat to run; ``trace`` (assistant text) switches from generating to replaying it."""
+    """A chat to run; ``trace`` (assistant text) switches from generating to replaying it, and
+    ``max_tokens`` replays only its first tokens (a quick look at a long trace)."""
 
     system: str | None
     question: str
     trace: str | None = None
+    max_tokens: int | None = None
 
     @property
     def replay(self) -> bool:
@@ -51,25 +47,8 @@ def prepare(loaded: LoadedModel, run_input: RunInput) -> tuple[ChatPrompt, list[
         raise RunInputError("The question is empty: type a prompt or pick a preset.")
     try:
         if run_input.replay:
-            return prepare_replay(loaded, trace_from_text(trace, run_input.system, run_input.question))
+            return prepare_replay(loaded, trace_from_text(trace, run_input.system, run_input.question),
+                                  run_input.max_tokens)
         return build_chat(loaded.tokenizer, run_input.system, run_input.question), None
     except TraceError as exc:
         raise RunInputError(str(exc)) from None
-
-
-def start_run(
-    loaded: LoadedModel,
-    policy: Policy,
-    run_input: RunInput,
-    settings: DecodeSettings,
-    cancel: threading.Event,
-    kv_quant: KVQuant = KVQuant(),
-) -> tuple[Run, Iterator[StepEvent]]:
-    """A :class:`~thinkviz.engine.Run` (its cache in ``kv_quant``) and its event stream (generate or replay)."""
-    prompt, trace_ids = prepare(loaded, run_input)
-    try:
-        run = Run(loaded, policy, prompt, settings, cancel, kv_quant)
-        events = run.replay(trace_ids) if trace_ids is not None else run.generate()
-    except EngineError as exc:
-        raise RunInputError(str(exc)) from None
-    return run, events

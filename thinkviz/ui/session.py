@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..events import RunRecord
 from ..units import format_bytes
@@ -44,15 +44,21 @@ class Shelf:
     runs: dict[str, int] = field(default_factory=dict)  # how many runs each source ("Live", "Compare") kept
     note: str = ""  # what the last keep dropped, for the run picker
 
-    def keep(self, source: str, records: Iterable[RunRecord], pinned: Iterable[RunRecord] = ()) -> list[str]:
-        """Add ``records`` (one run of ``source``) as ``"<source> <n> · <policy>"``, then :meth:`trim`;
-        returns their labels."""
+    def keep(self, source: str, records: Iterable[RunRecord], pinned: Iterable[RunRecord] = (),
+             titles: Sequence[str] | None = None) -> list[str]:
+        """Add ``records`` (one run of ``source``) as ``"<source> <n> · <title>"``, then :meth:`trim`;
+        returns their labels.  A record's title is ``titles[i]`` (Compare's column titles, which tell
+        one policy's columns apart), else its policy and its KV format when quantized."""
         self.runs[source] = number = self.runs.get(source, 0) + 1
         labels = []
-        for record in records:
-            fmt = record_kv_quant(record)
-            kv = f" · {fmt.label}" if fmt.spec.quantized else ""  # full and full · q4_0 are two entries
-            label = f"{source} {number} · {record.meta.get('policy', '?')}{kv}"
+        for i, record in enumerate(records):
+            if titles is not None:
+                title = titles[i]
+            else:
+                fmt = record_kv_quant(record)
+                kv = f" · {fmt.label}" if fmt.spec.quantized else ""  # full and full · q4_0 are two entries
+                title = f"{record.meta.get('policy', '?')}{kv}"
+            label = f"{source} {number} · {title}"
             self.records[label] = record
             labels.append(label)
         self.trim([*pinned, *(self.records[label] for label in labels)])
@@ -105,7 +111,8 @@ class Session:
         default_factory=lambda: [TokenChannel(target) for target in COMPARE_TOKENS_IDS]
     )
     compare_views: list[TokenData] = field(default_factory=list)
-    compare_records: dict[str, RunRecord] = field(default_factory=dict)
+    compare_records: dict[str, RunRecord] = field(default_factory=dict)  # by column label
+    compare_fidelity: list = field(default_factory=list)  # each column's TokenFidelity (None: not measured)
     explore_record: RunRecord | None = None
     explore_steps: int = 0  # how many steps the explored record had when Explore opened it
     sweep_rows: list[dict] = field(default_factory=list)
@@ -136,9 +143,9 @@ class Session:
         """Shelve a Live run (from its first frame on); returns its label in the run picker."""
         return self.shelf.keep("Live", [record], self.shown())[0]
 
-    def keep_compare(self, records: Iterable[RunRecord]) -> list[str]:
-        """Shelve a comparison, one entry per column."""
-        return self.shelf.keep("Compare", records, self.shown())
+    def keep_compare(self, records: Iterable[RunRecord], titles: Sequence[str] | None = None) -> list[str]:
+        """Shelve a comparison, one entry per column (titled ``titles[i]`` when given)."""
+        return self.shelf.keep("Compare", records, self.shown(), titles)
 
     def trim(self) -> None:
         """A shelved run has ended, at its full size: bring the shelf back within its budget."""

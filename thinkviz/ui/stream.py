@@ -15,8 +15,12 @@ machine) merges updates of the bus that arrive meanwhile, so only the last is se
 payload therefore repeats the channel's few previous patches (:meth:`TokenChannel.recent`);
 the browser skips those it has.  If it still finds a gap, it clicks the hidden resync
 button (:data:`RESYNC_BUTTON_ID`), the session's channels make their next message a reset
-(:meth:`TokenChannel.resync`).  A run's last frame is always a reset.  A view scrolled to
-its end follows new tokens.
+(:meth:`TokenChannel.resync`).  A run's last frame is always a reset.
+
+Following: a view with a "follow the newest token" checkbox (``data-follow``) keeps its newest token
+in view while the box is ticked; every new run (a new run id, :meth:`TokenChannel.new_run`) ticks
+it, scrolling up (wheel, ArrowUp, PageUp, Home) unticks it, and the view scrolls to its end again
+when it is shown after a tab switch or resized.  A view without one follows while scrolled to its end.
 """
 
 from __future__ import annotations
@@ -105,6 +109,13 @@ class TokenChannel:
         older = list(self._backlog)[:-1] if self._last["patch"]["reset"] is None else []
         return [*older, self._last]
 
+    def new_run(self) -> None:
+        """A new run streams into the view: a fresh run id (the browser follows a new run's newest
+        token) and a reset next."""
+        self.run, self.seq, self.state = uuid.uuid4().hex[:12], 0, None
+        self._backlog.clear()
+        self._reset_pending = True
+
     def resync(self) -> None:
         """The browser lost track: the next message is a reset."""
         self._reset_pending = True
@@ -116,9 +127,11 @@ class TokenChannel:
             self._reset_pending = True
 
 
-def container_html(target: str) -> str:
-    """The empty container a channel streams into, under the box a clicked token's details are pinned in."""
-    return pin_host(target, f'<div id="{target}" class="tv-container"></div>')
+def container_html(target: str, follow: str | None = None) -> str:
+    """The empty container a channel streams into, under the box a clicked token's details are pinned in;
+    ``follow`` is the elem_id of the "follow the newest token" checkbox it obeys."""
+    toggle = f' data-follow="{follow}"' if follow else ""
+    return pin_host(target, f'<div id="{target}" class="tv-container"{toggle}></div>')
 
 
 def bus_payload(messages: dict[str, Any] | list[dict[str, Any]]) -> str:
@@ -150,7 +163,17 @@ PATCH_BUS_JS = (
       }
       continue;
     }
-    const following = root.scrollHeight - root.scrollTop - root.clientHeight < 48;  // reader is at the end
+    const toggle = root.dataset.follow ? document.querySelector(`#${root.dataset.follow} input`) : null;
+    if (toggle && !root.dataset.tvWatched) {
+      // Scrolling up to read stops following; the view follows again when shown (a tab switch) or resized.
+      root.dataset.tvWatched = "1";
+      const stop = () => { if (toggle.checked) toggle.click(); };
+      root.addEventListener("wheel", (e) => { if (e.deltaY < 0) stop(); }, {passive: true});
+      root.addEventListener("keydown", (e) => { if (["ArrowUp", "PageUp", "Home"].includes(e.key)) stop(); });
+      new ResizeObserver(() => { if (toggle.checked) root.scrollTop = root.scrollHeight; }).observe(root);
+    }
+    if (toggle && !sameRun && !toggle.checked) toggle.click();  // every new run follows its newest token
+    const following = toggle ? toggle.checked : root.scrollHeight - root.scrollTop - root.clientHeight < 48;
     apply(root, m.patch);
     if (following) root.scrollTop = root.scrollHeight;
     root.dataset.tvRun = m.run;

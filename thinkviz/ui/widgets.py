@@ -12,6 +12,7 @@ handler's keyword values into one tuple per group, so no handler counts position
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -23,14 +24,16 @@ from ..kvquant import RESIDUAL_RANGE, KVQuant, format_names
 from ..memory import GIB, set_vram_cap, vram_cap_bytes
 from ..model import QUANTIZATIONS
 from ..policies import Policy, policy_names
-from ..policies.base import COMMON_PARAMS
+from ..playback import DEFAULT_SPEED, SPEEDS
+from ..policies.base import COMMON_PARAMS, Param
 from ..presets import MAX_NEW_TOKENS_RANGE, Preset
 from ..units import format_bytes
 from ..viz.tables import TURN_PREVIEW_HEADERS
 from . import inputs
 from .controls import (COMMON_NAMES, Pools, build_policy, collect_params, format_knobs, pool_bounds, pool_choices,
                        pool_sizes, slot_specs)
-from .fields import slider
+from .demo import recording_problem
+from .fields import numbers_only, slider
 from .handlers import MODEL_GROUP, shown, user_error
 from .model_slot import LoadStatus, ModelSlot, ModelUnavailable
 from .runs import RunInput, RunInputError
@@ -112,9 +115,13 @@ def load_status_markdown(status: LoadStatus) -> str:
 @dataclass
 class CommonControls(Group):
     """Budget (in tokens or as a fraction of the tokens seen), interval and the two protection
-    toggles, in :data:`~thinkviz.policies.base.COMMON_PARAMS` order."""
+    toggles, in :data:`~thinkviz.policies.base.COMMON_PARAMS` order.
 
-    budget: gr.Slider
+    The budget in tokens is a number box taking any exact value, with a slider under it that drags
+    on a log scale (8 … 16384 tokens: every doubling the same distance) and only writes the box, in
+    the browser (:data:`LOG_DRAG_JS`); the box is what a handler receives."""
+
+    budget: gr.Number
     budget_mode: gr.Radio
     budget_fraction: gr.Slider
     interval: gr.Slider
@@ -131,24 +138,87 @@ class CommonControls(Group):
         return dict(zip(COMMON_NAMES, values, strict=True))
 
 
+LOG_DRAG_JS = "(x) => Math.round(Math.pow(2, x))"  # the drag's position → the budget
+LOG_POSITION_JS = "(b) => Math.log2(Math.max(1, Number(b) || 1))"  # the budget → the drag's position
+
+
+def budget_control(tab: str, param: Param, elem_classes: str | None = None,
+                   visible: bool = True) -> tuple[gr.Number, gr.Group]:
+    """The budget as an exact number and a log-scale drag under it (see :class:`CommonControls`), and
+    the group holding both (what a budget mode shows or hides)."""
+    with gr.Group(elem_classes=["tv-budget", *([elem_classes] if elem_classes else [])], visible=visible) as box:
+        budget = numbers_only(gr.Number(value=param.default, minimum=param.low, maximum=param.high, precision=0,
+                                        step=param.step, label="Budget (tokens per layer and kv-head)",
+                                        info=f"{param.help}; type any value, or drag (log scale)",
+                                        elem_id=f"tv-{tab}-budget"))
+        drag = gr.Slider(math.log2(param.low), math.log2(param.high), value=math.log2(param.default), step=0.01,
+                         show_label=False, container=False, buttons=[], elem_classes="tv-log-drag",
+                         elem_id=f"tv-{tab}-budget-drag")
+    drag.input(None, drag, budget, js=LOG_DRAG_JS, api_visibility="private")
+    budget.change(None, budget, drag, js=LOG_POSITION_JS, api_visibility="private")
+    return budget, box
+
+
 def common_controls(tab: str, interval: int) -> CommonControls:
-    """Budget and interval sliders over the ranges the policies declare for them, the budget mode
-    (tokens, or a fraction of the tokens seen: the slider shown follows it) and the protection toggles."""
+    """The budget in tokens (:func:`budget_control`) or as a fraction of the tokens seen (the budget
+    mode says which, and which control shows), the interval slider over the range the policies
+    declare, and the protection toggles."""
     params = {p.name: p for p in COMMON_PARAMS}
     b, m, f, i = params["budget"], params["budget_mode"], params["budget_fraction"], params["interval"]
     mode = gr.Radio(list(m.choices), value=m.default, label="Budget mode", info=m.help, elem_id=f"tv-{tab}-budget-mode")
-    budget = slider(b.low, b.high, value=b.default, step=b.step, label="Budget (tokens per layer and kv-head)",
-                    info=b.help, elem_id=f"tv-{tab}-budget")
+    budget, budget_box = budget_control(tab, b, "tv-bar", visible=m.default != "fraction")
     fraction = slider(f.low, f.high, value=f.default, step=f.step, label="Budget (fraction of the tokens seen)",
                       info=f.help, elem_id=f"tv-{tab}-budget-fraction", visible=m.default == "fraction")
     mode.change(lambda chosen: [gr.update(visible=chosen != "fraction"), gr.update(visible=chosen == "fraction")],
-                mode, [budget, fraction], show_progress="hidden", api_visibility="private")
+                mode, [budget_box, fraction], show_progress="hidden", api_visibility="private")
     interval_slider = slider(i.low, i.high, value=interval, step=i.step, label="Interval (compress every N tokens)",
                              info=i.help, elem_id=f"tv-{tab}-interval")
     with gr.Row():
         protect_system = gr.Checkbox(value=True, label="Protect system prompt", elem_id=f"tv-{tab}-protect-system")
         protect_question = gr.Checkbox(value=True, label="Protect question", elem_id=f"tv-{tab}-protect-question")
     return CommonControls(budget, mode, fraction, interval_slider, protect_system, protect_question)
+
+
+def follow_toggle(tab: str) -> gr.Checkbox:
+    """"Follow the newest token": the token views keep their newest token in view while on (turned
+    on by every new run, off by scrolling up; :data:`~thinkviz.ui.stream.PATCH_BUS_JS` reads it)."""
+    return gr.Checkbox(value=True, label="Follow the newest token", elem_id=f"tv-{tab}-follow",
+                       elem_classes="tv-follow", container=False)
+
+
+def trace_limit(tab: str) -> gr.Slider:
+    """The first N trace tokens to replay (0: all), as the Sweep tab has: a quick look at a long trace."""
+    return slider(0, 8192, value=0, step=32, label="Trace tokens to replay (0 = the whole trace)",
+                  info="replay mode: only the trace's first tokens, for a quick look or a tuning loop",
+                  elem_id=f"tv-{tab}-limit")
+
+
+@dataclass
+class PlaybackControls(Group):
+    """"Play the recording" of the picked preset (no model needed) and its speed (the input)."""
+
+    play: gr.Button
+    speed: gr.Dropdown
+
+    def inputs(self) -> list:
+        return [self.speed]
+
+    @staticmethod
+    def offer(name: str | None) -> dict:
+        """The play button for preset ``name``: usable when it has a current recording."""
+        problem = None if not name else recording_problem(name)
+        if not name:
+            return gr.update(interactive=False, value="▶ Play recording")
+        return gr.update(interactive=problem is None,
+                         value="▶ Play recording" if problem is None else "▶ Play recording (none for this preset)")
+
+
+def playback_controls(tab: str) -> PlaybackControls:
+    play = gr.Button("▶ Play recording", variant="secondary", interactive=False, elem_id=f"tv-{tab}-play",
+                     elem_classes="tv-bar")
+    speed = gr.Dropdown(list(SPEEDS), value=DEFAULT_SPEED, label="Playback speed", elem_id=f"tv-{tab}-speed",
+                        info="× the pace it was recorded at", min_width=120)
+    return PlaybackControls(play, speed)
 
 
 def preset_knobs(params: dict[str, Any]) -> list:
@@ -223,7 +293,7 @@ def policy_controls(default: str) -> PolicyControls:
     low, high = pool_bounds()
     every_choice = pool_choices()
     specs = slot_specs(default, sizes)
-    policy = gr.Dropdown(policy_names(), value=default, label="Policy", elem_id="tv-live-policy")
+    policy = gr.Dropdown(policy_names(), value=default, label="Policy", elem_id="tv-live-policy", elem_classes="tv-bar")
     common = common_controls("live", interval=1)
     numbers = [slider(low, high, value=spec.value if spec else low, visible=spec is not None,
                       label=spec.label if spec else f"policy number knob {i + 1}", info=spec.help if spec else None)
@@ -311,9 +381,10 @@ class InputControls(Group):
         return [self.run_mode, self.system, self.question, self.trace]
 
     @staticmethod
-    def request(values: Sequence[Any]) -> RunInput:
-        """The run the values (in :meth:`inputs` order) describe; :class:`RunInputError` if none."""
-        return inputs.run_input(*values)
+    def request(values: Sequence[Any], limit: Any = None) -> RunInput:
+        """The run the values (in :meth:`inputs` order) describe, replaying at most ``limit`` trace
+        tokens (0 or ``None``: all); :class:`RunInputError` if none."""
+        return inputs.run_input(*values, max_tokens=limit)
 
     def preset_outputs(self) -> list:
         return [self.notice, self.run_mode, self.system, self.question, self.trace]
@@ -321,7 +392,7 @@ class InputControls(Group):
 
 def input_controls(choices: list[tuple[str, str]], tab: str, slot: ModelSlot) -> InputControls:
     """The chat controls; the turn preview follows them, counted with ``slot``'s tokenizer once loaded."""
-    preset = gr.Dropdown(choices, value=None, label="Preset", elem_id=f"tv-{tab}-preset",
+    preset = gr.Dropdown(choices, value=None, label="Preset", elem_id=f"tv-{tab}-preset", elem_classes="tv-bar",
                          info="a question, a policy and, for replay, a hand-written reasoning trace")
     notice = gr.Markdown("", elem_classes="tv-notice")
     question = gr.Textbox("", label="Question", lines=2, max_lines=8, placeholder="Ask something that needs reasoning…",

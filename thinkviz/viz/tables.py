@@ -15,6 +15,7 @@ import numpy as np
 
 from ..events import RunRecord
 from ..kvquant import KVQuant, KVQuantError
+from ..metrics import TokenFidelity, summarize
 from ..units import format_bytes
 
 SEGMENT_TABLE_HEADERS = ["segment", "tokens", "kept %", "mean importance"]
@@ -130,13 +131,17 @@ def run_label(row: Mapping[str, Any]) -> str:
     return f"{row['policy']} · {knobs}" if knobs else str(row["policy"])
 
 
-def stats_strip(record: RunRecord) -> dict[str, str]:
+def stats_strip(record: RunRecord, fidelity: TokenFidelity | None = None) -> dict[str, str]:
     """Headline numbers, formatted: decode speed, share of tokens kept, peak KV, compression (of
-    the full-precision full cache) and, for a quantized cache, its KV format."""
+    the full-precision full cache), for a quantized cache its KV format, and with a ``fidelity``
+    measured so far, the mean ΔNLL and KL against the full cache."""
     strip = _stats(record)
     kv = record_kv_quant(record)
     if kv.spec.quantized:
         strip["KV format"] = kv.label
+    if fidelity is not None and len(fidelity.positions):
+        means = summarize(fidelity)
+        strip.update({"ΔNLL": f"{means['nll_delta']:+.3f}", "KL": f"{means['kl']:.4f}"})
     return strip
 
 
@@ -155,7 +160,6 @@ def _stats(record: RunRecord) -> dict[str, str]:
         "peak KV": format_bytes(peak),
         "compression": f"{last.full_kv_bytes / last.kv_bytes:.1f}×" if last.kv_bytes else "—",
     }
-
 
 def fidelity_table(by_kind: Mapping[str, Mapping[str, float]]) -> list[list]:
     """Rows ``[segment, tokens, NLL Δ, KL, top-1 %]`` from :func:`thinkviz.metrics.summarize_by_kind`.
@@ -176,11 +180,11 @@ def fidelity_table(by_kind: Mapping[str, Mapping[str, float]]) -> list[list]:
     return rows
 
 
-def stats_html(record: RunRecord) -> str:
+def stats_html(record: RunRecord, fidelity: TokenFidelity | None = None) -> str:
     """The stats strip (:func:`stats_strip`) as a row of labelled numbers."""
     cells = "".join(
         f"<div class='tv-stat'><span>{html.escape(label)}</span><b>{html.escape(value)}</b></div>"
-        for label, value in stats_strip(record).items()
+        for label, value in stats_strip(record, fidelity).items()
     )
     return f"<div class='tv-stats'>{cells}</div>"
 

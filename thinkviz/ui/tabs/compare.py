@@ -1,8 +1,9 @@
-"""The Compare tab: 2–6 policies on the same input, columns streaming together, a memory overlay and
-the fidelity table.
+"""The Compare tab: 2–6 columns on the same input, streaming together, a memory overlay and the
+fidelity table; the same policy may fill several columns with different knobs ("vary").
 
-Frames come from :func:`thinkviz.ui.compare.compare_frames`; this module lays out the
-controls and places what each frame carries.
+Frames come from :func:`thinkviz.ui.compare.compare_frames` (a live run) and
+:func:`thinkviz.ui.compare.playback_frames` (a preset's recording, no model); this module lays out
+the controls and places what each frame carries.
 """
 
 from __future__ import annotations
@@ -13,22 +14,26 @@ from typing import Any, Callable, Sequence
 
 import gradio as gr
 
+from ...comparison import MAX_COLUMNS, MIN_COLUMNS, Column, preset_policies
 from ...kvquant import KVQuant
+from ...playback import SPEEDS
 from ...policies import REFERENCE_POLICY, Policy, policy_names
 from ...presets import Preset
+from ...sweep import check_vary, parse_vary, vary_grid
 from ...viz.figures import compare_memory_figure, placeholder_figure
 from ...viz.legend import view_legend
 from ...viz.tokens import MODES, TokenData
 from .. import inputs
-from ..compare import (FIDELITY_COLUMNS, MAX_POLICIES, MIN_POLICIES, check_policies, column_views, compare_frames,
-                       preset_columns)
-from ..controls import build_policy, default_view, format_knobs, knobs_for, parse_knobs
-from ..handlers import MODEL_GROUP, WAITING, figure_file, run_picker, run_with_model
+from ..compare import FIDELITY_COLUMNS, check_columns, column_views, compare_frames, playback_frames
+from ..controls import ControlError, build_policy, default_view, format_knobs, knobs_for, parse_knobs
+from ..demo import load_preset_recording, preset_estimate
+from ..handlers import MODEL_GROUP, PLAYBACK_GROUP, WAITING, figure_file, play_recording, run_picker, run_with_model
 from ..session import COMPARE_TOKENS_IDS, Session
 from ..stream import bus_payload, container_html
 from ..text import plain_markdown
-from ..widgets import (CommonControls, Group, InputControls, common_controls, decode_controls, input_controls,
-                       knob_box, kv_format_dropdown, named, preset_knobs, preset_values, residual_slider, split)
+from ..widgets import (CommonControls, Group, InputControls, PlaybackControls, common_controls, decode_controls,
+                       follow_toggle, input_controls, knob_box, kv_format_dropdown, named, playback_controls,
+                       preset_knobs, preset_values, residual_slider, split, trace_limit)
 from . import AppContext, ExploreLink
 
 DEFAULT_POLICIES = [REFERENCE_POLICY, "window", "h2o"]
@@ -46,15 +51,28 @@ class PolicySetControls(Group):
     def inputs(self) -> list:
         return [self.policies, *self.common.inputs(), self.knobs, self.measure_fidelity]
 
-    def make(self, values: Sequence[Any]) -> tuple[list[Policy], bool]:
-        """The policies (2–6, checked), each with the knobs it declares, and the measure-fidelity
-        flag from the values in :meth:`inputs` order."""
+    def make(self, values: Sequence[Any], vary_text: str | None = None) -> tuple[list[Policy], bool]:
+        """The policies of the columns (2–6) and the measure-fidelity flag from the values in
+        :meth:`inputs` order: each checked policy with the knobs it declares, once per combination of
+        the knobs ``vary_text`` varies that it declares (``recent=32,128``: two columns of each policy
+        that takes ``recent``)."""
         names, *common, knob_text, measure = values
         names = list(names or [])
         own = parse_knobs(knob_text, names)
-        chosen = [build_policy(name, knobs_for(name, own), **self.common.knobs(common)) for name in names]
-        check_policies(chosen)
-        return chosen, bool(measure)
+        try:
+            vary = parse_vary(vary_text or "")
+            check_vary(names, vary)
+        except ValueError as exc:
+            raise ControlError(f"{exc} (vary)") from None
+        shared = self.common.knobs(common)
+        policies = []
+        for name in names:
+            for combo in vary_grid(name, vary):
+                knobs = {**knobs_for(name, own), **{k: v for k, v in combo.items() if k not in shared}}
+                overrides = {k: v for k, v in combo.items() if k in shared}
+                policies.append(build_policy(name, knobs, **{**shared, **overrides}))
+        check_columns([Column(policy) for policy in policies])
+        return policies, bool(measure)
 
     @staticmethod
     def preset_values(preset: Preset, policies: list[str]) -> list:
@@ -64,7 +82,8 @@ class PolicySetControls(Group):
 
 def policy_set_controls() -> PolicySetControls:
     policies = gr.CheckboxGroup(policy_names(), value=DEFAULT_POLICIES,
-                                label=f"Policies ({MIN_POLICIES}–{MAX_POLICIES})", elem_id="tv-compare-policies")
+                                label=f"Policies ({MIN_COLUMNS}–{MAX_COLUMNS} columns)", elem_id="tv-compare-policies",
+                                elem_classes="tv-bar")
     common = common_controls("compare", interval=8)
     knobs = knob_box("compare")
     measure = gr.Checkbox(value=True, label="Measure NLL / KL / top-1 against the full cache",
@@ -116,21 +135,47 @@ def column_formats() -> ColumnFormats:
     return ColumnFormats(formats, residual)
 
 
+@dataclass
+class CompareOptions(Group):
+    """What Compare adds after the shared groups (at the end of its API): the trace tokens to replay
+    and the knob to vary across columns."""
+
+    max_trace_tokens: gr.Slider
+    vary: gr.Textbox
+
+    def inputs(self) -> list:
+        return [self.max_trace_tokens, self.vary]
+
+
+def compare_options() -> CompareOptions:
+    limit = trace_limit("compare")
+    vary = gr.Textbox("", label="Vary a knob across columns", placeholder="e.g. recent=32,128",
+                      info="KNOB=V1,V2,…: each checked policy that takes the knob gets one column per value "
+                           "(h2o · recent 32 beside h2o · recent 128); several knobs: separate with ;",
+                      elem_id="tv-compare-vary")
+    return CompareOptions(limit, vary)
+
+
 def build(app: AppContext) -> Callable[[ExploreLink], None]:
     """Lay out the Compare tab; returns the function that wires Compare once the Explore tab exists."""
-    with gr.Row():
-        with gr.Column(scale=2, min_width=300):
+    with gr.Row(elem_classes="tv-layout"):
+        with gr.Column(scale=2, min_width=300, elem_classes="tv-controls"):
             panel = input_controls(app.presets, "compare", app.slot)
+            with gr.Row(elem_classes="tv-bar"):
+                run = gr.Button("Compare", variant="primary", elem_id="tv-compare-run")
+                stop = gr.Button("Stop", variant="stop", elem_id="tv-compare-stop")
+                playback = playback_controls("compare")
             chosen = policy_set_controls()
             kv = column_formats()
+            options = compare_options()
             decode = decode_controls("compare")
-            with gr.Row():
-                run = gr.Button("Compare", variant="primary", elem_id="tv-compare-run")
-                stop = gr.Button("Stop", variant="stop")
-        with gr.Column(scale=5, min_width=600):
+        with gr.Column(scale=5, min_width=600, elem_classes="tv-outputs"):
             status = gr.Markdown("Pick 2–6 policies and press Compare.", elem_id="tv-compare-status",
                                  elem_classes="tv-status")
-            view_mode = gr.Radio(list(MODES), value="combined", label="Token view", elem_id="tv-compare-mode")
+            with gr.Row(equal_height=True):
+                view_mode = gr.Radio(list(MODES), value="combined", label="Token view", elem_id="tv-compare-mode",
+                                     scale=4)
+                follow_toggle("compare")
             legend = gr.HTML(view_legend("combined", "", None, parts=("keep", "segments", "boxes")),
                              elem_id="tv-compare-legend")
             headers, columns = [], []
@@ -138,7 +183,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                 for i, target_id in enumerate(COMPARE_TOKENS_IDS):
                     with gr.Column(visible=i < 3, min_width=220) as column:
                         headers.append(gr.HTML("", elem_id=f"tv-compare-head-{i}"))
-                        gr.HTML(container_html(target_id))
+                        gr.HTML(container_html(target_id, follow="tv-compare-follow"))
                     columns.append(column)
             overlay = gr.Plot(placeholder_figure("Each policy's KV cache appears here"),
                               label="KV-cache memory, all policies", elem_id="tv-compare-memory")
@@ -156,7 +201,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         choice, values = preset_values(name)
         if choice is None:
             return values + [gr.skip()] * (4 + len(chosen.common.inputs()) + len(kv.inputs()))
-        known, formats, left_out = preset_columns(choice.preset)
+        known, formats, left_out = preset_policies(choice.preset)
         if left_out:
             values[0] += f"\n\n_Showing {', '.join(known)}; also listed: {plain_markdown(', '.join(left_out))}._"
         view = "combined" if "combined" in map(default_view, known) else "evicted"  # heat if any column has it
@@ -180,6 +225,10 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                         show_progress="hidden", api_visibility="private"
                         ).then(clear_results, [session, view_mode],
                                [app.bus, *headers, table, overlay, per_token, legend], show_progress="hidden",
+                               api_visibility="private"
+                        ).then(lambda name, measure: [PlaybackControls.offer(name),
+                                                      preset_estimate(app.slot, name, "compare", measure) or gr.skip()],
+                               [panel.preset, chosen.measure_fidelity], [playback.play, status], show_progress="hidden",
                                api_visibility="private")
     stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
     export_fig.click(
@@ -187,7 +236,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                               lambda: {"KV cache by policy": compare_memory_figure(s.compare_records)},
                               stem="thinkviz-compare", what="comparison"),
         session, exported, api_name="export_compare_figure")
-    chosen.policies.change(lambda names: [gr.update(visible=i < max(MIN_POLICIES, len(names or [])))
+    chosen.policies.change(lambda names: [gr.update(visible=i < max(MIN_COLUMNS, len(names or [])))
                                    for i in range(len(columns))],
                     chosen.policies, columns, show_progress="hidden", api_visibility="private")
     chosen.policies.change(lambda names: kv.shown(names or []), chosen.policies, list(kv.formats),
@@ -196,7 +245,8 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     def switch_mode(s: Session, mode: str):
         for channel in s.compare_channels:
             channel.set_mode(mode)
-        shared, heads = column_views(mode, s.compare_records, s.compare_views)
+        records = list(s.compare_records.values())
+        shared, heads = column_views(mode, list(s.compare_records), records, s.compare_views, s.compare_fidelity)
         heads += [gr.skip()] * (len(headers) - len(heads))
         if s.running or not s.compare_views:
             return [gr.skip(), shared, *([gr.skip()] * len(headers) if s.running else heads)]
@@ -208,12 +258,13 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
 
     def run_compare(s: Session, view_mode: str, **values):
         def prepare():
-            chat, policy_values, decode_values, format_values = split(values, panel, chosen, decode, kv)
-            policies, measure_fidelity = chosen.make(policy_values)
-            kv_quants = kv.kv_quants(format_values, [p.name for p in policies])
-            request = (policies, InputControls.request(chat), decode.settings(decode_values), measure_fidelity,
-                       kv_quants)
-            for channel in s.compare_channels[: len(policies)]:
+            chat, policy_values, decode_values, format_values, (limit, vary) = split(
+                values, panel, chosen, decode, kv, options)
+            policies, measure_fidelity = chosen.make(policy_values, vary)
+            columns_ = [Column(policy, fmt)
+                        for policy, fmt in zip(policies, kv.kv_quants(format_values, [p.name for p in policies]))]
+            request = columns_, InputControls.request(chat, limit), decode.settings(decode_values), measure_fidelity
+            for channel in s.compare_channels[: len(columns_)]:
                 channel.set_mode(view_mode)
             return request
 
@@ -225,34 +276,57 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                     gr.skip()]
 
         def frames(loaded, request, cancel):
-            policies, run_input, settings, measure_fidelity, kv_quants = request
-            channels = s.compare_channels[: len(policies)]
-            shelved = False  # the columns go on the shelf with the first frame: Explore may open them mid-run
-            for frame in compare_frames(loaded, policies, run_input, settings, cancel, channels, measure_fidelity,
-                                        kv_quants=kv_quants):
-                s.compare_records, s.compare_views = frame.records, frame.views
-                source = gr.skip()
-                if not shelved:
-                    s.keep_compare(frame.records.values())
-                    source, shelved = run_picker(s), True
-                elif frame.done:
-                    s.trim()
-                    source = run_picker(s)
-                head = frame.headers + [""] * (len(headers) - len(frame.headers))
-                figure = gr.skip() if frame.figure is None else frame.figure
-                fidelity = gr.skip() if frame.fidelity is None else frame.fidelity
-                yield [frame.status, bus_payload(frame.bus), figure, frame.shown_table, source, *head,
-                       *shown_columns(request), frame.legend, fidelity]
+            columns_, run_input, settings, measure_fidelity = request
+            channels = s.compare_channels[: len(columns_)]
+            yield from placed(s, compare_frames(loaded, columns_, run_input, settings, cancel, channels,
+                                                measure_fidelity, speed=app.slot.speed), len(columns_))
 
         yield from run_with_model(app.slot, prepare, frames, waiting, s)
 
+    def placed(s: Session, frames, count: int):
+        """Each frame's outputs, in the order the Compare and Play events list them."""
+        shown = [gr.update(visible=i < count) for i in range(len(columns))]
+        shelved = False  # the columns go on the shelf with the first frame: Explore may open them mid-run
+        for frame in frames:
+            s.compare_records, s.compare_views, s.compare_fidelity = frame.records, frame.views, frame.measured
+            source = gr.skip()
+            if not shelved:
+                s.keep_compare(frame.records.values(), list(frame.records))
+                source, shelved = run_picker(s), True
+            elif frame.done:
+                s.trim()
+                source = run_picker(s)
+            head = frame.headers + [""] * (len(headers) - len(frame.headers))
+            figure = gr.skip() if frame.figure is None else frame.figure
+            fidelity = gr.skip() if frame.fidelity is None else frame.fidelity
+            yield [frame.status, bus_payload(frame.bus), figure, frame.shown_table, source, *head, *shown,
+                   frame.legend, fidelity]
+
+    def play_compare(s: Session, view_mode: str, preset: str | None, speed: str):
+        def load():
+            if not preset:
+                raise ControlError("Pick a preset to play its recording.")
+            return load_preset_recording(preset)
+
+        def play(recording, cancel):
+            count = len(recording.labels)
+            channels = s.compare_channels[:count]
+            for channel in channels:
+                channel.set_mode(view_mode)
+            yield from placed(s, playback_frames(recording, SPEEDS.get(speed, 4.0), cancel, channels), count)
+
+        yield from play_recording(load, play, s)
+
     def connect(explore: ExploreLink) -> None:
+        outputs = [status, app.bus, overlay, table, explore.source, *headers, *columns, legend, per_token]
         run.click(
             run_compare,
-            [session, view_mode],
-            [status, app.bus, overlay, table, explore.source, *headers, *columns, legend, per_token],
-            inputs_kwargs=named(panel, chosen, decode, kv),
+            [session, view_mode], outputs, inputs_kwargs=named(panel, chosen, decode, kv, options),
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="compare", show_progress="hidden",
+        ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
+        playback.play.click(
+            play_compare, [session, view_mode, panel.preset, playback.speed], outputs, concurrency_limit=4,
+            concurrency_id=PLAYBACK_GROUP, api_name="play_compare", show_progress="hidden",
         ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
 
     return connect

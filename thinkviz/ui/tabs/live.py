@@ -1,7 +1,9 @@
-"""The Live tab: one policy streaming token by token, its memory chart and a projection onto a bigger model.
+"""The Live tab: one policy streaming token by token, its memory chart and a projection onto a bigger
+model, and (optionally) its fidelity against the full cache, token by token.
 
-Frames come from :func:`thinkviz.ui.live.live_frames`; this module lays out the controls and
-places what each frame carries.
+Frames come from :func:`thinkviz.ui.live.live_frames` (a run on the model) and
+:func:`thinkviz.ui.live.playback_frames` (a preset's recording, no model); this module lays out the
+controls and places what each frame carries.
 """
 
 from __future__ import annotations
@@ -14,20 +16,24 @@ import gradio as gr
 
 from ...faults import RunFault
 from ...memory import CARDS_GB, Projection
-from ...viz.figures import memory_figure, placeholder_figure
+from ...playback import SPEEDS
 from ...policies import policy_class
+from ...viz.figures import memory_figure, placeholder_figure
 from ...viz.legend import view_legend
 from ...viz.tokens import view_mode_choices
 from .. import inputs
-from ..controls import default_view
-from ..handlers import MODEL_GROUP, WAITING, figure_file, recording_file, run_picker, run_with_model, shown
-from ..live import live_frames
+from ..controls import ControlError, default_view
+from ..demo import load_preset_recording, preset_estimate
+from ..handlers import (MODEL_GROUP, PLAYBACK_GROUP, WAITING, figure_file, play_recording, recording_file,
+                        run_picker, run_with_model, shown)
+from ..live import live_frames, playback_frames
 from ..scripted import run_summary, script_request
 from ..session import LIVE_TOKENS_ID, Session
 from ..stream import TokenChannel, bus_payload, container_html
 from ..throttle import FramePacer
-from ..widgets import (Group, InputControls, KVControls, decode_controls, export_controls, input_controls, kv_controls,
-                       model_settings, named, policy_controls, preset_kv, preset_values, split)
+from ..widgets import (Group, InputControls, KVControls, PlaybackControls, decode_controls, export_controls,
+                       follow_toggle, input_controls, kv_controls, model_settings, named, playback_controls,
+                       policy_controls, preset_kv, preset_values, split, trace_limit)
 from . import AppContext, ExploreLink
 
 DEFAULT_POLICY = "h2o"
@@ -64,29 +70,62 @@ def projection_controls() -> ProjectionControls:
     return ProjectionControls(target, card, device)
 
 
+@dataclass
+class LiveOptions(Group):
+    """What Live adds after the shared groups (at the end of its API): the trace tokens to replay and
+    whether to measure fidelity against the full cache."""
+
+    max_trace_tokens: gr.Slider
+    measure_fidelity: gr.Checkbox
+
+    def inputs(self) -> list:
+        return [self.max_trace_tokens, self.measure_fidelity]
+
+
+def live_options() -> LiveOptions:
+    limit = trace_limit("live")
+    measure = gr.Checkbox(value=False, label="Measure against the full cache", elem_id="tv-live-measure",
+                          info="ΔNLL and KL per token: a replay runs in lockstep with the full cache; "
+                               "a generation is teacher-forced through both afterwards")
+    return LiveOptions(limit, measure)
+
+
+FIDELITY_PLACEHOLDER = "ΔNLL and KL per token appear here with 'Measure against the full cache'"
+
+
 def build(app: AppContext) -> Callable[[ExploreLink], None]:
     """Lay out the Live tab; returns the function that wires Generate once the Explore tab exists."""
-    with gr.Row():
-        with gr.Column(scale=2, min_width=320):
+    with gr.Row(elem_classes="tv-layout"):
+        with gr.Column(scale=2, min_width=320, elem_classes="tv-controls"):
             panel = input_controls(app.presets, "live", app.slot)
-            with gr.Row():
+            with gr.Row(elem_classes="tv-bar"):
                 generate = gr.Button("Generate", variant="primary", elem_id="tv-live-run")
                 stop = gr.Button("Stop", variant="stop", elem_id="tv-live-stop")
+                playback = playback_controls("live")
             controls = policy_controls(DEFAULT_POLICY)
             kv = kv_controls("live")
+            options = live_options()
             decode = decode_controls("live")
             projection = projection_controls()
             model_settings(app.slot, app.model, app.quantization, app.model_status, app.model_loading)
-        with gr.Column(scale=3, min_width=420):
+        with gr.Column(scale=3, min_width=420, elem_classes="tv-outputs"):
             status = gr.Markdown("Pick a preset or type a question, then Generate.", elem_id="tv-live-status",
                                  elem_classes="tv-status")
             stats = gr.HTML("", elem_id="tv-live-stats")
-            view_mode = gr.Radio(view_mode_choices(policy_class(DEFAULT_POLICY).predicts_importance),
-                                 value=default_view(DEFAULT_POLICY), label="Token view", elem_id="tv-live-mode")
+            with gr.Row(equal_height=True):
+                view_mode = gr.Radio(view_mode_choices(policy_class(DEFAULT_POLICY).predicts_importance),
+                                     value=default_view(DEFAULT_POLICY), label="Token view", elem_id="tv-live-mode",
+                                     scale=4)
+                follow_toggle("live")
             legend = gr.HTML(view_legend(default_view(DEFAULT_POLICY), DEFAULT_POLICY, None), elem_id="tv-live-legend")
-            gr.HTML(container_html(LIVE_TOKENS_ID))
-            memory = gr.Plot(placeholder_figure("The KV cache's size appears here while a run streams"),
-                             label="KV-cache memory", elem_id="tv-live-memory")
+            with gr.Row(elem_classes="tv-stage"):
+                with gr.Column(elem_classes="tv-stage-tokens", min_width=320):
+                    gr.HTML(container_html(LIVE_TOKENS_ID, follow="tv-live-follow"))
+                with gr.Column(elem_classes="tv-stage-chart", min_width=320):
+                    memory = gr.Plot(placeholder_figure("The KV cache's size appears here while a run streams"),
+                                     label="KV-cache memory", elem_id="tv-live-memory")
+            fidelity = gr.Plot(placeholder_figure(FIDELITY_PLACEHOLDER), elem_id="tv-live-fidelity",
+                               label="Per-token fidelity against the full cache")
             export_run, export_fig, exported = export_controls("live")
     session = app.session
 
@@ -113,7 +152,11 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     panel.preset.change(pick_preset, panel.preset,
                         panel.preset_outputs() + controls.inputs() + kv.inputs() + [decode.max_new_tokens, view_mode],
                         show_progress="hidden", api_visibility="private"
-                        ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private")
+                        ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private"
+                        ).then(lambda name, measure: [PlaybackControls.offer(name),
+                                                      preset_estimate(app.slot, name, "live", measure) or gr.skip()],
+                               [panel.preset, options.measure_fidelity], [playback.play, status],
+                               show_progress="hidden", api_visibility="private")
     controls.policy.input(view_for, controls.policy, view_mode, show_progress="hidden", api_visibility="private"
                           ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private")
 
@@ -147,41 +190,65 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                                         stem="thinkviz-memory"),
         [session], exported, inputs_kwargs=projection.named(), api_name="export_figure")
 
+    def placed(s: Session, frames, memory_projection, show_device):
+        """Each frame's outputs, in the order the Generate and Play events list them."""
+        frame, sent, label = None, None, None
+        try:
+            for frame in frames:
+                s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
+                source = gr.skip()
+                if label is None:  # on the shelf from its first frame: Explore may open it mid-run
+                    label = s.keep_live(frame.record)
+                    source = run_picker(s, label)
+                elif frame.done:
+                    s.trim()
+                    source = run_picker(s)
+                figure = gr.skip() if frame.figure is None else frame.figure
+                curve = gr.skip() if frame.fidelity is None else frame.fidelity
+                legend_now, sent = (gr.skip() if frame.legend == sent else frame.legend), frame.legend
+                yield [frame.status, bus_payload(frame.bus), figure, frame.stats, source, legend_now, curve]
+        except RunFault as fault:  # the chart up to the failure stays: an out-of-memory shows where it hit
+            if frame is not None:
+                figure = memory_figure(frame.record, projection=memory_projection, device_stats=frame.device_stats,
+                                       show_device=show_device)
+                yield [f"Stopped: {fault}", gr.skip(), figure, gr.skip(), gr.skip(), gr.skip(), gr.skip()]
+            raise
+
     def run_live(s: Session, view_mode: str, **values):
         def prepare():
-            chat, policy_values, decode_values, projection_values, kv_values = split(
-                values, panel, controls, decode, projection, kv)
-            request = (controls.make(policy_values), InputControls.request(chat), decode.settings(decode_values),
+            chat, policy_values, decode_values, projection_values, kv_values, (limit, measure) = split(
+                values, panel, controls, decode, projection, kv, options)
+            request = (controls.make(policy_values), InputControls.request(chat, limit), decode.settings(decode_values),
                        projection.projection(projection_values), projection.show_device(projection_values),
-                       KVControls.make(kv_values))
+                       KVControls.make(kv_values), bool(measure))
             s.live_channel.set_mode(view_mode)
             return request
 
         def frames(loaded, request, cancel):
-            policy, run_input, settings, memory_projection, show_device, kv_quant = request
-            frame, sent, label = None, None, None
-            try:
-                for frame in live_frames(loaded, policy, run_input, settings, cancel, s.live_channel,
-                                         memory_projection, kv_quant=kv_quant, show_device=show_device):
-                    s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
-                    source = gr.skip()
-                    if label is None:  # on the shelf from its first frame: Explore may open it mid-run
-                        label = s.keep_live(frame.record)
-                        source = run_picker(s, label)
-                    elif frame.done:
-                        s.trim()
-                        source = run_picker(s)
-                    figure = gr.skip() if frame.figure is None else frame.figure
-                    legend_now, sent = (gr.skip() if frame.legend == sent else frame.legend), frame.legend
-                    yield [frame.status, bus_payload(frame.bus), figure, frame.stats, source, legend_now]
-            except RunFault as fault:  # the chart up to the failure stays: an out-of-memory shows where it hit
-                if frame is not None:
-                    figure = memory_figure(frame.record, projection=memory_projection, device_stats=frame.device_stats,
-                                           show_device=show_device)
-                    yield [f"Stopped: {fault}", gr.skip(), figure, gr.skip(), gr.skip(), gr.skip()]
-                raise
+            policy, run_input, settings, memory_projection, show_device, kv_quant, measure = request
+            yield from placed(s, live_frames(loaded, policy, run_input, settings, cancel, s.live_channel,
+                                             memory_projection, kv_quant=kv_quant, show_device=show_device,
+                                             measure=measure, speed=app.slot.speed), memory_projection, show_device)
 
-        yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, *[gr.skip()] * 5], s)
+        yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, *[gr.skip()] * 6], s)
+
+    def play_live(s: Session, view_mode: str, preset: str | None, **values):
+        (speed,), projection_values = split(values, playback, projection)
+        memory_projection = projection.projection(projection_values)
+        show_device = projection.show_device(projection_values)
+
+        def load():
+            if not preset:
+                raise ControlError("Pick a preset to play its recording.")
+            return load_preset_recording(preset)
+
+        def play(recording, cancel):
+            s.live_channel.set_mode(view_mode)
+            yield from placed(s, playback_frames(recording, SPEEDS.get(speed, 4.0), cancel, s.live_channel,
+                                                 memory_projection, show_device=show_device),
+                              memory_projection, show_device)
+
+        yield from play_recording(load, play, s)
 
     # /run_policy: a policy by name and a JSON object of knobs, for scripts (no controls in the page)
     by_name = {"policy": gr.Textbox(DEFAULT_POLICY, label="Policy name", visible=False),
@@ -219,11 +286,16 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                       api_visibility="private")
 
     def connect(explore: ExploreLink) -> None:
+        outputs = [status, app.bus, memory, stats, explore.source, legend, fidelity]
         generate.click(
             run_live,
-            [session, view_mode], [status, app.bus, memory, stats, explore.source, legend],
-            inputs_kwargs=named(panel, controls, decode, projection, kv),
+            [session, view_mode], outputs, inputs_kwargs=named(panel, controls, decode, projection, kv, options),
             concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="generate", show_progress="hidden",
+        ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
+        playback.play.click(
+            play_live, [session, view_mode, panel.preset], outputs,
+            inputs_kwargs=named(playback, projection), concurrency_limit=4, concurrency_id=PLAYBACK_GROUP,
+            api_name="play", show_progress="hidden",
         ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
 
     return connect

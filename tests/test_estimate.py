@@ -1,0 +1,99 @@
+"""The run-time estimate: calibrated and checked on a tiny model under a fake clock (no timing).
+
+The fake clock advances only inside the model's forward pass, by a cost that grows with the
+new tokens and the cached ones (like attention on a CPU), so "actual time" is exact and the
+same on any machine, and the estimator is judged against a cost model it does not know.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from thinkviz.chat import build_chat
+from thinkviz.engine import DecodeSettings, Run
+from thinkviz.estimate import Phase, Progress, Speed, format_seconds, measure_speed
+from thinkviz.policies import make_policy
+from thinkviz.replay import LockstepReplay, prepare_trace
+from tiny_models import tiny_model
+
+TRACE = "<think>\n" + " ".join(f"Step {i}: add {i} to the running total and check it twice." for i in range(60))
+
+
+class ForwardClock:
+    """Time that passes only in forward passes: ``base + q · (per_token + per_context · cached)`` each."""
+
+    def __init__(self, model, base=0.02, per_token=0.002, per_context=4e-6) -> None:
+        self.now, self.base, self.per_token, self.per_context = 0.0, base, per_token, per_context
+        model.register_forward_pre_hook(self._advance, with_kwargs=True)
+
+    def _advance(self, module, args, kwargs) -> None:
+        q = kwargs["input_ids"].shape[1]
+        cached = int(kwargs["position_ids"][0, 0])
+        self.now += self.base + q * (self.per_token + self.per_context * cached)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def timed_tiny():
+    loaded = tiny_model("llama")
+    return loaded, ForwardClock(loaded.model)
+
+
+def test_a_replay_in_lockstep_takes_about_what_was_estimated(timed_tiny):
+    loaded, clock = timed_tiny
+    speed = measure_speed(loaded, clock)
+    prompt, ids = prepare_trace(loaded, None, "Add them up.", TRACE)
+    interval = 16
+    policies = [make_policy("h2o", budget=64, interval=interval), make_policy("window", budget=64, interval=interval)]
+    plan = [Phase("replay", runs=len(policies) + 1, prompt_tokens=len(prompt.ids), tokens=len(ids), rows=interval)]
+    estimated = speed.estimate(plan)
+    start = clock()
+    LockstepReplay(loaded, policies, prompt, ids).run()
+    actual = clock() - start
+    assert len(ids) > 600  # long enough that context growth matters
+    assert 0.5 <= estimated / actual <= 2.0, (estimated, actual)
+
+
+def test_a_generation_takes_about_what_was_estimated_and_progress_counts_down(timed_tiny):
+    loaded, clock = timed_tiny
+    speed = measure_speed(loaded, clock)
+    prompt = build_chat(loaded.tokenizer, "Think step by step.", "Count to a hundred.")
+    tokens = 200
+    plan = [Phase("generate", runs=1, prompt_tokens=len(prompt.ids), tokens=tokens)]
+    progress = Progress(speed, plan, clock)
+    start = clock()
+    run = Run(loaded, make_policy("h2o", budget=48, interval=1), prompt,
+              DecodeSettings(max_new_tokens=tokens, stop_at_eos=False))
+    left_at_half = None
+    for event in run.generate():
+        progress.step()
+        if event.step == tokens // 2:
+            left_at_half, half_time = progress.left(), clock()
+    actual = clock() - start
+    assert 0.5 <= speed.estimate(plan) / actual <= 2.0
+    assert 0.5 <= left_at_half / (clock() - half_time) <= 2.0
+    assert progress.left() == 0.0
+
+
+def test_the_estimate_grows_with_the_trace_and_the_runs():
+    speed = Speed(base=0.02, per_token=0.002, per_context=1e-6)
+    one = speed.estimate([Phase("replay", 1, 300, 1000, rows=32)])
+    assert speed.estimate([Phase("replay", 1, 300, 2000, rows=32)]) > 1.9 * one
+    assert speed.estimate([Phase("replay", 3, 300, 1000, rows=32)]) == pytest.approx(3 * one)
+
+
+def test_learning_moves_the_estimate_towards_what_runs_take():
+    speed = Speed(base=0.02, per_token=0.002)
+    plan = [Phase("replay", 2, 300, 1000, rows=32)]
+    before = speed.estimate(plan)
+    for _ in range(6):
+        speed.learn(plan, 3 * before)
+    assert speed.estimate(plan) == pytest.approx(3 * before, rel=0.1)
+
+
+@pytest.mark.parametrize("seconds, text", [(3, "under 5 s"), (41, "about 40 s"), (130, "about 2 min 10 s"),
+                                           (120, "about 2 min"), (1500, "about 25 min")])
+def test_durations_read_as_people_say_them(seconds, text):
+    assert format_seconds(seconds) == text
