@@ -67,3 +67,13 @@ def test_bad_vary_arguments_exit_with_one_line_before_loading(args, reason):
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("thinkviz: error:") and reason in lines[0], result.stderr
+
+
+def test_the_sweep_tab_varies_a_knob_as_the_cli_does(tiny_llama):
+    from thinkviz.ui.sweep import sweep_frames
+
+    frames = list(sweep_frames(tiny_llama, TRACE, ["h2o", "window"], [Budget(24, False)], 8, {}, poll=0.0,
+                               vary=parse_vary("recent=2,8")))
+    assert "the full cache + 2 policies in 3 variants × 1 budgets" in frames[0].status
+    final = frames[-1]
+    assert [row[0] for row in final.table] == ["full", "h2o · recent=2", "h2o · recent=8", "window"]

@@ -21,11 +21,12 @@ from ..model import LoadedModel
 from ..policies import REFERENCE_POLICY, PolicyConfigError, policy_names
 from ..presets import Preset
 from ..replay import Trace, TraceError
-from ..sweep import Budget, SweepSettings, plan_groups, sweep_trace, write_rows
+from ..sweep import Budget, SweepSettings, plan_groups, sweep_trace, vary_grid, write_rows
 from ..sweep_run import open_executor, run_groups
 from ..sweep_work import ModelSpec, WorkerError
 from ..units import format_bytes
 from ..viz.pareto import pareto_figure
+from ..viz.tables import run_label
 from .model_slot import ModelSlot
 from .runs import RunInputError
 
@@ -82,7 +83,7 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> list[list[Any]]:
     def number(value: Any, fmt: str) -> str:
         return "—" if value is None or value != value else format(value, fmt)
 
-    return [[row["policy"], row["budget"], format_bytes(row["peak_kv_bytes"]), number(row["kv_fraction"], ".0%"),
+    return [[run_label(row), row["budget"], format_bytes(row["peak_kv_bytes"]), number(row["kv_fraction"], ".0%"),
              number(row["compression"], ".1f") + "×", number(row["nll_delta"], "+.4f"), number(row["kl"], ".4f"),
              number(row["top1"], ".1%")] for row in rows]
 
@@ -98,27 +99,30 @@ def sweep_frames(
     max_trace_tokens: int | None = None,
     poll: float = 0.25,
     ray: RayTarget | None = None,
+    vary: dict[str, list[str]] | None = None,
 ) -> Iterator[SweepFrame]:
     """Run the sweep in a worker thread (its groups on the ``ray`` cluster when given); yield a
-    status frame with the newest progress at most every ``poll`` seconds, then the result.  Raises
-    :class:`RunInputError` for a bad trace or knob and :class:`~thinkviz.faults.RunFault` when the
-    model or a policy fails mid-sweep (on Ray: when every group failed; otherwise the last
-    frame names the failed ones)."""
+    status frame with the newest progress at most every ``poll`` seconds, then the result.
+    ``vary`` (:func:`~thinkviz.sweep.parse_vary`) runs each policy once per value of the knobs it
+    declares, as ``bench sweep --vary`` does.  Raises :class:`RunInputError` for a bad trace or knob
+    and :class:`~thinkviz.faults.RunFault` when the model or a policy fails mid-sweep (on Ray: when
+    every group failed; otherwise the last frame names the failed ones)."""
     if not policies:
         raise RunInputError("Choose at least one policy to sweep.")
     reports: queue.Queue = queue.Queue()
     outcome: dict[str, Any] = {"failed": []}
-    runs = 1 + len(policies) * len(budgets)
+    variants = sum(len(vary_grid(name, vary or {})) for name in policies)
+    runs = 1 + variants * len(budgets)
 
     def in_process() -> None:
         def progress(name: str, done: int, total: int) -> None:
             reports.put(f"Replaying {name} through {runs} runs in lockstep… {done}/{total} tokens")
 
         outcome["rows"], _ = sweep_trace(loaded, trace, policies, budgets, interval, params, progress=progress,
-                                         max_trace_tokens=max_trace_tokens)
+                                         max_trace_tokens=max_trace_tokens, vary=vary)
 
     def on_ray() -> None:
-        settings = SweepSettings(tuple(policies), interval, dict(params), max_trace_tokens)
+        settings = SweepSettings(tuple(policies), interval, dict(params), max_trace_tokens, dict(vary or {}))
         groups = plan_groups([trace], budgets)
         with open_executor(lambda: loaded, ray.spec, len(groups), ray.address) as executor:
             reports.put(f"Replaying {trace.name} on Ray at {ray.address}: 0/{len(groups)} groups…")
@@ -141,8 +145,9 @@ def sweep_frames(
     worker = threading.Thread(target=work, name="thinkviz-sweep", daemon=True)
     worker.start()
     where = "" if ray is None else f" — starting workers on Ray at {ray.address}"
-    yield SweepFrame(f"Prefilling {runs} runs (the full cache + {len(policies)} policies × {len(budgets)} budgets)"
-                     f"{where}…")
+    varied = f" in {variants} variants" if variants != len(policies) else ""
+    yield SweepFrame(f"Prefilling {runs} runs (the full cache + {len(policies)} policies{varied} × "
+                     f"{len(budgets)} budgets){where}…")
     finished = False
     while not finished:
         batch = [reports.get()]
@@ -165,11 +170,12 @@ def sweep_frames(
 
 
 def sweep_meta(loaded: LoadedModel, trace: Trace, policies: Sequence[str], budgets: str, interval: int,
-               max_trace_tokens: int | None, params: dict[str, Any], budget_mode: str = "tokens") -> dict[str, Any]:
+               max_trace_tokens: int | None, params: dict[str, Any], budget_mode: str = "tokens",
+               vary: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """What a sweep's result files say about how it was run (``budgets`` as the user wrote them)."""
     return {"model": loaded.name, "quantization": loaded.quantization, "trace": trace.name, "interval": interval,
             "budgets": budgets, "budget_mode": budget_mode, "policies": list(policies), "params": dict(params),
-            "max_trace_tokens": max_trace_tokens}
+            "max_trace_tokens": max_trace_tokens, "vary": dict(vary or {})}
 
 
 def export_sweep(rows: list[dict[str, Any]], meta: dict[str, Any], folder: str | Path) -> list[str]:

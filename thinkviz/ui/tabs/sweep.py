@@ -13,11 +13,11 @@ import gradio as gr
 
 from ...policies import REFERENCE_POLICY, policy_names
 from ...replay import load_trace
-from ...sweep import parse_budgets, parse_policies
+from ...sweep import check_vary, parse_budgets, parse_policies, parse_vary
 from ...viz.pareto import METRICS as PARETO_METRICS
 from ...viz.pareto import pareto_figure
 from .. import inputs
-from ..controls import format_knobs, parse_knobs
+from ..controls import ControlError, format_knobs, parse_knobs
 from ..fields import slider
 from ..handlers import MODEL_GROUP, WAITING, run_with_model, shown
 from ..runs import RunInputError
@@ -60,6 +60,10 @@ def build(app: AppContext) -> None:
                 protect = [gr.Checkbox(value=bool(first.params.get(key, True)), label=label)
                            for key, label in zip(PROTECTION, ("Protect system prompt", "Protect question"))]
             knobs = knob_box("sweep", first.params)
+            vary = gr.Textbox("", label="Vary a knob", placeholder="e.g. recent=16,32,64,128",
+                              info="KNOB=V1,V2,…: each chosen policy that takes the knob runs once per value "
+                                   "(as bench sweep --vary); several knobs: separate with ;",
+                              elem_id="tv-sweep-vary")
             limit = slider(0, 8192, value=512, step=64, label="Trace tokens to replay (0 = the whole trace)",
                            info="the first tokens of the trace: a quick sweep on a CPU", elem_id="tv-sweep-limit")
             metric = gr.Radio(list(PARETO_METRICS), value="kl", label="Fidelity axis")
@@ -84,34 +88,45 @@ def build(app: AppContext) -> None:
     # the parameter names are the API's: what /sweep's inputs are called
     def run_sweep(s: Session, trace: str | None, policies: list[str], budgets: str, interval: float,
                   protect_system: bool, protect_question: bool, knobs: str, trace_tokens: float, fidelity_axis: str,
-                  budget_mode: str):
+                  budget_mode: str, vary: str):
         def prepare():
             if not trace:
                 raise RunInputError("Choose a trace to sweep.")
             chosen = parse_policies(",".join(policies or []))
-            params = {**parse_knobs(knobs, chosen), "protect_system": bool(protect_system),
-                      "protect_question": bool(protect_question)}
+            own = parse_knobs(knobs, chosen)
+            params = {**own, "protect_system": bool(protect_system), "protect_question": bool(protect_question)}
+            try:
+                varied = parse_vary(vary or "")
+                check_vary(chosen, varied)
+            except ValueError as exc:
+                raise ControlError(f"{exc} (vary)") from None
+            both = sorted(set(varied) & set(own))
+            if both:
+                raise ControlError(f"{', '.join(both)} is both varied and set in the policy knobs: give it one way.")
             running = budget_mode == "fraction"
+            if running and "budget" in varied:
+                raise ControlError("The budget is a fraction of the tokens seen: give its values in Budgets, not in "
+                                   "Vary a knob.")
             return (load_trace(trace), parse_budgets(budgets or "", running), chosen, int(interval),
-                    int(trace_tokens) or None, params)
+                    int(trace_tokens) or None, params, varied)
 
         def frames(loaded, request, cancel):
-            trace, budget_list, chosen, every, max_tokens, params = request
+            trace, budget_list, chosen, every, max_tokens, params, varied = request
             ray = ray_target(app.ray_address, app.slot, app.quant_backend)
             for frame in sweep_frames(loaded, trace, chosen, budget_list, every, params, fidelity_axis,
-                                      max_trace_tokens=max_tokens, ray=ray):
+                                      max_trace_tokens=max_tokens, ray=ray, vary=varied):
                 if frame.rows is None:
                     yield [frame.status, gr.skip(), gr.skip(), gr.skip()]
                     continue
                 s.sweep_rows = frame.rows
-                meta = sweep_meta(loaded, trace, chosen, budgets, every, max_tokens, params, budget_mode)
+                meta = sweep_meta(loaded, trace, chosen, budgets, every, max_tokens, params, budget_mode, varied)
                 yield [frame.status, frame.figure, frame.table,
                        export_sweep(frame.rows, meta, tempfile.mkdtemp(prefix="thinkviz-sweep-"))]
 
         yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, gr.skip(), gr.skip(), gr.skip()])
 
     run.click(run_sweep, [app.session, preset, policies, budgets, interval, *protect, knobs, limit, metric,
-                          budget_mode],
+                          budget_mode, vary],
               [status, figure, table, files], concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="sweep",
               show_progress="hidden")
 
