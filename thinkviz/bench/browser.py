@@ -1,4 +1,5 @@
-"""Smoothness of the app as a browser sees it: click → first painted token, frames per second.
+"""Smoothness of the app as a browser sees it: click → first painted token, frames per second; and
+the tuning cycle: a knob changed → the new ΔNLL on screen (:func:`measure_tune`).
 
 Starts ``app.py`` on a free 127.0.0.1 port (or uses a running one), opens it in headless
 Chromium (Debian's ``/usr/bin/chromium`` through Playwright) and instruments the Live
@@ -23,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
+
+from ..presets import load_preset
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -190,3 +193,76 @@ def _result(bench: dict, tokens: int, speed: str) -> BrowserBenchResult:
     long_tasks = [float(d) for start, d in bench["longTasks"] if start >= clicked and start <= last]
     return BrowserBenchResult(tokens, (prompt_time - clicked) / 1000, (first - clicked) / 1000, (last - first) / 1000,
                               frames, len(long_tasks), max(long_tasks, default=0.0), speed, tuple(long_tasks))
+
+
+STAT_JS = """(label) => [...document.querySelectorAll('#tv-live-stats .tv-stat')]
+    .filter(s => s.querySelector('span').innerText.trim() === label)
+    .map(s => s.querySelector('b').innerText.trim())[0] || null"""
+
+
+@dataclass(frozen=True)
+class TuneCycle:
+    """One turn of the tuning loop: the knob set to ``value``, the seconds from that change (and the click
+    on Generate right after it) to the run's final ΔNLL and KL in the stats strip."""
+
+    value: str
+    seconds: float
+    nll_delta: str
+    kl: str
+
+
+def measure_tune(url: str, preset: str, tokens: int, knob: str, values: Sequence[str],
+                 model_timeout: float = 600, run_timeout: float = 3600) -> list[TuneCycle]:
+    """In the Live tab at ``url``: pick ``preset``, replay only its first ``tokens`` trace tokens
+    measured against the full cache, run it once as it comes, then for each of ``values`` set
+    ``knob`` (a slider of the preset's policy), press Generate and time until the new ΔNLL shows."""
+    if not Path(CHROMIUM).exists():
+        raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright  # a dev requirement (see measure)
+
+    title = load_preset(preset).title
+    cycles = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1920, "height": 1080})
+            page.goto(url)
+            _wait_text(page, "#tv-model-status", "Model: Ready", model_timeout)
+            page.click("#tv-live-preset input")
+            page.keyboard.press("Control+a")
+            page.keyboard.type(title)
+            page.locator(f'[role=option][aria-label="{title}"]').first.click()
+            slider = page.locator(f'input[aria-label="number input for {knob.replace("_", " ")}"]').first
+            slider.wait_for(state="visible", timeout=30_000)
+            limit = page.locator("#tv-live-limit input[type=number]").first
+            limit.fill(str(tokens))
+            limit.press("Enter")
+            if not page.is_checked("#tv-live-measure input"):
+                page.click("#tv-live-measure input")
+            page.wait_for_timeout(500)
+            for value in [None, *values]:  # the first run as the preset comes: the tokenizer and caches warm up
+                start = time.monotonic()
+                if value is not None:
+                    slider.fill(str(value))
+                    slider.press("Enter")
+                page.click("#tv-live-run")
+                _wait_started(page, run_timeout)
+                _wait_text(page, "#tv-live-status", "Done:", run_timeout)
+                page.wait_for_function(f"({STAT_JS})('ΔNLL') !== null", timeout=30_000)
+                if value is not None:
+                    cycles.append(TuneCycle(str(value), time.monotonic() - start, page.evaluate(STAT_JS, "ΔNLL"),
+                                            page.evaluate(STAT_JS, "KL")))
+        finally:
+            browser.close()
+    return cycles
+
+
+def _wait_started(page, timeout: float) -> None:
+    """Until the status line no longer shows the last run's "Done:" (a new run has begun)."""
+    deadline = time.monotonic() + timeout
+    while page.inner_text("#tv-live-status").startswith("Done:"):
+        if page.locator(".toast-body.error").count():
+            raise BenchError(f"the app reported: {page.locator('.toast-body.error').first.inner_text()}")
+        if time.monotonic() > deadline:
+            raise BenchError(f"the run did not start within {timeout:.0f} s")
+        time.sleep(0.05)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..bench.browser import BenchError, launched_app, measure
+from ..bench.browser import BenchError, launched_app, measure, measure_tune
 from ..bench.gpu import gpu_report, markdown, write_report
 from ..bench.load import load, load_table
 from ..bench.overhead import measure_context_overhead, measure_overhead
@@ -26,7 +26,7 @@ from ..bench.summary import SummaryError, load_sweep_rows, summary_table
 from ..cores import AUTO, TORCH, choose_threads, usable_cores
 from ..model import ModelLoadError, choose_backend, load_model
 from ..policies import PolicyConfigError, make_policy
-from ..presets import MAX_NEW_TOKENS_RANGE
+from ..presets import MAX_NEW_TOKENS_RANGE, list_presets, load_preset
 from ..replay import TraceError, load_trace, prepare
 from ..engine import EngineError
 from ..kvquant import KVQuant
@@ -582,6 +582,14 @@ def _browser_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", default=AUTO, metavar="T1,T2,...",
                         help=f"torch threads of the app started, one run each: numbers, {AUTO!r} (the app's "
                              f"choice) and {TORCH!r} (torch's default: one per core), e.g. {TORCH},{AUTO}")
+    parser.add_argument("--tune", action="store_true",
+                        help="time the tuning loop instead: in Live, a preset's first --tune-tokens trace tokens "
+                             "measured against the full cache; each --tune-vary value set by hand, then Generate, "
+                             "to the new ΔNLL on screen (target <= 10 s)")
+    parser.add_argument("--tune-preset", default="math_h2o_vs_window", help="the replay preset --tune runs")
+    parser.add_argument("--tune-tokens", type=int, default=512, help="trace tokens --tune replays")
+    parser.add_argument("--tune-vary", default="recent=16,64", metavar="KNOB=V1,V2,...",
+                        help="the knob of the preset's policy --tune changes, and the values it sets in turn")
 
 
 def _thread_counts(text: str) -> list[tuple[str, int]]:
@@ -599,6 +607,44 @@ def _thread_counts(text: str) -> list[tuple[str, int]]:
     return out
 
 
+def _tune(args: argparse.Namespace, settings: list[tuple[str, int]]) -> int:
+    """``bench browser --tune``: the seconds from a knob's change to the new ΔNLL on screen."""
+    if args.tune_preset not in list_presets():
+        raise CliError(f"--tune-preset: unknown preset {args.tune_preset!r}; available: {', '.join(list_presets())}")
+    preset = load_preset(args.tune_preset)
+    if preset.mode != "replay":
+        raise CliError(f"--tune-preset: {args.tune_preset} generates; --tune needs a replay preset")
+    try:
+        vary = parse_vary(args.tune_vary)
+        check_vary([preset.policy], vary)
+    except ValueError as exc:
+        raise CliError(f"--tune-vary: {exc}") from None
+    if len(vary) != 1:
+        raise CliError("--tune-vary changes one knob: KNOB=V1,V2,...")
+    if args.tune_tokens < 1:
+        raise CliError(f"--tune-tokens must be at least 1, got {args.tune_tokens}")
+    (knob, values), = vary.items()
+    for label, threads in settings:
+        try:
+            if args.url:
+                cycles = measure_tune(args.url, args.tune_preset, args.tune_tokens, knob, values)
+            else:
+                device = ["--device", args.device] if args.device else []
+                app_args = ["--model", args.model, "--quant", args.quant, "--quant-backend", args.quant_backend,
+                            *device, "--threads", str(threads)]
+                with launched_app(app_args) as url:
+                    cycles = measure_tune(url, args.tune_preset, args.tune_tokens, knob, values)
+        except BenchError as exc:
+            raise CliError(str(exc)) from None
+        where = "" if args.url else f", torch threads {threads} ({label})"
+        print(f"Live tab, {args.tune_preset} ({preset.policy}), first {args.tune_tokens} trace tokens measured "
+              f"against the full cache{where}")
+        for cycle in cycles:
+            print(f"{knob} -> {cycle.value:>6}: change -> new ΔNLL on screen {cycle.seconds:6.1f} s "
+                  f"(target <= 10 s); ΔNLL {cycle.nll_delta}, KL {cycle.kl}")
+    return 0
+
+
 @bench_kind("browser", _browser_args)
 def browser(args: argparse.Namespace) -> int:
     """Headless Chromium: click → first painted token, frames per second and long tasks during a long Live run."""
@@ -606,6 +652,8 @@ def browser(args: argparse.Namespace) -> int:
     if not low <= args.tokens <= high:
         raise CliError(f"--tokens must be between {low} and {high}, got {args.tokens}")
     settings = _thread_counts(args.threads)
+    if args.tune:
+        return _tune(args, settings)
     if args.url and len(settings) > 1:
         raise CliError("--threads with several settings starts the app for each; it cannot measure --url")
     results = []
