@@ -163,14 +163,16 @@ PATCH_BUS_JS = (
       }
       continue;
     }
-    const toggle = root.dataset.follow ? document.querySelector(`#${root.dataset.follow} input`) : null;
+    // The checkbox is looked up each time: Gradio may render it anew, and a stale one clicks nothing.
+    const followBox = () => root.dataset.follow ? document.querySelector(`#${root.dataset.follow} input`) : null;
+    const toggle = followBox();
     if (toggle && !root.dataset.tvWatched) {
       // Scrolling up to read stops following; the view follows again when shown (a tab switch) or resized.
       root.dataset.tvWatched = "1";
-      const stop = () => { if (toggle.checked) toggle.click(); };
+      const stop = () => { const box = followBox(); if (box && box.checked) box.click(); };
       root.addEventListener("wheel", (e) => { if (e.deltaY < 0) stop(); }, {passive: true});
       root.addEventListener("keydown", (e) => { if (["ArrowUp", "PageUp", "Home"].includes(e.key)) stop(); });
-      new ResizeObserver(() => { if (toggle.checked) root.scrollTop = root.scrollHeight; }).observe(root);
+      new ResizeObserver(() => { if (followBox()?.checked) root.scrollTop = root.scrollHeight; }).observe(root);
     }
     if (toggle && !sameRun && !toggle.checked) toggle.click();  // every new run follows its newest token
     const following = toggle ? toggle.checked : root.scrollHeight - root.scrollTop - root.clientHeight < 48;

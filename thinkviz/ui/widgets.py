@@ -182,8 +182,9 @@ def common_controls(tab: str, interval: int) -> CommonControls:
 def follow_toggle(tab: str) -> gr.Checkbox:
     """"Follow the newest token": the token views keep their newest token in view while on (turned
     on by every new run, off by scrolling up; :data:`~thinkviz.ui.stream.PATCH_BUS_JS` reads it)."""
+    # interactive: no event reads it on the server, and Gradio disables such a checkbox otherwise
     return gr.Checkbox(value=True, label="Follow the newest token", elem_id=f"tv-{tab}-follow",
-                       elem_classes="tv-follow", container=False)
+                       elem_classes="tv-follow", container=False, interactive=True)
 
 
 def trace_limit(tab: str) -> gr.Slider:

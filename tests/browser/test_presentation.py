@@ -1,0 +1,68 @@
+"""Presentation mode and following the newest token, as a class sees them at 1920×1080 (#11)."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_ui_browser import MODEL_TIMEOUT, RUN_TIMEOUT, pick, set_number, wait_for_text
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+WIDTH, HEIGHT = 1920, 1080
+AT_END_JS = """() => { const r = document.getElementById('tv-live-tokens');
+  return r.scrollHeight > r.clientHeight && r.scrollHeight - r.scrollTop - r.clientHeight < 48; }"""
+
+TOKEN_SIZE_JS = """() => { const view = document.createElement('div'); view.className = 'tv-view';
+  document.getElementById('tv-live-tokens').appendChild(view);  // the size a run's tokens get
+  const size = parseFloat(getComputedStyle(view).fontSize); view.remove(); return size; }"""
+
+
+@pytest.fixture(scope="module")
+def page(app_url, browser):
+    context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT}, device_scale_factor=1)
+    page = context.new_page()
+    page.goto(app_url)
+    wait_for_text(page, "#tv-model-status", "Model: Ready", MODEL_TIMEOUT)
+    yield page
+    context.close()
+
+
+def _box(page, selector: str) -> dict:
+    return page.locator(selector).first.bounding_box()
+
+
+def test_presentation_mode_keeps_run_in_view_and_puts_tokens_beside_the_chart(page):
+    page.click("#tv-present input")
+    page.wait_for_function("!!document.querySelector('.tv-present')")
+    run, stop = _box(page, "#tv-live-run"), _box(page, "#tv-live-stop")
+    for button in (run, stop):
+        assert 0 <= button["y"] and button["y"] + button["height"] <= HEIGHT
+    assert page.is_visible("#tv-live-preset") and page.is_visible("#tv-live-policy")
+    assert not page.is_visible("#tv-live-question")  # folded away
+    tokens, chart = _box(page, "#tv-live-tokens"), _box(page, "#tv-live-memory")
+    assert tokens["x"] + tokens["width"] <= chart["x"]  # side by side
+    assert tokens["y"] < chart["y"] + chart["height"] and chart["y"] < tokens["y"] + tokens["height"]
+    assert tokens["y"] < HEIGHT and chart["y"] < HEIGHT  # both start above the fold
+    assert 18 <= page.evaluate(TOKEN_SIZE_JS) <= 20
+    page.click("#tv-present input")
+    page.wait_for_function("!document.querySelector('.tv-present')")
+    assert page.is_visible("#tv-live-question")
+
+
+def test_follow_keeps_the_newest_token_in_view_after_a_scroll_up_and_a_new_run(page):
+    page.add_style_tag(content="#tv-live-tokens { max-height: 160px !important; overflow-y: auto; }")
+    pick(page, "#tv-live-preset", "Live: a short word problem")
+    page.wait_for_function("document.querySelector('#tv-live-policy input').value === 'h2o'")
+    set_number(page, "#tv-live-max-new", 48)
+    page.click("#tv-live-run")
+    wait_for_text(page, "#tv-live-status", r"^Done: ", RUN_TIMEOUT)
+    page.wait_for_function(AT_END_JS)  # followed to the end while it streamed
+    assert page.is_checked("#tv-live-follow input")
+    page.hover("#tv-live-tokens")
+    page.mouse.wheel(0, -2000)  # the reader scrolls up: following stops
+    page.wait_for_function("!document.querySelector('#tv-live-follow input').checked")
+    assert not page.evaluate(AT_END_JS)
+    page.click("#tv-live-run")  # a new run follows again
+    page.wait_for_function("document.querySelector('#tv-live-follow input').checked", timeout=RUN_TIMEOUT * 1000)
+    wait_for_text(page, "#tv-live-status", r"^Done: ", RUN_TIMEOUT)
+    page.wait_for_function(AT_END_JS)
