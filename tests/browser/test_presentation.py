@@ -66,3 +66,12 @@ def test_follow_keeps_the_newest_token_in_view_after_a_scroll_up_and_a_new_run(p
     page.wait_for_function("document.querySelector('#tv-live-follow input').checked", timeout=RUN_TIMEOUT * 1000)
     wait_for_text(page, "#tv-live-status", r"^Done: ", RUN_TIMEOUT)
     page.wait_for_function(AT_END_JS)
+
+
+def test_explore_opens_the_chosen_step_at_its_newest_token(page):
+    page.add_style_tag(content="#tv-explore-tokens { max-height: 120px !important; }")  # a view longer than its box
+    page.get_by_role("tab", name="Explore").click()  # opens the Live run of the test above
+    page.wait_for_selector("#tv-explore-tokens .tv-tok")
+    at_end = """() => { const box = document.getElementById('tv-explore-tokens');
+      return box.scrollHeight > box.clientHeight && box.scrollHeight - box.scrollTop - box.clientHeight < 48; }"""
+    page.wait_for_function(at_end)

@@ -19,6 +19,11 @@ from ..widgets import export_controls
 from . import AppContext, ExploreLink
 
 
+# The token view (its own scroll box, app.css) shows the step's newest token: the view ends with it.
+SCROLL_TO_NEWEST_JS = """() => { setTimeout(() => {
+  const box = document.getElementById('tv-explore-tokens'); if (box) box.scrollTop = box.scrollHeight; }, 50); }"""
+
+
 def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
     """Lay out the Explore tab (``tab`` is its ``gr.Tab``); returns its run picker, which Live and Compare fill,
     and the refresh they run after a run ends."""
@@ -136,4 +141,5 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
         # traceback (and a slider rebuilt by an update loses fields.numbers_only); explore_view checks every value
         control.change(show, view_inputs, [*view_outputs, step], show_progress="hidden", trigger_mode="always_last",
                        api_visibility="private", preprocess=False)
+    tokens.change(None, None, None, js=SCROLL_TO_NEWEST_JS, api_visibility="private")
     return ExploreLink(source, refresh, [session, mode], pickers + view_outputs)
