@@ -200,6 +200,14 @@ STAT_JS = """(label) => [...document.querySelectorAll('#tv-live-stats .tv-stat')
     .map(s => s.querySelector('b').innerText.trim())[0] || null"""
 
 
+# The stats strip on screen is marked before a change; a frame replaces it (status and stats come together),
+# so an unmarked strip with ΔNLL under a "Done:" status is the new run's result.
+MARK_JS = """() => { const s = document.querySelector('#tv-live-stats .tv-stats'); if (s) s.dataset.tvOld = '1'; }"""
+NEW_RESULT_JS = f"""() => {{ const s = document.querySelector('#tv-live-stats .tv-stats');
+  return !!s && !s.dataset.tvOld && document.querySelector('#tv-live-status').innerText.trim().startsWith('Done:')
+    && ({STAT_JS})('ΔNLL') !== null; }}"""
+
+
 @dataclass(frozen=True)
 class TuneCycle:
     """One turn of the tuning loop: the knob set to ``value``, the seconds from that change (and the click
@@ -241,28 +249,19 @@ def measure_tune(url: str, preset: str, tokens: int, knob: str, values: Sequence
                 page.click("#tv-live-measure input")
             page.wait_for_timeout(500)
             for value in [None, *values]:  # the first run as the preset comes: the tokenizer and caches warm up
+                page.evaluate(MARK_JS)
                 start = time.monotonic()
                 if value is not None:
                     slider.fill(str(value))
                     slider.press("Enter")
                 page.click("#tv-live-run")
-                _wait_started(page, run_timeout)
-                _wait_text(page, "#tv-live-status", "Done:", run_timeout)
-                page.wait_for_function(f"({STAT_JS})('ΔNLL') !== null", timeout=30_000)
+                page.wait_for_function(f"() => ({NEW_RESULT_JS})() || !!document.querySelector('.toast-body.error')",
+                                       timeout=run_timeout * 1000, polling=50)
+                if page.locator(".toast-body.error").count():
+                    raise BenchError(f"the app reported: {page.locator('.toast-body.error').first.inner_text()}")
                 if value is not None:
                     cycles.append(TuneCycle(str(value), time.monotonic() - start, page.evaluate(STAT_JS, "ΔNLL"),
                                             page.evaluate(STAT_JS, "KL")))
         finally:
             browser.close()
     return cycles
-
-
-def _wait_started(page, timeout: float) -> None:
-    """Until the status line no longer shows the last run's "Done:" (a new run has begun)."""
-    deadline = time.monotonic() + timeout
-    while page.inner_text("#tv-live-status").startswith("Done:"):
-        if page.locator(".toast-body.error").count():
-            raise BenchError(f"the app reported: {page.locator('.toast-body.error').first.inner_text()}")
-        if time.monotonic() > deadline:
-            raise BenchError(f"the run did not start within {timeout:.0f} s")
-        time.sleep(0.05)
