@@ -95,3 +95,11 @@ def test_a_column_in_a_quantized_format_is_its_own_entry_on_the_shelf():
     labels = session.keep_compare([_record("full"), quantized])
     assert labels == ["Compare 1 · full", "Compare 1 · full · q4_0"]
     assert session.record_for(labels[1]) is quantized
+
+
+def test_columns_of_one_policy_are_shelved_under_their_column_titles():
+    session = Session(shelf=Shelf(budget=64 * KIB))
+    small, large = _record("h2o"), _record("h2o")
+    labels = session.keep_compare([small, large], ["h2o · recent 32", "h2o · recent 128"])
+    assert labels == ["Compare 1 · h2o · recent 32", "Compare 1 · h2o · recent 128"]
+    assert session.record_for(labels[0]) is small and session.record_for(labels[1]) is large

@@ -77,3 +77,20 @@ def test_the_sweep_tab_varies_a_knob_as_the_cli_does(tiny_llama):
     assert "the full cache + 2 policies in 3 variants × 1 budgets" in frames[0].status
     final = frames[-1]
     assert [row[0] for row in final.table] == ["full", "h2o · recent=2", "h2o · recent=8", "window"]
+
+
+def test_a_varied_knob_runs_for_each_policy_spec_with_its_own_knobs(tiny_llama):
+    from thinkviz.sweep import check_vary, vary_grid
+
+    vary = parse_vary("budget=24,48")
+    check_vary(["h2o:recent=2", "h2o:recent=8"], vary)
+    assert vary_grid("h2o:recent=2", vary) == [{"budget": "24"}, {"budget": "48"}]
+    rows, replay = sweep_trace(tiny_llama, TRACE, ["h2o:recent=2", "h2o:recent=8"], [Budget(0.5, True)], 8, {},
+                               vary=vary)
+    assert [(r["policy"], r["knobs"]) for r in rows[1:]] == [
+        ("h2o:recent=2", "budget=24"), ("h2o:recent=2", "budget=48"), ("h2o:recent=8", "budget=24"),
+        ("h2o:recent=8", "budget=48")]
+    assert [(run.policy.config["recent"], run.policy.config["budget"]) for run in replay.runs] == [
+        (2, 24), (2, 48), (8, 24), (8, 48)]
+    with pytest.raises(ValueError, match="'h2o:recent=2' sets recent, which --vary also varies"):
+        check_vary(["h2o:recent=2"], parse_vary("recent=4,8"))
