@@ -486,6 +486,7 @@ def test_prediction_modes_take_their_heat_from_the_predictions_and_the_answer():
     assert [t["pos"] for t in hot["predicted"]] == ["3"] and [t["pos"] for t in hot["answer"]] == ["1"]
     assert token_view(RunRecord(meta={}, prompt_texts=["x"], summary={"answer_attention": "junk"})).answer_attention \
         is None
-    assert [m for _, m in view_mode_choices(False)] == list(MODES)
-    assert view_mode_choices(True)[-2:] == [("predicted importance", "predicted"),
+    assert [m for _, m in view_mode_choices(False, fits_bias=True)] == list(MODES)
+    assert [m for _, m in view_mode_choices(False, fits_bias=False)] == [m for m in MODES if m != "mass"]
+    assert view_mode_choices(True, fits_bias=False)[-2:] == [("predicted importance", "predicted"),
                                             ("attention from the answer", "answer")]

@@ -114,6 +114,11 @@ def predicts_importance(record: RunRecord) -> bool:
     return any("predicted" in event.info for event in record.events)
 
 
+def fits_bias(record: RunRecord) -> bool:
+    """Whether the recorded run's policy fitted attention biases (its steps carry a mass: the mass view)."""
+    return any(event.mass is not None for event in record.events)
+
+
 def explore_view(record: RunRecord, step: int, layer: Any, head: Any, mode: str) -> ExploreView:
     """Everything the Explore tab shows for the chosen step, layer, head and view mode."""
     layers, heads = geometry(record)

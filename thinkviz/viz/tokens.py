@@ -70,11 +70,12 @@ _SEGMENT_COLOURS = {
 }
 
 
-def view_mode_choices(predicts_importance: bool) -> list[tuple[str, str]]:
-    """``(label, mode)`` pairs a view-mode picker offers; the prediction modes only for a run whose
-    policy predicts importance."""
+def view_mode_choices(predicts_importance: bool, fits_bias: bool) -> list[tuple[str, str]]:
+    """``(label, mode)`` pairs a view-mode picker offers: ``mass`` only for a run whose policy fits
+    attention biases (any other has no mass: the view would show no heat), the prediction modes
+    only for one whose policy predicts importance."""
     extra = PREDICTION_MODES.items() if predicts_importance else ()
-    return [(mode, mode) for mode in MODES] + [(label, mode) for mode, label in extra]
+    return [(mode, mode) for mode in MODES if fits_bias or mode != "mass"] + [(label, mode) for mode, label in extra]
 
 
 _HEAT_MODES = {"importance", "mass", "combined", *PREDICTION_MODES}

@@ -42,7 +42,7 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
                             elem_id="tv-explore-layer")
         head = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="KV head", scale=1,
                            elem_id="tv-explore-head")
-    mode = gr.Radio(view_mode_choices(False), value="combined", label="Token view", elem_id="tv-explore-mode")
+    mode = gr.Radio(view_mode_choices(False, False), value="combined", label="Token view", elem_id="tv-explore-mode")
     tokens = gr.HTML("", elem_id="tv-explore-tokens")
     with gr.Row():
         heatmap = gr.Plot(label="Kept per step and position", elem_id="tv-explore-heatmap", scale=3)
@@ -125,7 +125,8 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
     def offer_modes(s: Session, mode_value: str):
         if s.explore_record is None:
             return gr.skip()
-        choices = view_mode_choices(explore.predicts_importance(s.explore_record))
+        record = s.explore_record
+        choices = view_mode_choices(explore.predicts_importance(record), explore.fits_bias(record))
         return gr.update(choices=choices, value=mode_value if mode_value in {m for _, m in choices} else "combined")
 
     modes = {"fn": offer_modes, "inputs": [session, mode], "outputs": mode, "show_progress": "hidden",

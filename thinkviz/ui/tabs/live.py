@@ -17,14 +17,14 @@ import gradio as gr
 from ...faults import RunFault
 from ...memory import CARDS_GB, Projection
 from ...playback import SPEEDS
-from ...policies import policy_class
+from ...policies import Policy, make_policy
 from ...viz.figures import memory_figure, placeholder_figure
 from ...viz.legend import view_legend
 from ...viz.tokens import view_mode_choices
 from .. import inputs
 from ..controls import ControlError, default_view
 from ..demo import load_preset_recording, preset_estimate
-from ..handlers import (MODEL_GROUP, PLAYBACK_GROUP, WAITING, figure_file, play_recording, recording_file,
+from ..handlers import (MODEL_GROUP, PLAYBACK_GROUP, USER_ERRORS, WAITING, figure_file, play_recording, recording_file,
                         run_picker, run_with_model, shown)
 from ..live import live_frames, playback_frames
 from ..scripted import run_summary, script_request
@@ -38,6 +38,12 @@ from . import AppContext, ExploreLink
 
 DEFAULT_POLICY = "h2o"
 
+
+
+def view_choices(policy: Policy) -> list[tuple[str, str]]:
+    """The token views a run of ``policy`` can show: ``mass`` for one that fits attention biases, the
+    prediction modes for one that predicts importance."""
+    return view_mode_choices(policy.predicts_importance, policy.fits_bias)
 
 @dataclass
 class ProjectionControls(Group):
@@ -113,9 +119,8 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                                  elem_classes="tv-status")
             stats = gr.HTML("", elem_id="tv-live-stats")
             with gr.Row(equal_height=True):
-                view_mode = gr.Radio(view_mode_choices(policy_class(DEFAULT_POLICY).predicts_importance),
-                                     value=default_view(DEFAULT_POLICY), label="Token view", elem_id="tv-live-mode",
-                                     scale=4)
+                view_mode = gr.Radio(view_choices(make_policy(DEFAULT_POLICY)), value=default_view(DEFAULT_POLICY),
+                                     label="Token view", elem_id="tv-live-mode", scale=4)
                 follow_toggle("live")
             legend = gr.HTML(view_legend(default_view(DEFAULT_POLICY), DEFAULT_POLICY, None), elem_id="tv-live-legend")
             with gr.Row(elem_classes="tv-stage"):
@@ -135,12 +140,20 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             return values + [gr.skip()] * (len(controls.inputs()) + len(kv.inputs()) + 2)
         preset = choice.preset
         return values + [*controls.preset_values(preset.policy, preset.params), *preset_kv(preset),
-                         preset.max_new_tokens, view_for(preset.policy)]
+                         preset.max_new_tokens, view_for(make_policy(preset.policy, **preset.params))]
 
-    def view_for(name: str):
-        """The view modes ``name`` offers (the prediction modes for a policy that predicts importance), opened in
-        its default view."""
-        return gr.update(choices=view_mode_choices(policy_class(name).predicts_importance), value=default_view(name))
+    def view_for(policy: Policy, mode: str | None = None):
+        """The view modes ``policy`` offers (:func:`view_choices`), showing ``mode`` while it is one of them,
+        else the policy's default view."""
+        choices = view_choices(policy)
+        return gr.update(choices=choices, value=mode if mode in {m for _, m in choices} else default_view(policy.name))
+
+    def knob_views(mode: str, *values):
+        """The view modes once a knob changed by hand (``tam``'s compaction decides whether it has a mass)."""
+        try:
+            return view_for(controls.make(values), mode)
+        except USER_ERRORS:  # a knob half typed: the next change decides
+            return gr.skip()
 
     def shown_legend(s: Session, mode: str, chosen: str) -> str:
         """The legend of what the view shows: the last run (its policy), else the chosen policy."""
@@ -157,8 +170,12 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                                                       preset_estimate(app.slot, name, "live", measure) or gr.skip()],
                                [panel.preset, options.measure_fidelity], [playback.play, status],
                                show_progress="hidden", api_visibility="private")
-    controls.policy.input(view_for, controls.policy, view_mode, show_progress="hidden", api_visibility="private"
+    controls.policy.input(lambda name: view_for(make_policy(name)), controls.policy, view_mode, show_progress="hidden",
+                          api_visibility="private"
                           ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private")
+    for slot in controls.slots:
+        slot.input(knob_views, [view_mode, *controls.inputs()], view_mode, show_progress="hidden",
+                   api_visibility="private")
 
     def switch_mode(s: Session, mode: str, chosen: str):
         s.live_channel.set_mode(mode)
