@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from test_ui_browser import MODEL_TIMEOUT, RUN_TIMEOUT, pick, set_number, wait_for_text
@@ -76,3 +78,15 @@ def test_explore_opens_the_chosen_step_at_its_newest_token(page):
     at_end = """() => { const box = document.getElementById('tv-explore-tokens');
       return box.scrollHeight > box.clientHeight && box.scrollHeight - box.scrollTop - box.clientHeight < 48; }"""
     page.wait_for_function(at_end)
+
+
+def test_the_budget_takes_exact_values_and_drags_on_a_log_scale(page):
+    page.get_by_role("tab", name="Live").click()
+    box, drag = "#tv-live-budget input[type=number]", "#tv-live-budget-drag input[type=range]"
+    page.locator(drag).fill(f"{math.log2(160):.2f}")  # a drag to 2^7.32: the box shows 160, not 8 + k·step
+    page.wait_for_function(f"document.querySelector('{box}').value === '160'")
+    page.locator(box).fill("1000")  # any exact value typed; the drag follows on its log scale
+    page.locator(box).press("Enter")
+    page.wait_for_function(f"Math.abs(Number(document.querySelector('{drag}').value) - {math.log2(1000):.4f}) < 0.02")
+    page.locator(drag).fill("3")  # the drag's low end is the budget's lowest value
+    page.wait_for_function(f"document.querySelector('{box}').value === '8'")
