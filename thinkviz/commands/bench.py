@@ -484,7 +484,7 @@ def scale(args: argparse.Namespace) -> int:
         same = all(first[key].read_bytes() == second[key].read_bytes() for key in ("csv", "json"))
     groups = len(grid.groups)
     alone = sum(group.budget is None for group in grid.groups)
-    print(f"grid: {groups} groups ({len(grid.settings.policies)} policies + the full cache each; {alone} of them "
+    print(f"grid: {groups} groups ({len(grid.settings.variants())} policy runs + the full cache each; {alone} of them "
           f"the full cache in a quantized format alone); model {grid.spec.name}; this process runs "
           f"{torch.get_num_threads()} threads, each worker 1")
     print("| run | start s | groups s | total s | wall s per group | groups per hour |")
