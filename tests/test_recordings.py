@@ -125,3 +125,14 @@ def test_a_damaged_file_is_a_recording_error(tmp_path):
         load(bad)
     with pytest.raises(RecordingError, match="does not exist"):
         load(tmp_path / "missing.zip")
+
+
+
+def test_a_recording_of_a_policy_that_predicts_importance_keeps_the_attention_from_the_answer(tiny, tmp_path):
+    request = _request()
+    live = Column(make_policy("dynts", budget=48, interval=8))
+    recording = record(tiny, replace(request, live=live, columns=[request.columns[0], live]))
+    measured = recording.records[recording.live].summary["answer_attention"]
+    assert any(value is not None for value in measured)  # as a Live run of dynts ends
+    loaded = load(save(recording, tmp_path / "dynts.zip"))
+    assert loaded.records[loaded.live].summary["answer_attention"] == measured

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..answer_attention import attach_answer_attention
 from ..comparison import Column, Comparison, column_labels, live_column, plan, preset_columns
 from ..engine import DecodeSettings
 from ..estimate import format_seconds
@@ -219,6 +220,8 @@ def record(loaded: LoadedModel, request: PresetRequest, progress: Progress | Non
     if same is None:
         same = len(records)
         records.append(live_record)
+    if request.live.policy.predicts_importance:  # as Live does when a run ends: what the answer used
+        attach_answer_attention(loaded, records[same])
     reference = compare.references[0] if compare.references else columns if apart else None
     width = len(records)
     live_steps = [Step(s.seconds, s.phase, s.done, s.total,
