@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..presets import load_preset
+from .trace_profile import TRACE_CATEGORIES
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -143,8 +144,11 @@ def _wait_text(page, selector: str, prefix: str, timeout: float) -> str:
     raise BenchError(f"{selector} did not show {prefix!r} within {timeout:.0f} s")
 
 
-def measure(url: str, tokens: int = 500, model_timeout: float = 600, run_timeout: float = 3600) -> BrowserBenchResult:
-    """Generate ``tokens`` tokens in the Live tab of the app at ``url`` and time the page."""
+def measure(url: str, tokens: int = 500, model_timeout: float = 600, run_timeout: float = 3600,
+            trace: Path | None = None) -> BrowserBenchResult:
+    """Generate ``tokens`` tokens in the Live tab of the app at ``url`` and time the page; with ``trace``,
+    record the run (click to last frame) as a Chromium performance trace in that file
+    (:mod:`thinkviz.bench.trace_profile` reads it)."""
     if not Path(CHROMIUM).exists():
         raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
     # Imported here: Playwright is a dev requirement, and the rest of the CLI must run without it.
@@ -167,9 +171,13 @@ def measure(url: str, tokens: int = 500, model_timeout: float = 600, run_timeout
             if page.is_checked("#tv-live-stop-at-eos input"):
                 page.click("#tv-live-stop-at-eos input")
             page.evaluate(INSTRUMENT_JS)
+            if trace is not None:
+                browser.start_tracing(page=page, path=str(trace), categories=TRACE_CATEGORIES)
             page.click("#tv-live-run")
             _wait_text(page, "#tv-live-status", f"Done: {tokens} tokens", run_timeout)
             page.wait_for_timeout(500)  # the final frame's paint
+            if trace is not None:
+                browser.stop_tracing()
             bench = page.evaluate("window.tvBench")
             speed = page.evaluate("""() => [...document.querySelectorAll('#tv-live-stats .tv-stat')]
                 .filter(s => s.querySelector('span').innerText.trim() === 'tok/s')

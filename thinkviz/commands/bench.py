@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import tempfile
 import time
@@ -13,6 +14,7 @@ import torch
 from tqdm import tqdm
 
 from ..bench.browser import BenchError, launched_app, measure, measure_tune
+from ..bench.trace_profile import breakdown_lines, long_task_breakdown
 from ..bench.gpu import gpu_report, markdown, write_report
 from ..bench.load import load, load_table
 from ..bench.overhead import measure_context_overhead, measure_overhead
@@ -582,6 +584,9 @@ def _browser_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", default=AUTO, metavar="T1,T2,...",
                         help=f"torch threads of the app started, one run each: numbers, {AUTO!r} (the app's "
                              f"choice) and {TORCH!r} (torch's default: one per core), e.g. {TORCH},{AUTO}")
+    parser.add_argument("--profile", type=Path, default=None, metavar="TRACE.json",
+                        help="record the run as a Chromium performance trace in TRACE.json (open it in Chrome's "
+                             "Performance panel) and print what the main-thread long tasks spent their time on")
     parser.add_argument("--tune", action="store_true",
                         help="time the tuning loop instead: in Live, a preset's first --tune-tokens trace tokens "
                              "measured against the full cache; each --tune-vary value set by hand, then Generate, "
@@ -656,17 +661,19 @@ def browser(args: argparse.Namespace) -> int:
         return _tune(args, settings)
     if args.url and len(settings) > 1:
         raise CliError("--threads with several settings starts the app for each; it cannot measure --url")
+    if args.profile is not None and len(settings) > 1:
+        raise CliError("--profile traces one run: give one --threads setting")
     results = []
     try:
         for label, threads in settings:
             if args.url:
-                results.append((label, None, measure(args.url, args.tokens)))
+                results.append((label, None, measure(args.url, args.tokens, trace=args.profile)))
                 continue
             device = ["--device", args.device] if args.device else []
             app_args = ["--model", args.model, "--quant", args.quant, "--quant-backend", args.quant_backend, *device,
                         "--threads", str(threads)]
             with launched_app(app_args) as url:
-                results.append((label, threads, measure(url, args.tokens)))
+                results.append((label, threads, measure(url, args.tokens, trace=args.profile)))
     except BenchError as exc:
         raise CliError(str(exc)) from None
     for label, threads, result in results:
@@ -680,6 +687,11 @@ def browser(args: argparse.Namespace) -> int:
         print(f"main-thread long tasks (>50 ms):  {result.long_tasks}, longest {result.longest_task_ms:.0f} ms, "
               f"over 200 ms: {result.tasks_over_200ms} (target 0); p95 per frame {result.task_p95_ms:.0f} ms "
               "(target <= 50)")
+    if args.profile is not None:
+        trace = json.loads(args.profile.read_text(encoding="utf-8"))
+        print("\n".join(breakdown_lines(long_task_breakdown(trace.get("traceEvents", []) if isinstance(trace, dict)
+                                                             else trace))))
+        print(f"trace: {args.profile}")
     if len(results) > 1:
         base_label, _, base = results[0]
         for label, _, result in results[1:]:
