@@ -12,6 +12,7 @@ from thinkviz.chat import build_chat
 from thinkviz.engine import DecodeSettings, Run
 from thinkviz.policies import make_policy
 from thinkviz.ui import explore
+from thinkviz.ui.tabs.compare import column_view_choices
 from thinkviz.ui.tabs.live import view_choices
 
 
@@ -41,3 +42,12 @@ def test_explore_offers_mass_when_the_recorded_steps_carry_one(tiny_llama_d32, n
     for _ in run.generate():
         pass
     assert explore.fits_bias(run.record) is mass
+
+
+def test_compare_offers_mass_when_a_checked_column_fits_biases():
+    def offered(*names):
+        return [mode for _, mode in column_view_choices([make_policy(name) for name in names])]
+
+    assert "mass" not in offered("full", "window", "h2o")
+    assert "mass" in offered("full", "h2o", "am")
+    assert "predicted" not in offered("h2o", "dynts")  # the prediction modes are Live's and Explore's

@@ -17,17 +17,18 @@ import gradio as gr
 from ...comparison import MAX_COLUMNS, MIN_COLUMNS, Column, preset_policies
 from ...kvquant import KVQuant
 from ...playback import SPEEDS
-from ...policies import REFERENCE_POLICY, Policy, policy_names
+from ...policies import REFERENCE_POLICY, Policy, make_policy, policy_names
 from ...presets import Preset
 from ...sweep import check_vary, parse_vary, vary_grid
 from ...viz.figures import compare_memory_figure, placeholder_figure
 from ...viz.legend import view_legend
-from ...viz.tokens import MODES, TokenData
+from ...viz.tokens import TokenData, view_mode_choices
 from .. import inputs
 from ..compare import FIDELITY_COLUMNS, check_columns, column_views, compare_frames, playback_frames
 from ..controls import ControlError, build_policy, default_view, format_knobs, knobs_for, parse_knobs
 from ..demo import load_preset_recording, preset_estimate
-from ..handlers import MODEL_GROUP, PLAYBACK_GROUP, WAITING, figure_file, play_recording, run_picker, run_with_model
+from ..handlers import (MODEL_GROUP, PLAYBACK_GROUP, USER_ERRORS, WAITING, figure_file, play_recording, run_picker,
+                        run_with_model)
 from ..session import COMPARE_TOKENS_IDS, Session
 from ..stream import bus_payload, container_html
 from ..text import plain_markdown
@@ -38,6 +39,12 @@ from . import AppContext, ExploreLink
 
 DEFAULT_POLICIES = [REFERENCE_POLICY, "window", "h2o"]
 
+
+
+def column_view_choices(policies: Sequence[Policy]) -> list[tuple[str, str]]:
+    """The token views Compare offers for these columns: ``mass`` when one of them fits attention
+    biases (the others then show no heat in it)."""
+    return view_mode_choices(False, any(policy.fits_bias for policy in policies))
 
 @dataclass
 class PolicySetControls(Group):
@@ -173,7 +180,8 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             status = gr.Markdown("Pick 2–6 policies and press Compare.", elem_id="tv-compare-status",
                                  elem_classes="tv-status")
             with gr.Row(equal_height=True):
-                view_mode = gr.Radio(list(MODES), value="combined", label="Token view", elem_id="tv-compare-mode",
+                view_mode = gr.Radio(column_view_choices([make_policy(name) for name in DEFAULT_POLICIES]),
+                                     value="combined", label="Token view", elem_id="tv-compare-mode",
                                      scale=4)
                 follow_toggle("compare")
             legend = gr.HTML(view_legend("combined", "", None, parts=("keep", "segments", "boxes")),
@@ -241,6 +249,20 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                     chosen.policies, columns, show_progress="hidden", api_visibility="private")
     chosen.policies.change(lambda names: kv.shown(names or []), chosen.policies, list(kv.formats),
                            show_progress="hidden", api_visibility="private")
+
+    def offer_views(names: list[str] | None, knob_text: str, mode: str):
+        """The token views the checked policies offer (:func:`column_view_choices`), keeping ``mode`` if offered."""
+        try:
+            names = list(names or [])
+            own = parse_knobs(knob_text, names)
+            choices = column_view_choices([make_policy(name, **knobs_for(name, own)) for name in names])
+        except USER_ERRORS:  # a knob half typed: the next change decides
+            return gr.skip()
+        return gr.update(choices=choices, value=mode if mode in {m for _, m in choices} else "combined")
+
+    for control in (chosen.policies, chosen.knobs):
+        control.change(offer_views, [chosen.policies, chosen.knobs, view_mode], view_mode, show_progress="hidden",
+                       api_visibility="private")
 
     def switch_mode(s: Session, mode: str):
         for channel in s.compare_channels:
