@@ -97,3 +97,15 @@ def test_learning_moves_the_estimate_towards_what_runs_take():
                                            (120, "about 2 min"), (1500, "about 25 min")])
 def test_durations_read_as_people_say_them(seconds, text):
     assert format_seconds(seconds) == text
+
+
+def test_the_fit_prices_a_decode_step_as_well_as_a_replayed_chunk():
+    # calibration timings shaped like this machine's: decode steps of 15 ms, 32-row chunks of 80 ms, and two
+    # prefills that grow faster than their length (attention over the prompt)
+    samples = ([(1, 96 + i, 0.015) for i in range(4)] + [(1, 384 + i, 0.016) for i in range(4)]
+               + [(32, 96 + 32 * i, 0.080) for i in range(1, 3)] + [(32, 384 + 32 * i, 0.085) for i in range(1, 3)]
+               + [(128, 0, 0.35), (416, 0, 2.2)])
+    speed = Speed.fit(samples)
+    for q, cached, seconds in samples:
+        if q <= 32:  # what a generation and a replay take step after step
+            assert 0.75 < speed.forward(q, cached) / seconds < 1.33
