@@ -33,8 +33,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 APP = Path(__file__).resolve().parents[2] / "app.py"
 QUESTION = "Tell a long story about a lighthouse keeper who counts ships, with many details."
 
-# Installed before the click: paints of the token view, long tasks, the click time.
-INSTRUMENT_JS = """() => {
+# Installed before the click: paints of the token view, long tasks, the click time (on the button `button`).
+INSTRUMENT_JS = """(button) => {
   const root = document.getElementById('tv-live-tokens');
   const bench = window.tvBench = {clicked: null, paints: [], longTasks: []};
   new MutationObserver(() => {
@@ -43,7 +43,7 @@ INSTRUMENT_JS = """() => {
   new PerformanceObserver(list => {
     for (const e of list.getEntries()) bench.longTasks.push([e.startTime, e.duration]);
   }).observe({entryTypes: ['longtask']});
-  document.getElementById('tv-live-run')
+  document.getElementById(button || 'tv-live-run')
     .addEventListener('click', () => { bench.clicked = performance.now(); }, {capture: true});
 }"""
 
@@ -227,6 +227,54 @@ class TuneCycle:
     kl: str
 
 
+@dataclass(frozen=True)
+class PlayResult:
+    """A preset's recording played in the Live tab: seconds from the click on "Play recording" to its
+    first painted token and to the end, and the status line at the end."""
+
+    first_token_painted: float
+    done: float
+    status: str
+
+
+def _pick_preset(page, preset: str) -> None:
+    title = load_preset(preset).title
+    page.click("#tv-live-preset input")
+    page.keyboard.press("Control+a")
+    page.keyboard.type(title)
+    page.locator(f'[role=option][aria-label="{title}"]').first.click()
+
+
+def measure_play(url: str, preset: str, model_timeout: float = 600, run_timeout: float = 600) -> PlayResult:
+    """In the Live tab at ``url``: pick ``preset``, press "Play recording" (as fast as it draws) and time
+    its first painted token and its end (#11: a recording opens in <= 2 s)."""
+    if not Path(CHROMIUM).exists():
+        raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright  # a dev requirement (see measure)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.goto(url)
+            _wait_text(page, "#tv-model-status", "Model:", model_timeout)
+            _pick_preset(page, preset)
+            page.wait_for_function("() => !document.querySelector('#tv-live-play').disabled", timeout=30_000)
+            page.click("#tv-live-speed input")
+            page.locator('[role=option][aria-label="as fast as it draws"]').first.click()
+            page.evaluate(INSTRUMENT_JS, "tv-live-play")
+            page.click("#tv-live-play")
+            status = _wait_text(page, "#tv-live-status", "Done", run_timeout)
+            bench = page.evaluate("window.tvBench")
+            ended = page.evaluate("performance.now()")
+        finally:
+            browser.close()
+    painted = [t for t, n in bench["paints"] if n > 0 and t >= bench["clicked"]]
+    if bench["clicked"] is None or not painted:
+        raise BenchError("the page never painted a token of the recording")
+    return PlayResult((painted[0] - bench["clicked"]) / 1000, (ended - bench["clicked"]) / 1000, status)
+
+
 def measure_tune(url: str, preset: str, tokens: int, knob: str, values: Sequence[str],
                  model_timeout: float = 600, run_timeout: float = 3600) -> list[TuneCycle]:
     """In the Live tab at ``url``: pick ``preset``, replay only its first ``tokens`` trace tokens
@@ -236,7 +284,6 @@ def measure_tune(url: str, preset: str, tokens: int, knob: str, values: Sequence
         raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
     from playwright.sync_api import sync_playwright  # a dev requirement (see measure)
 
-    title = load_preset(preset).title
     cycles = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -244,10 +291,7 @@ def measure_tune(url: str, preset: str, tokens: int, knob: str, values: Sequence
             page = browser.new_page(viewport={"width": 1920, "height": 1080})
             page.goto(url)
             _wait_text(page, "#tv-model-status", "Model: Ready", model_timeout)
-            page.click("#tv-live-preset input")
-            page.keyboard.press("Control+a")
-            page.keyboard.type(title)
-            page.locator(f'[role=option][aria-label="{title}"]').first.click()
+            _pick_preset(page, preset)
             slider = page.locator(f'input[aria-label="number input for {knob.replace("_", " ")}"]').first
             slider.wait_for(state="visible", timeout=30_000)
             limit = page.locator("#tv-live-limit input[type=number]").first

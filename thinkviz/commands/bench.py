@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..bench.browser import BenchError, launched_app, measure, measure_tune
+from ..bench.browser import BenchError, launched_app, measure, measure_play, measure_tune
 from ..bench.trace_profile import breakdown_lines, long_task_breakdown
 from ..bench.gpu import gpu_report, markdown, write_report
 from ..bench.load import load, load_table
@@ -29,6 +29,7 @@ from ..cores import AUTO, TORCH, choose_threads, usable_cores
 from ..model import ModelLoadError, choose_backend, load_model
 from ..policies import PolicyConfigError, make_policy
 from ..presets import MAX_NEW_TOKENS_RANGE, list_presets, load_preset
+from ..ui.demo import recording_problem
 from ..replay import TraceError, load_trace, prepare
 from ..engine import EngineError
 from ..kvquant import KVQuant
@@ -587,6 +588,9 @@ def _browser_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", type=Path, default=None, metavar="TRACE.json",
                         help="record the run as a Chromium performance trace in TRACE.json (open it in Chrome's "
                              "Performance panel) and print what the main-thread long tasks spent their time on")
+    parser.add_argument("--play", default=None, metavar="PRESET",
+                        help="time a preset's committed recording instead: in Live, 'Play recording' as fast as it "
+                             "draws, from the click to its first painted token (target <= 2 s) and to its end")
     parser.add_argument("--tune", action="store_true",
                         help="time the tuning loop instead: in Live, a preset's first --tune-tokens trace tokens "
                              "measured against the full cache; each --tune-vary value set by hand, then Generate, "
@@ -650,6 +654,30 @@ def _tune(args: argparse.Namespace, settings: list[tuple[str, int]]) -> int:
     return 0
 
 
+def _play(args: argparse.Namespace) -> int:
+    """``bench browser --play PRESET``: how soon a preset's recording shows in the Live tab."""
+    if args.play not in list_presets():
+        raise CliError(f"--play: unknown preset {args.play!r}; available: {', '.join(list_presets())}")
+    problem = recording_problem(args.play)
+    if problem is not None:
+        raise CliError(f"--play: {problem}")
+    try:
+        if args.url:
+            result = measure_play(args.url, args.play)
+        else:
+            device = ["--device", args.device] if args.device else []
+            with launched_app(["--model", args.model, "--quant", args.quant, "--quant-backend", args.quant_backend,
+                               *device]) as url:
+                result = measure_play(url, args.play)
+    except BenchError as exc:
+        raise CliError(str(exc)) from None
+    print(f"Live tab, {args.play}'s recording played as fast as it draws (no model needed)")
+    print(f"click -> first token painted:     {result.first_token_painted:6.2f} s  (target <= 2 s)")
+    print(f"click -> the end on screen:        {result.done:6.2f} s  (the status polled every 0.25 s)")
+    print(f"status: {result.status.splitlines()[0] if result.status else ''}")
+    return 0
+
+
 @bench_kind("browser", _browser_args)
 def browser(args: argparse.Namespace) -> int:
     """Headless Chromium: click → first painted token, frames per second and long tasks during a long Live run."""
@@ -659,6 +687,8 @@ def browser(args: argparse.Namespace) -> int:
     settings = _thread_counts(args.threads)
     if args.tune:
         return _tune(args, settings)
+    if args.play is not None:
+        return _play(args)
     if args.url and len(settings) > 1:
         raise CliError("--threads with several settings starts the app for each; it cannot measure --url")
     if args.profile is not None and len(settings) > 1:

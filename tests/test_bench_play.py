@@ -1,0 +1,19 @@
+"""``bench browser --play PRESET`` checks the preset and its recording before it starts an app or a browser."""
+
+from __future__ import annotations
+
+import pytest
+
+from thinkviz import recordings
+from thinkviz.cli import main
+
+
+@pytest.mark.parametrize("preset, reason", [
+    ("nosuch", "--play: unknown preset 'nosuch'"),
+    ("generate_muffins", "--play: preset 'generate_muffins' has no recording yet"),
+])
+def test_play_needs_a_preset_with_a_current_recording(preset, reason, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(recordings, "RECORDINGS_DIR", tmp_path)  # a checkout with no recording
+    assert main(["bench", "browser", "--play", preset]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and reason in lines[0]
