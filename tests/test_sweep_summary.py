@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from thinkviz.bench.summary import SummaryError, load_sweep_rows, summary_table
+from thinkviz.bench.summary import SummaryError, load_sweep_rows, select_runs, summary_table
 from thinkviz.sweep import Budget, sweep_trace, write_rows
 from thinkviz.cli import main
 from thinkviz.replay import Trace
@@ -90,6 +90,22 @@ def test_cli_lines_up_sweep_folders_and_writes_the_table_and_figure(two_sweeps, 
     assert f"| window | 50% | {window['nll_delta']:.3f}" in table.replace("**", "")
     assert "Plotly.newPlot" in (out / "pareto.html").read_text(encoding="utf-8")
     assert len(load_sweep_rows([first, second])) == 2 * len(rows)
+
+
+def test_policies_keeps_the_rows_of_the_runs_named_and_refuses_a_name_no_row_has(tmp_path, capsys):
+    kept = select_runs(ROWS, ["full", "h2o"])
+    assert [(row["trace"], row["policy"]) for row in kept] == [
+        ("math", "full"), ("math", "h2o"), ("code", "full"), ("code", "h2o")]
+    assert [line.split(" | ")[0] for line in summary_table(kept).splitlines()[2:]] == ["| full", "| h2o"]
+    with pytest.raises(SummaryError, match="no rows of 'knorm' in the sweeps given"):
+        select_runs(ROWS, ["h2o", "knorm"])
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"meta": {}, "rows": ROWS}), encoding="utf-8")
+    assert main(["bench", "summary", str(path), "--policies", "window, think_drop"]) == 0
+    printed = capsys.readouterr().out
+    assert "| window | 25% |" in printed and "| think_drop | 25% |" in printed and "| h2o |" not in printed
+    assert main(["bench", "summary", str(path), "--policies", "knorm"]) == 2
+    assert "no rows of 'knorm'" in capsys.readouterr().err
 
 
 def test_the_same_sweep_twice_is_refused(two_sweeps):

@@ -72,6 +72,18 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def select_runs(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows of the runs ``names`` (as the table names them: ``h2o``, ``tam:compaction=match``,
+    ``h2o · recent=32``), in their stored order; :class:`SummaryError` for a name no row has."""
+    present = {run_label(row) for row in rows}
+    unknown = [name for name in names if name not in present]
+    if unknown:
+        raise SummaryError(f"no rows of {', '.join(map(repr, unknown))} in the sweeps given "
+                           f"(they have: {', '.join(sorted(present))})")
+    wanted = set(names)
+    return [row for row in rows if run_label(row) in wanted]
+
+
 def summary_table(rows: Sequence[dict[str, Any]], metric: str = "nll_delta") -> str:
     """Markdown: ``| policy | budget | [KV |] <one column per trace> | mean | peak KV (of full, worst) |``.
 

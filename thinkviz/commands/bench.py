@@ -24,7 +24,7 @@ from ..bench.quant_speed import measure_quant_speed
 from ..bench.replay_cost import measure_replay_cost
 from ..bench.served import served_app, short_replay
 from ..bench.soak import soak, soak_table
-from ..bench.summary import SummaryError, load_sweep_rows, summary_table
+from ..bench.summary import SummaryError, load_sweep_rows, select_runs, summary_table
 from ..cores import AUTO, TORCH, choose_threads, usable_cores
 from ..model import ModelLoadError, choose_backend, load_model
 from ..policies import PolicyConfigError, make_policy
@@ -510,6 +510,8 @@ def _summary_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweeps", nargs="+", metavar="SWEEP",
                         help="a sweep.json, or a folder written by bench sweep --out")
     parser.add_argument("--metric", default="nll_delta", help="nll_delta (default), kl or top1")
+    parser.add_argument("--policies", default=None,
+                        help="comma-separated runs to keep, as the table names them (default: every run)")
     parser.add_argument("--out", default=None,
                         help="also write summary.md and one Pareto figure with a panel per trace here")
 
@@ -519,6 +521,8 @@ def summary(args: argparse.Namespace) -> int:
     """Line up several sweeps: one row per (policy, budget), one column per trace."""
     try:
         rows = load_sweep_rows(args.sweeps)
+        if args.policies is not None:
+            rows = select_runs(rows, [name.strip() for name in args.policies.split(",") if name.strip()])
         table = summary_table(rows, args.metric)
     except SummaryError as exc:
         raise CliError(str(exc)) from None
