@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import pytest
 import torch
@@ -95,15 +97,19 @@ def test_projection_rejects_bad_input():
 
 
 def test_process_rss_follows_a_real_allocation():
-    """RSS holds a touched 64 MiB block and gives it back when the block is freed.
+    """RSS holds a touched 64 MiB mapping and gives it back when the mapping is unmapped.
 
-    Read across the free (an munmap, microseconds): across the allocation, which takes
-    milliseconds, a loaded machine may reclaim the process's file-backed pages meanwhile.
+    The block is an anonymous ``mmap`` of its own, not a numpy array: ``free`` of an array may
+    keep its pages (an allocator that retains freed memory, or a raised mmap threshold late in
+    a long test run), while ``munmap`` returns them at once.  Read across the unmap
+    (microseconds): across the allocation, which takes milliseconds, a loaded machine may
+    reclaim the process's file-backed pages meanwhile.
     """
-    block = np.ones(64 * 2**20, dtype=np.uint8)  # 64 MiB, touched; numpy mmaps a block this big
-    assert block.sum() == 64 * 2**20
+    size = 64 * 2**20
+    block = mmap.mmap(-1, size)
+    block.write(b"\x01" * size)  # every page touched
     held = process_rss_bytes()
-    del block
+    block.close()
     released = process_rss_bytes()
     assert held - released > 48 * 2**20
 
