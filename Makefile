@@ -1,5 +1,5 @@
 # make run   — create/refresh .venv, then start the app
-# make test  — the same with dev requirements and Chromium, then ruff check and pytest ($PYTEST_ARGS passed on)
+# make test  — the same with dev requirements and Chromium, then ruff check, ruff format --check and pytest ($PYTEST_ARGS passed on)
 # make bench — a benchmark through the CLI ($BENCH_ARGS, default: overhead)
 # make gpu-check — on a CUDA machine: the gpu tests and bench gpu, outputs into $GPU_OUT
 #                  (uses the machine's python3, no .venv; wheels from scripts/gpu-wheels.sh)
@@ -21,6 +21,7 @@ run: $(VENV)/.stamp-run
 
 test: $(VENV)/.stamp-dev chromium
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 bench: $(VENV)/.stamp-run

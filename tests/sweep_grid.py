@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -32,9 +32,28 @@ def sweep_grid(folder: Path) -> list[str]:
     for name, extra in (("alpha", ""), ("beta", "\n\nSo 14 it is, twice checked.\n")):
         (folder / f"{name}.md").write_text(TEXT + extra, encoding="utf-8")
         traces.append(str(folder / f"{name}.md"))
-    return ["bench", "sweep", "--model", model, "--quant", "none", "--device", "cpu", "--trace", *traces,
-            "--policies", "window,h2o", "--budgets", "0.5,40", "--kv-quants", ",".join(KV_QUANTS),
-            "--interval", "8", "--param", "recent=4"]
+    return [
+        "bench",
+        "sweep",
+        "--model",
+        model,
+        "--quant",
+        "none",
+        "--device",
+        "cpu",
+        "--trace",
+        *traces,
+        "--policies",
+        "window,h2o",
+        "--budgets",
+        "0.5,40",
+        "--kv-quants",
+        ",".join(KV_QUANTS),
+        "--interval",
+        "8",
+        "--param",
+        "recent=4",
+    ]
 
 
 def same_results(out: Path, reference: Path) -> None:

@@ -20,8 +20,20 @@ from thinkviz.bench.gpu import (
 from thinkviz.memory import TargetModel
 from thinkviz.random_model import random_model
 
-SMALL = TargetModel("small-qwen3", layers=2, q_heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=128,
-                    vocab=50_000, tied_embeddings=True, qk_norm=True, family="qwen3", max_context=4096)
+SMALL = TargetModel(
+    "small-qwen3",
+    layers=2,
+    q_heads=4,
+    kv_heads=2,
+    head_dim=16,
+    hidden=64,
+    intermediate=128,
+    vocab=50_000,
+    tied_embeddings=True,
+    qk_norm=True,
+    family="qwen3",
+    max_context=4096,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +66,24 @@ def test_peak_is_read_only_on_cuda():
 
 def test_report_json_and_markdown(small, tmp_path):
     messages = []
-    report = gpu_report(small, contexts=[128, 256], policies=["full", "h2o"], budget_fraction=0.25,
-                        decode_tokens=3, ratio_tokens=4, repeats=1, progress=messages.append)
+    report = gpu_report(
+        small,
+        contexts=[128, 256],
+        policies=["full", "h2o"],
+        budget_fraction=0.25,
+        decode_tokens=3,
+        ratio_tokens=4,
+        repeats=1,
+        progress=messages.append,
+    )
     assert [r["scoring"] for r in report["ratio"]] == [True, False]
     assert all(r["ratio"] == r["engine_tokens_per_second"] / r["generate_tokens_per_second"] for r in report["ratio"])
     assert [(r["context"], r["policy"]) for r in report["contexts"]] == [
-        (128, "full"), (128, "h2o"), (256, "full"), (256, "h2o")]
+        (128, "full"),
+        (128, "h2o"),
+        (256, "full"),
+        (256, "h2o"),
+    ]
     assert set(report["contexts"][0]) == set(ContextRow.__dataclass_fields__)
     assert report["meta"]["model"] == "small-qwen3 geometry, random weights"
     assert report["meta"]["kv_bytes_per_token"] == small.geometry.bytes_per_token
@@ -75,8 +99,10 @@ def test_report_json_and_markdown(small, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_the_command_refuses_without_cuda_in_one_line():
-    result = subprocess.run([sys.executable, "-m", "thinkviz", "bench", "gpu"], check=False, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "thinkviz", "bench", "gpu"], check=False, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2
-    assert result.stderr.strip() == ("thinkviz: error: bench gpu needs a CUDA GPU, and this machine has none "
-                                     "(torch.cuda.is_available() is False)")
+    assert result.stderr.strip() == (
+        "thinkviz: error: bench gpu needs a CUDA GPU, and this machine has none (torch.cuda.is_available() is False)"
+    )

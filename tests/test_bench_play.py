@@ -8,10 +8,13 @@ from thinkviz import recordings
 from thinkviz.cli import main
 
 
-@pytest.mark.parametrize("preset, reason", [
-    ("nosuch", "--play: unknown preset 'nosuch'"),
-    ("generate_muffins", "--play: preset 'generate_muffins' has no recording yet"),
-])
+@pytest.mark.parametrize(
+    "preset, reason",
+    [
+        ("nosuch", "--play: unknown preset 'nosuch'"),
+        ("generate_muffins", "--play: preset 'generate_muffins' has no recording yet"),
+    ],
+)
 def test_play_needs_a_preset_with_a_current_recording(preset, reason, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(recordings, "RECORDINGS_DIR", tmp_path)  # a checkout with no recording
     assert main(["bench", "browser", "--play", preset]) == 2

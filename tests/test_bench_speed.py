@@ -28,8 +28,22 @@ def _table_rows(out: str) -> dict[str, list[str]]:
 
 
 def test_quant_speed_compares_every_backend_with_float(tiny_folder, capsys):
-    out = _bench(capsys, "quant-speed", "--model", tiny_folder, "--device", "cpu", "--trace-tokens", "40",
-                 "--new-tokens", "4", "--chunk", "8", "--repeats", "1")
+    out = _bench(
+        capsys,
+        "quant-speed",
+        "--model",
+        tiny_folder,
+        "--device",
+        "cpu",
+        "--trace-tokens",
+        "40",
+        "--new-tokens",
+        "4",
+        "--chunk",
+        "8",
+        "--repeats",
+        "1",
+    )
     rows = _table_rows(out)
     assert list(rows) == ["float", "bitsandbytes", "torch-int4"]
     assert [rows[label][0] for label in rows] == ["none", "bitsandbytes", "torch-int4"]
@@ -47,13 +61,34 @@ def test_quant_speed_refuses_bad_numbers_in_one_line(capsys):
 
 
 def test_profile_accounts_for_the_whole_decode_step(tiny_folder, capsys):
-    out = _bench(capsys, "profile", "--model", tiny_folder, "--quant", "none", "--device", "cpu",
-                 "--budget", "40", "--new-tokens", "24", "--ops", "5")
+    out = _bench(
+        capsys,
+        "profile",
+        "--model",
+        tiny_folder,
+        "--quant",
+        "none",
+        "--device",
+        "cpu",
+        "--budget",
+        "40",
+        "--new-tokens",
+        "24",
+        "--ops",
+        "5",
+    )
     parts = _table_rows(out.split("\n\n")[0])
     from thinkviz.bench import profile
 
-    for part in (profile.LINEARS, profile.HEAD, profile.ATTENTION, profile.HOOKS, profile.POLICY, profile.GATHER,
-                 profile.REST):
+    for part in (
+        profile.LINEARS,
+        profile.HEAD,
+        profile.ATTENTION,
+        profile.HOOKS,
+        profile.POLICY,
+        profile.GATHER,
+        profile.REST,
+    ):
         assert part in parts, part
     assert float(parts[profile.LINEARS][2]) == 2 * 7  # two layers, seven linears each, every step
     assert float(parts[profile.HEAD][2]) == 1
@@ -65,8 +100,25 @@ def test_profile_accounts_for_the_whole_decode_step(tiny_folder, capsys):
 
 
 def test_profile_without_scores_of_an_attention_free_policy_runs_sdpa_without_hooks(tiny_folder, capsys):
-    out = _bench(capsys, "profile", "--model", tiny_folder, "--quant", "none", "--device", "cpu",
-                 "--policy", "knorm", "--no-scoring", "--budget", "40", "--new-tokens", "24", "--ops", "3")
+    out = _bench(
+        capsys,
+        "profile",
+        "--model",
+        tiny_folder,
+        "--quant",
+        "none",
+        "--device",
+        "cpu",
+        "--policy",
+        "knorm",
+        "--no-scoring",
+        "--budget",
+        "40",
+        "--new-tokens",
+        "24",
+        "--ops",
+        "3",
+    )
     assert "scoring off, sdpa attention" in out.splitlines()[0]
     parts = _table_rows(out.split("\n\n")[0])
     from thinkviz.bench import profile
@@ -77,8 +129,22 @@ def test_profile_without_scores_of_an_attention_free_policy_runs_sdpa_without_ho
 
 
 def test_overhead_at_long_context_gives_one_ratio_per_length(tiny_folder, capsys):
-    out = _bench(capsys, "overhead", "--model", tiny_folder, "--quant", "none", "--device", "cpu",
-                 "--context", "64,300", "--new-tokens", "6", "--budget", "40")
+    out = _bench(
+        capsys,
+        "overhead",
+        "--model",
+        tiny_folder,
+        "--quant",
+        "none",
+        "--device",
+        "cpu",
+        "--context",
+        "64,300",
+        "--new-tokens",
+        "6",
+        "--budget",
+        "40",
+    )
     rows = _table_rows(out)
     assert list(rows) == ["64", "300"]
     for cells in rows.values():
@@ -86,11 +152,14 @@ def test_overhead_at_long_context_gives_one_ratio_per_length(tiny_folder, capsys
         assert engine > 0 and baseline > 0 and abs(ratio - engine / baseline) < 0.01
 
 
-@pytest.mark.parametrize("args, reason", [
-    (["--context", "2048,abc"], "comma-separated"),
-    (["--context", "8"], "at least 16"),
-    (["--context", "4000", "--new-tokens", "1"], "--new-tokens must be"),
-])
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        (["--context", "2048,abc"], "comma-separated"),
+        (["--context", "8"], "at least 16"),
+        (["--context", "4000", "--new-tokens", "1"], "--new-tokens must be"),
+    ],
+)
 def test_overhead_context_refuses_bad_lengths_in_one_line(args, reason, capsys):
     assert main(["bench", "overhead", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()

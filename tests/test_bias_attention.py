@@ -64,8 +64,11 @@ def _filled_cache(loaded, length):
     to a function of its (layer, kv-head, position) so a misplaced bias shows."""
     cache = EvictingCache(loaded.model.config, bias_device="cpu")
     with torch.inference_mode():
-        loaded.model(input_ids=torch.arange(10, 10 + length)[None], cache=cache,
-                     attention_mask=causal_mask(0, length, torch.float32, "cpu"))
+        loaded.model(
+            input_ids=torch.arange(10, 10 + length)[None],
+            cache=cache,
+            attention_mask=causal_mask(0, length, torch.float32, "cpu"),
+        )
     cache.record_positions(torch.arange(length))
     for layer in range(len(cache.layers)):
         cache.set_bias(layer, _code(cache.position_table()[layer], layer))
@@ -141,10 +144,17 @@ def test_biases_shift_attention_as_the_logits_say(tiny_llama):
     handles = [layer.self_attn.register_forward_hook(keep_weights, with_kwargs=True) for layer in model.model.layers]
     arguments = [{"slot_bias": cache.layer_bias(i), "query_sink": sink} for i in range(len(cache.layers))]
     try:
-        with torch.inference_mode(), attention_implementation(model, BIASED_ATTENTION), \
-                LayerArguments(model, arguments):
-            model(input_ids=torch.tensor([[50]]), cache=cache, position_ids=torch.tensor([[8]]),
-                  attention_mask=causal_mask(8, 1, torch.float32, "cpu"))
+        with (
+            torch.inference_mode(),
+            attention_implementation(model, BIASED_ATTENTION),
+            LayerArguments(model, arguments),
+        ):
+            model(
+                input_ids=torch.tensor([[50]]),
+                cache=cache,
+                position_ids=torch.tensor([[8]]),
+                attention_mask=causal_mask(8, 1, torch.float32, "cpu"),
+            )
     finally:
         for handle in handles:
             handle.remove()

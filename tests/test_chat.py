@@ -156,9 +156,7 @@ def test_token_texts_batch_equals_decode_and_streaming(text, context):
     pieces = token_texts(tok, ids)
     assert len(pieces) == len(ids)
     assert "".join(pieces) == text + "."
-    streamed = [
-        token_texts(tok, ids[i : i + 1], prefix_ids=ids[max(0, i - context) : i])[0] for i in range(len(ids))
-    ]
+    streamed = [token_texts(tok, ids[i : i + 1], prefix_ids=ids[max(0, i - context) : i])[0] for i in range(len(ids))]
     assert streamed == pieces
 
 
@@ -246,9 +244,11 @@ R1_LIKE = (
 CONVERSATION = [
     {"role": "system", "content": "You are a coding agent."},
     {"role": "user", "content": "Fix area():\ndef area(r):\n    return 2 * r"},
-    {"role": "assistant",
-     "content": "<think>\nIt returns 2r.\n</think>\n\n```python\nimport math\ndef area(r):\n"
-                "    return math.pi * r * r\n```\n$ pytest -q"},
+    {
+        "role": "assistant",
+        "content": "<think>\nIt returns 2r.\n</think>\n\n```python\nimport math\ndef area(r):\n"
+        "    return math.pi * r * r\n```\n$ pytest -q",
+    },
     {"role": "tool", "content": "F\nFAILED test_area - NameError: name 'math' is not defined"},
     {"role": "tool", "content": ""},
     {"role": "user", "content": "Also keep the old name twice_r()."},
@@ -256,8 +256,16 @@ CONVERSATION = [
 ]
 
 
-R1_SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
-               "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"]
+R1_SPECIALS = [
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜tool▁outputs▁begin｜>",
+    "<｜tool▁outputs▁end｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+]
 
 
 def with_template(template):
@@ -332,10 +340,14 @@ def test_build_conversation_plain_format_and_template_failures():
     assert plain.text.endswith(f"Tool: {CONVERSATION[3]['content']}\n")
     check_turns(plain, CONVERSATION[:4])
     # a template that names 'tool' but drops tool messages: the fallback keeps them
-    dropping = build_conversation(with_template(
-        "{%- for m in messages %}{%- if m.role != 'tool' %}"
-        "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
-        "{%- endif %}{%- endfor %}"), CONVERSATION)
+    dropping = build_conversation(
+        with_template(
+            "{%- for m in messages %}{%- if m.role != 'tool' %}"
+            "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+            "{%- endif %}{%- endfor %}"
+        ),
+        CONVERSATION,
+    )
     assert TOOL_FALLBACK[0] + CONVERSATION[3]["content"] in dropping.text
     check_turns(dropping, CONVERSATION)
     with pytest.raises(ValueError, match="cannot render this conversation: roles must alternate"):

@@ -30,8 +30,10 @@ def _cli(*args):
         (["generate", "--param", "recent=5000", "--budget", "64", "hi"], "recent must be between"),
         (["generate", "--max-new-tokens", "0", "hi"], "max_new_tokens"),
         (["generate", "--vram-cap", "-1", "hi"], "the VRAM cap must be a positive number of GiB, got -1.0"),
-        (["generate", "--vram-cap", "4", "--device", "cpu", "hi"],
-         "a VRAM cap applies to a CUDA device, not cpu" if torch.cuda.is_available() else "needs a CUDA GPU"),
+        (
+            ["generate", "--vram-cap", "4", "--device", "cpu", "hi"],
+            "a VRAM cap applies to a CUDA device, not cpu" if torch.cuda.is_available() else "needs a CUDA GPU",
+        ),
         (["generate", "--model", "random:GPT-9", "--quant", "none", "hi"], "Unknown random-weights model"),
         (["generate", "--budget-fraction", "2", "hi"], "budget_fraction must be between 0.01 and 1.0, got 2.0"),
         (["bench", "overhead", "--policy", "lru"], "unknown policy 'lru'"),
@@ -59,8 +61,22 @@ def test_unknown_model_is_a_clear_error(tmp_path):
 @pytest.mark.integration
 def test_generate_streams_and_writes_a_recording(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["generate", "--policy", "h2o", "--budget", "64", "--param", "recent=16",
-                 "--max-new-tokens", "12", "--json", str(out), "What is 2 + 3?"])
+    code = main(
+        [
+            "generate",
+            "--policy",
+            "h2o",
+            "--budget",
+            "64",
+            "--param",
+            "recent=16",
+            "--max-new-tokens",
+            "12",
+            "--json",
+            str(out),
+            "What is 2 + 3?",
+        ]
+    )
     assert code == 0
     captured = capsys.readouterr()
     assert "<think>" in captured.out
@@ -74,8 +90,22 @@ def test_generate_streams_and_writes_a_recording(tmp_path, capsys):
 @pytest.mark.integration
 def test_generate_with_a_quantized_kv_cache_records_its_format_and_bytes(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["generate", "--policy", "full", "--kv-quant", "kivi2", "--kv-residual", "16",
-                 "--max-new-tokens", "8", "--json", str(out), "What is 2 + 3?"])
+    code = main(
+        [
+            "generate",
+            "--policy",
+            "full",
+            "--kv-quant",
+            "kivi2",
+            "--kv-residual",
+            "16",
+            "--max-new-tokens",
+            "8",
+            "--json",
+            str(out),
+            "What is 2 + 3?",
+        ]
+    )
     assert code == 0
     assert "KV format kivi2/r16" in capsys.readouterr().err
     record = RunRecord.load(out)
@@ -103,9 +133,9 @@ def test_policies_refuses_an_unknown_name_in_one_line():
 def test_a_vram_cap_is_refused_on_a_cpu():
     result = _cli("generate", "--vram-cap", "8", "hi")
     assert result.returncode == 2
-    assert result.stderr.strip() == ("thinkviz: error: a VRAM cap needs a CUDA GPU, and this machine has none "
-                                     "(it runs on the CPU)")
-
+    assert result.stderr.strip() == (
+        "thinkviz: error: a VRAM cap needs a CUDA GPU, and this machine has none (it runs on the CPU)"
+    )
 
 
 def test_the_console_script_is_the_module_entry_point():

@@ -79,8 +79,10 @@ def test_int4_and_int8_linears_compute_with_their_dequantized_weights(rows):
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 96)
     x = torch.randn(2, rows, 256)
-    for module, dequantize in ((cpu_int4.Int4Linear(linear), cpu_int4.dequantized_int4),
-                               (cpu_int4.Int8Linear(linear), cpu_int4.dequantized_int8)):
+    for module, dequantize in (
+        (cpu_int4.Int4Linear(linear), cpu_int4.dequantized_int4),
+        (cpu_int4.Int8Linear(linear), cpu_int4.dequantized_int8),
+    ):
         with torch.inference_mode():
             got = module(x)
         want = torch.nn.functional.linear(x, dequantize(linear.weight), linear.bias)
@@ -166,7 +168,7 @@ def test_embedded_model_nll_is_at_least_as_good_as_nf4(embedded_model_int4, embe
     trace = load_trace("math_h2o_vs_window")
     prompt, ids = prepare_trace(nf4, trace.system, trace.question, trace.text, max_tokens=128)
     sequence = torch.tensor([prompt.ids + ids])
-    targets = sequence[0, len(prompt.ids):]
+    targets = sequence[0, len(prompt.ids) :]
 
     def nll(loaded):
         with torch.inference_mode():

@@ -23,10 +23,14 @@ def _hf_greedy(loaded, prompt, n):
     ids = torch.tensor([prompt], device=loaded.device)
     with torch.inference_mode():
         out = loaded.model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-            do_sample=False, pad_token_id=0,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
         )
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3", "tiny_llama_int4", "tiny_qwen3_int4"])
@@ -34,8 +38,7 @@ def _hf_greedy(loaded, prompt, n):
 def test_greedy_equals_model_generate_when_budget_covers_everything(arch_fixture, policy_name, request):
     loaded = request.getfixturevalue(arch_fixture)
     prompt = _prompt(loaded)
-    run = Run(loaded, make_policy(policy_name, budget=64), prompt,
-              DecodeSettings(max_new_tokens=24, stop_at_eos=False))
+    run = Run(loaded, make_policy(policy_name, budget=64), prompt, DecodeSettings(max_new_tokens=24, stop_at_eos=False))
     ours = [t for e in run.generate() for t in e.token_ids]
     assert ours == _hf_greedy(loaded, prompt, 24)
     assert all(not e.evicted for e in run.record.events)
@@ -45,8 +48,12 @@ def test_greedy_equals_model_generate_when_budget_covers_everything(arch_fixture
 def test_kv_bytes_are_real_and_bounded(tiny_llama, interval):
     loaded = tiny_llama
     budget = 16
-    run = Run(loaded, make_policy("h2o", budget=budget, interval=interval, recent=4), _prompt(loaded, 10),
-              DecodeSettings(max_new_tokens=40, stop_at_eos=False))
+    run = Run(
+        loaded,
+        make_policy("h2o", budget=budget, interval=interval, recent=4),
+        _prompt(loaded, 10),
+        DecodeSettings(max_new_tokens=40, stop_at_eos=False),
+    )
     per_token = loaded.geometry.bytes_per_token
     for event in run.generate():
         tensors = sum(layer.keys.nbytes + layer.values.nbytes for layer in run.cache.layers)
@@ -59,8 +66,12 @@ def test_kv_bytes_are_real_and_bounded(tiny_llama, interval):
 
 
 def test_keep_fraction_and_evicted_agree(tiny_llama):
-    run = Run(tiny_llama, make_policy("h2o", budget=12, recent=2), _prompt(tiny_llama, 8),
-              DecodeSettings(max_new_tokens=20, stop_at_eos=False))
+    run = Run(
+        tiny_llama,
+        make_policy("h2o", budget=12, recent=2),
+        _prompt(tiny_llama, 8),
+        DecodeSettings(max_new_tokens=20, stop_at_eos=False),
+    )
     gone: set[int] = set()
     for event in run.generate():
         gone |= set(event.evicted)
@@ -73,8 +84,12 @@ def test_keep_fraction_and_evicted_agree(tiny_llama):
 
 def test_sampling_is_reproducible_with_a_seed(tiny_llama):
     def sample(seed):
-        run = Run(tiny_llama, make_policy("tova", budget=16), _prompt(tiny_llama),
-                  DecodeSettings(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=seed, stop_at_eos=False))
+        run = Run(
+            tiny_llama,
+            make_policy("tova", budget=16),
+            _prompt(tiny_llama),
+            DecodeSettings(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=seed, stop_at_eos=False),
+        )
         return [t for e in run.generate() for t in e.token_ids]
 
     assert sample(3) == sample(3)
@@ -83,8 +98,13 @@ def test_sampling_is_reproducible_with_a_seed(tiny_llama):
 
 def test_cancel_stops_the_run(tiny_llama):
     cancel = threading.Event()
-    run = Run(tiny_llama, make_policy("window", budget=16), _prompt(tiny_llama),
-              DecodeSettings(max_new_tokens=50, stop_at_eos=False), cancel=cancel)
+    run = Run(
+        tiny_llama,
+        make_policy("window", budget=16),
+        _prompt(tiny_llama),
+        DecodeSettings(max_new_tokens=50, stop_at_eos=False),
+        cancel=cancel,
+    )
     events = []
     for event in run.generate():
         events.append(event)
@@ -115,8 +135,12 @@ def test_empty_and_overlong_prompts_are_refused(tiny_llama):
 
 
 def test_chunked_prefill_compresses_long_prompts(tiny_llama):
-    run = Run(tiny_llama, make_policy("streaming", budget=16, n_sink=4), _prompt(tiny_llama, 100),
-              DecodeSettings(max_new_tokens=2, prefill_chunk=16, stop_at_eos=False))
+    run = Run(
+        tiny_llama,
+        make_policy("streaming", budget=16, n_sink=4),
+        _prompt(tiny_llama, 100),
+        DecodeSettings(max_new_tokens=2, prefill_chunk=16, stop_at_eos=False),
+    )
     events = list(run.generate())
     assert run.record.summary["peak_kv_bytes"] <= (16 + 16) * tiny_llama.geometry.bytes_per_token
     kept = np.flatnonzero(events[-1].keep_fraction)
@@ -130,8 +154,7 @@ def test_embedded_4bit_model_generates_32_tokens_through_h2o(embedded_model):
     assert embedded_model.quantization == "4bit"
     prompt = build_chat(embedded_model.tokenizer, REASONING_SYSTEM_PROMPT, "What is 12 times 3?")
     policy = make_policy("h2o", budget=64, recent=16, protect_system=False, protect_question=False)
-    run = Run(embedded_model, policy, prompt,
-              DecodeSettings(max_new_tokens=32, stop_at_eos=False))
+    run = Run(embedded_model, policy, prompt, DecodeSettings(max_new_tokens=32, stop_at_eos=False))
     events = list(run.generate())
     assert len(events) == 32
     assert run.record.generated_text.strip()
@@ -142,17 +165,21 @@ def test_embedded_4bit_model_generates_32_tokens_through_h2o(embedded_model):
 
 def test_two_threads_sharing_one_model_get_their_own_results(tiny_llama):
     """Runs in parallel threads on one model equal the same runs done one after the other."""
+
     def tokens_and_scores(policy, prompt):
-        run = Run(tiny_llama, make_policy(policy, budget=40), prompt,
-                  DecodeSettings(max_new_tokens=20, stop_at_eos=False))
+        run = Run(
+            tiny_llama, make_policy(policy, budget=40), prompt, DecodeSettings(max_new_tokens=20, stop_at_eos=False)
+        )
         events = list(run.generate())
         return [e.token_ids for e in events], events[-1].scores
 
     jobs = [("h2o", _prompt(tiny_llama, 20, seed=1)), ("tova", _prompt(tiny_llama, 30, seed=2))]
     alone = [tokens_and_scores(*job) for job in jobs]
     together: dict[int, tuple] = {}
-    threads = [threading.Thread(target=lambda i=i, job=job: together.__setitem__(i, tokens_and_scores(*job)))
-               for i, job in enumerate(jobs)]
+    threads = [
+        threading.Thread(target=lambda i=i, job=job: together.__setitem__(i, tokens_and_scores(*job)))
+        for i, job in enumerate(jobs)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -182,8 +209,12 @@ def test_the_record_keeps_segments_and_prompt_labels_current_while_the_run_strea
 
 
 def test_a_prompt_of_plain_ids_has_no_segments_or_labels(tiny_llama):
-    run = Run(tiny_llama, make_policy("window", budget=16), list(range(100, 120)),
-              DecodeSettings(max_new_tokens=3, stop_at_eos=False))
+    run = Run(
+        tiny_llama,
+        make_policy("window", budget=16),
+        list(range(100, 120)),
+        DecodeSettings(max_new_tokens=3, stop_at_eos=False),
+    )
     list(run.generate())
     assert run.record.segments == [] and run.record.prompt_labels == []
 

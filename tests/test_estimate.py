@@ -64,8 +64,12 @@ def test_a_generation_takes_about_what_was_estimated_and_progress_counts_down(ti
     plan = [Phase("generate", runs=1, prompt_tokens=len(prompt.ids), tokens=tokens)]
     progress = Progress(speed, plan, clock)
     start = clock()
-    run = Run(loaded, make_policy("h2o", budget=48, interval=1), prompt,
-              DecodeSettings(max_new_tokens=tokens, stop_at_eos=False))
+    run = Run(
+        loaded,
+        make_policy("h2o", budget=48, interval=1),
+        prompt,
+        DecodeSettings(max_new_tokens=tokens, stop_at_eos=False),
+    )
     left_at_half = None
     for event in run.generate():
         progress.step()
@@ -93,8 +97,10 @@ def test_learning_moves_the_estimate_towards_what_runs_take():
     assert speed.estimate(plan) == pytest.approx(3 * before, rel=0.1)
 
 
-@pytest.mark.parametrize("seconds, text", [(3, "under 5 s"), (41, "about 40 s"), (130, "about 2 min 10 s"),
-                                           (120, "about 2 min"), (1500, "about 25 min")])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [(3, "under 5 s"), (41, "about 40 s"), (130, "about 2 min 10 s"), (120, "about 2 min"), (1500, "about 25 min")],
+)
 def test_durations_read_as_people_say_them(seconds, text):
     assert format_seconds(seconds) == text
 
@@ -102,9 +108,13 @@ def test_durations_read_as_people_say_them(seconds, text):
 def test_the_fit_prices_a_decode_step_as_well_as_a_replayed_chunk():
     # calibration timings shaped like this machine's: decode steps of 15 ms, 32-row chunks of 80 ms, and two
     # prefills that grow faster than their length (attention over the prompt)
-    samples = ([(1, 96 + i, 0.015) for i in range(4)] + [(1, 384 + i, 0.016) for i in range(4)]
-               + [(32, 96 + 32 * i, 0.080) for i in range(1, 3)] + [(32, 384 + 32 * i, 0.085) for i in range(1, 3)]
-               + [(128, 0, 0.35), (416, 0, 2.2)])
+    samples = (
+        [(1, 96 + i, 0.015) for i in range(4)]
+        + [(1, 384 + i, 0.016) for i in range(4)]
+        + [(32, 96 + 32 * i, 0.080) for i in range(1, 3)]
+        + [(32, 384 + 32 * i, 0.085) for i in range(1, 3)]
+        + [(128, 0, 0.35), (416, 0, 2.2)]
+    )
     speed = Speed.fit(samples)
     for q, cached, seconds in samples:
         if q <= 32:  # what a generation and a replay take step after step

@@ -15,8 +15,12 @@ from tiny_models import tiny_model
 
 @pytest.fixture(scope="module")
 def record():
-    run = Run(tiny_model("llama"), make_policy("h2o", budget=12, recent=2), list(range(100, 120)),
-              DecodeSettings(max_new_tokens=10, stop_at_eos=False))
+    run = Run(
+        tiny_model("llama"),
+        make_policy("h2o", budget=12, recent=2),
+        list(range(100, 120)),
+        DecodeSettings(max_new_tokens=10, stop_at_eos=False),
+    )
     list(run.generate())
     return run.record
 
@@ -68,8 +72,9 @@ def test_pickled_npz_is_never_unpickled(record, tmp_path):
 
 
 def test_prompt_labels_round_trip_and_older_recordings_load_without_them(record, tmp_path):
-    labelled = RunRecord(meta=record.meta, prompt_ids=[1, 2], prompt_texts=["<s>", "Hi"],
-                         prompt_labels=["template", "user"])
+    labelled = RunRecord(
+        meta=record.meta, prompt_ids=[1, 2], prompt_texts=["<s>", "Hi"], prompt_labels=["template", "user"]
+    )
     json_path, _ = labelled.save(tmp_path / "labelled")
     assert RunRecord.load(json_path).prompt_labels == ["template", "user"]
     doc = json.loads(json_path.read_text())

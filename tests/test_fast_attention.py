@@ -69,8 +69,9 @@ def _kernels_read(model) -> set[str]:
 
 
 @pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
-def test_the_kernel_switch_writes_what_set_attn_implementation_writes_and_restores_it(arch_fixture, request,
-                                                                                    monkeypatch):
+def test_the_kernel_switch_writes_what_set_attn_implementation_writes_and_restores_it(
+    arch_fixture, request, monkeypatch
+):
     model = request.getfixturevalue(arch_fixture).model
     with attention_implementation(model, "sdpa"):  # the first switch to a kernel may validate it
         assert _kernels_read(model) == {"sdpa"}

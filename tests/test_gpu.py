@@ -53,14 +53,44 @@ BLOCK = 512  # PyTorch's CUDA allocator rounds every block up to a multiple of 5
 
 # The embedded model's geometry (the config.json of its conversion): random weights stand in
 # for it where its files are absent.
-SMOLLM2 = TargetModel("SmolLM2-135M", layers=30, q_heads=9, kv_heads=3, head_dim=64, hidden=576,
-                      intermediate=1536, vocab=49152, tied_embeddings=True, max_context=8192)
+SMOLLM2 = TargetModel(
+    "SmolLM2-135M",
+    layers=30,
+    q_heads=9,
+    kv_heads=3,
+    head_dim=64,
+    hidden=576,
+    intermediate=1536,
+    vocab=49152,
+    tied_embeddings=True,
+    max_context=8192,
+)
 # Small enough to run in seconds, deep enough for bf16 rounding to compound.
-ORACLE = TargetModel("oracle-llama", layers=4, q_heads=8, kv_heads=2, head_dim=32, hidden=256,
-                     intermediate=512, vocab=49152, tied_embeddings=True, max_context=4096)
+ORACLE = TargetModel(
+    "oracle-llama",
+    layers=4,
+    q_heads=8,
+    kv_heads=2,
+    head_dim=32,
+    hidden=256,
+    intermediate=512,
+    vocab=49152,
+    tied_embeddings=True,
+    max_context=4096,
+)
 # 64 KiB of KV cache per token: a few hundred MiB of cap are reached in a few thousand tokens.
-BIG_KV = TargetModel("big-kv-llama", layers=8, q_heads=16, kv_heads=16, head_dim=128, hidden=1024,
-                     intermediate=2048, vocab=49152, tied_embeddings=True, max_context=16384)
+BIG_KV = TargetModel(
+    "big-kv-llama",
+    layers=8,
+    q_heads=16,
+    kv_heads=16,
+    head_dim=128,
+    hidden=1024,
+    intermediate=2048,
+    vocab=49152,
+    tied_embeddings=True,
+    max_context=16384,
+)
 
 
 def _embedded_files_present() -> bool:
@@ -83,8 +113,11 @@ def cuda_model(request):
 def oracle_models():
     """The same random weights on CUDA in float32 and in bf16."""
     fp32 = random_model(ORACLE, CUDA, dtype=torch.float32, seed=3)
-    bf16 = dataclasses.replace(fp32, model=copy.deepcopy(fp32.model).to(torch.bfloat16),
-                               geometry=dataclasses.replace(fp32.geometry, dtype_bytes=2))
+    bf16 = dataclasses.replace(
+        fp32,
+        model=copy.deepcopy(fp32.model).to(torch.bfloat16),
+        geometry=dataclasses.replace(fp32.geometry, dtype_bytes=2),
+    )
     return fp32, bf16
 
 
@@ -117,8 +150,12 @@ def test_the_model_runs_on_cuda_in_bf16(cuda_model):
         assert all(m.weight.quant_state is not None for m in linears)
     else:
         assert not linears
-    run = Run(loaded, make_policy("h2o", budget=48, recent=8), _prompt(loaded, 40),
-              DecodeSettings(max_new_tokens=16, stop_at_eos=False))
+    run = Run(
+        loaded,
+        make_policy("h2o", budget=48, recent=8),
+        _prompt(loaded, 40),
+        DecodeSettings(max_new_tokens=16, stop_at_eos=False),
+    )
     events = list(run.generate())
     assert len(events) == 16 and max(e.kv_tokens for e in events) <= 48 + 1
     for layer in run.cache.layers:
@@ -138,8 +175,10 @@ def test_greedy_equals_model_generate_with_a_covering_budget(cuda_model, policy_
 
 
 # ---- eviction is exact on CUDA -----------------------------------------------------------
-@pytest.mark.parametrize("policy", [{"name": "window", "budget": 24, "interval": 4},
-                                    {"name": "h2o", "budget": 24, "interval": 4, "recent": 4}])
+@pytest.mark.parametrize(
+    "policy",
+    [{"name": "window", "budget": 24, "interval": 4}, {"name": "h2o", "budget": 24, "interval": 4, "recent": 4}],
+)
 def test_oracle_in_float32_on_cuda(oracle_models, policy):
     fp32, _ = oracle_models
     made = make_policy(**policy)
@@ -166,8 +205,9 @@ def test_oracle_in_bf16_against_a_float32_reference(oracle_models):
 def test_kv_bytes_and_allocated_memory_follow_the_cache_every_step(oracle_models, released):
     _, bf16 = oracle_models
     per_token = bf16.geometry.bytes_per_token
-    events = list(_run_frames(bf16, make_policy("full"), _prompt(bf16, 20),
-                              DecodeSettings(max_new_tokens=64, stop_at_eos=False)))
+    events = list(
+        _run_frames(bf16, make_policy("full"), _prompt(bf16, 20), DecodeSettings(max_new_tokens=64, stop_at_eos=False))
+    )
     assert all(e.info["device_memory"]["kind"] == "cuda" for e in events)
     allocated = [e.info["device_memory"]["allocated"] for e in events]
     for before, after, a0, a1 in zip(events, events[1:], allocated, allocated[1:]):
@@ -179,8 +219,12 @@ def test_kv_bytes_and_allocated_memory_follow_the_cache_every_step(oracle_models
 def test_reported_kv_bytes_are_the_cuda_tensors_nbytes(oracle_models):
     _, bf16 = oracle_models
     budget, interval = 16, 5
-    run = Run(bf16, make_policy("h2o", budget=budget, interval=interval, recent=4), _prompt(bf16, 10),
-              DecodeSettings(max_new_tokens=40, stop_at_eos=False))
+    run = Run(
+        bf16,
+        make_policy("h2o", budget=budget, interval=interval, recent=4),
+        _prompt(bf16, 10),
+        DecodeSettings(max_new_tokens=40, stop_at_eos=False),
+    )
     for event in run.generate():
         layers = run.cache.layers
         assert all(layer.keys.is_cuda and layer.values.is_cuda for layer in layers)
@@ -208,8 +252,10 @@ def test_a_real_out_of_memory_is_caught_reported_and_its_memory_returned(release
     base = torch.cuda.memory_allocated(CUDA)
     # room for the h2o run (at most 512 slots: 32 MiB, and its activations), not the full one
     set_vram_cap((torch.cuda.memory_reserved(CUDA) + 160 * MIB) / GIB, CUDA)
-    with caplog.at_level(logging.ERROR, logger="thinkviz.faults"), \
-            pytest.raises(RunFault, match="^the full run ran out of device memory and was stopped; its cache is freed"):
+    with (
+        caplog.at_level(logging.ERROR, logger="thinkviz.faults"),
+        pytest.raises(RunFault, match="^the full run ran out of device memory and was stopped; its cache is freed"),
+    ):
         for _ in guard_frames(_run_frames(loaded, make_policy("full"), prompt, settings), "the full run", CUDA):
             pass
     assert "OutOfMemoryError" in caplog.text  # a real one, from the allocator

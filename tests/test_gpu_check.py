@@ -25,8 +25,9 @@ def _gpu_test_files() -> list[str]:
 
 
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], check=False, capture_output=True, text=True, timeout=300,
-                          cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], check=False, capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
 
 
 def _collected(output: str) -> int:
@@ -37,12 +38,19 @@ def _collected(output: str) -> int:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_gpu_check_refuses_without_cuda_in_one_line(tmp_path):
-    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], check=False, capture_output=True,
-                            text=True, timeout=120, env={"GPU_PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "out")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"GPU_PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         f"gpu-check: no CUDA GPU here ({sys.executable} has no torch that sees one); "
-        "run it on a machine with an NVIDIA GPU"]
+        "run it on a machine with an NVIDIA GPU"
+    ]
     assert not (tmp_path / "out").exists()
 
 
@@ -51,15 +59,23 @@ def test_every_gpu_test_is_in_the_files_gpu_check_runs_and_they_import_without_g
     collect = ["--collect-only", "-q", "-p", "no:cacheprovider", "-m", "gpu"]
     there = _python(WITHOUT + "import pytest\nsys.exit(pytest.main(sys.argv[1:]))", *collect, *files)
     assert there.returncode == 0, there.stdout[-3000:] + there.stderr[-3000:]
-    everywhere = subprocess.run([sys.executable, "-m", "pytest", *collect, "tests"], check=False, capture_output=True,
-                                text=True, timeout=300, cwd=ROOT)
+    everywhere = subprocess.run(
+        [sys.executable, "-m", "pytest", *collect, "tests"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert _collected(there.stdout) == _collected(everywhere.stdout) >= 15
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_bench_gpu_imports_without_gradio_plotly_gguf_and_refuses_without_cuda():
-    result = _python(WITHOUT + "sys.argv = ['thinkviz', 'bench', 'gpu']\n"
-                     "runpy.run_module('thinkviz', run_name='__main__')")
+    result = _python(
+        WITHOUT + "sys.argv = ['thinkviz', 'bench', 'gpu']\nrunpy.run_module('thinkviz', run_name='__main__')"
+    )
     assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stderr.strip() == ("thinkviz: error: bench gpu needs a CUDA GPU, and this machine has none "
-                                     "(torch.cuda.is_available() is False)")
+    assert result.stderr.strip() == (
+        "thinkviz: error: bench gpu needs a CUDA GPU, and this machine has none (torch.cuda.is_available() is False)"
+    )

@@ -72,8 +72,9 @@ def exploding(monkeypatch):
 
 
 def _live(tiny, policy, cancel=None):
-    return live_frames(tiny, policy, QUESTION, SETTINGS, cancel or threading.Event(), TokenChannel("t"),
-                       None, FramePacer(0.0))
+    return live_frames(
+        tiny, policy, QUESTION, SETTINGS, cancel or threading.Event(), TokenChannel("t"), None, FramePacer(0.0)
+    )
 
 
 def _compare(tiny, policies):

@@ -21,8 +21,25 @@ from thinkviz.segments import Segmenter
 from thinkviz.ui.stream import TokenChannel
 from thinkviz.viz.tokens import MODES, TokenData, render_tokens
 
-MARKERS = ["<think>", "</think>", "<think", "think>", "```python\n", "```", "\n\n", "\n", "def f(x):\n",
-           "    return x\n", "Step 1:", "<|im_start|>", "\r\n", "\x00", "\u202e", "&amp;", "<script>"]
+MARKERS = [
+    "<think>",
+    "</think>",
+    "<think",
+    "think>",
+    "```python\n",
+    "```",
+    "\n\n",
+    "\n",
+    "def f(x):\n",
+    "    return x\n",
+    "Step 1:",
+    "<|im_start|>",
+    "\r\n",
+    "\x00",
+    "\u202e",
+    "&amp;",
+    "<script>",
+]
 pieces = st.one_of(st.sampled_from(MARKERS), st.text(max_size=8))
 
 
@@ -43,8 +60,10 @@ def test_segmenter_survives_any_text_fed_in_any_pieces(feeds, finish):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(max_size=200) | st.lists(st.sampled_from(["(", "[", "-", "lambda:", "\\", "\x00", "'''"]),
-                                        max_size=400).map("".join))
+@given(
+    st.text(max_size=200)
+    | st.lists(st.sampled_from(["(", "[", "-", "lambda:", "\\", "\x00", "'''"]), max_size=400).map("".join)
+)
 def test_the_parse_check_answers_for_any_text(source):
     assert isinstance(code_parses(source), bool)
 
@@ -68,8 +87,9 @@ def test_streamed_patches_of_hostile_text_stay_text_and_rebuild_the_view(stream,
         if evict:
             keep[len(prompt) + i // 2] = 0.0
         scores = np.full(len(texts), score, dtype=np.float32)
-        data = TokenData(texts=list(texts), scores=scores, keep_fraction=np.array(keep), labels=seg.labels(),
-                         spans=seg.spans())
+        data = TokenData(
+            texts=list(texts), scores=scores, keep_fraction=np.array(keep), labels=seg.labels(), spans=seg.spans()
+        )
         message = json.loads(json.dumps(channel.message(data)))
         patch = message["patch"]
         for fragment in (patch["reset"], patch["append"]):

@@ -39,8 +39,12 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def record(tiny):
-    run = Run(tiny, make_policy("h2o", budget=12, recent=2), list(range(100, 120)),
-              DecodeSettings(max_new_tokens=6, stop_at_eos=False))
+    run = Run(
+        tiny,
+        make_policy("h2o", budget=12, recent=2),
+        list(range(100, 120)),
+        DecodeSettings(max_new_tokens=6, stop_at_eos=False),
+    )
     list(run.generate())
     return run.record
 
@@ -48,8 +52,14 @@ def record(tiny):
 def test_a_prompt_longer_than_the_context_is_refused_before_it_runs(tiny):
     words = tiny.geometry.max_context + 10  # at least one token per word
     request = RunInput(system=None, question="go " * words)
-    frames = live_frames(tiny, make_policy("window", budget=64), request, DecodeSettings(max_new_tokens=4),
-                         threading.Event(), TokenChannel("t"))
+    frames = live_frames(
+        tiny,
+        make_policy("window", budget=64),
+        request,
+        DecodeSettings(max_new_tokens=4),
+        threading.Event(),
+        TokenChannel("t"),
+    )
     with pytest.raises(RunInputError, match=f"the model's context is {tiny.geometry.max_context}"):
         next(frames)
 
@@ -120,10 +130,13 @@ def test_member_names_that_climb_out_are_written_inside_the_import_folder(record
     assert not target.with_suffix(".json").exists() and not Path("/tmp/escaped.json").exists()
 
 
-@pytest.mark.parametrize("payload, reason", [
-    (b"\xff\xfe\x00not utf-8 at all", "not a ThinkViz recording"),
-    (b"[1, 2, 3]", "not a ThinkViz recording"),
-])
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        (b"\xff\xfe\x00not utf-8 at all", "not a ThinkViz recording"),
+        (b"[1, 2, 3]", "not a ThinkViz recording"),
+    ],
+)
 def test_uploads_that_are_not_our_json_are_refused(record, tmp_path, payload, reason):
     parts = _members(record, tmp_path)
     archive = _zip(tmp_path / "other.zip", {"r.json": payload, "r.npz": parts[".npz"]})
@@ -140,11 +153,14 @@ def test_another_format_version_is_refused_through_the_upload(record, tmp_path):
         import_recording([archive])
 
 
-@pytest.mark.parametrize("field, value", [
-    ("step", "<img src=x onerror=alert(1)>"),
-    ("kv_tokens", "<script>alert(1)</script>"),
-    ("texts", [{"html": "<b>"}]),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("step", "<img src=x onerror=alert(1)>"),
+        ("kv_tokens", "<script>alert(1)</script>"),
+        ("texts", [{"html": "<b>"}]),
+    ],
+)
 def test_recording_fields_of_the_wrong_type_are_refused(record, tmp_path, field, value):
     parts = _members(record, tmp_path)
     doc = json.loads(parts[".json"])
@@ -184,11 +200,14 @@ def test_sliders_refuse_what_is_not_a_number_naming_the_control(payload):
         budget.preprocess(65)
 
 
-@pytest.mark.parametrize("content, reason", [
-    (None, "unknown preset 'no_such_preset'"),
-    (b"title: [unclosed\n", "malformed YAML"),
-    ("title: caf\u00e9\n".encode("latin-1"), "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (None, "unknown preset 'no_such_preset'"),
+        (b"title: [unclosed\n", "malformed YAML"),
+        ("title: caf\u00e9\n".encode("latin-1"), "not UTF-8"),
+    ],
+)
 def test_the_cli_refuses_unknown_and_broken_presets_in_one_line(tmp_path, content, reason):
     from test_sweep_cli import _cli, _one_line_error
 
@@ -236,8 +255,18 @@ def _prompt_texts_not_text(doc, arrays):
     doc["prompt_texts"] = [1, 2]
 
 
-@pytest.mark.parametrize("damage", [_short_scores, _keep_of_two_dims, _meta_not_a_mapping, _geometry_not_numbers,
-                                    _no_events, _segment_bounds_not_numbers, _prompt_texts_not_text])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _short_scores,
+        _keep_of_two_dims,
+        _meta_not_a_mapping,
+        _geometry_not_numbers,
+        _no_events,
+        _segment_bounds_not_numbers,
+        _prompt_texts_not_text,
+    ],
+)
 def test_inconsistent_recordings_end_in_a_message_on_upload_or_in_explore(record, tmp_path, damage):
     """Whatever a recording claims, opening and exploring it raises ValueError (a RecordingError or a
     renderer's refusal): the UI shows those as messages."""

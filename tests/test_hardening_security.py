@@ -93,8 +93,9 @@ def test_plain_markdown_never_lets_text_become_a_tag_or_a_link(text):
 
 def test_model_status_shows_names_and_errors_as_text():
     failed = load_status_markdown(LoadStatus(HOSTILE, "4bit", 1.0, "Loading failed", error=f"no model {HOSTILE}"))
-    switched = load_status_markdown(LoadStatus("embedded", "4bit", 1.0, "Still using embedded", ready=True,
-                                               note=f"Could not load {HOSTILE}"))
+    switched = load_status_markdown(
+        LoadStatus("embedded", "4bit", 1.0, "Still using embedded", ready=True, note=f"Could not load {HOSTILE}")
+    )
     loading = load_status_markdown(LoadStatus(HOSTILE, "4bit", 0.5, f"Loading {HOSTILE}"))
     for line in (failed, switched):
         assert Tags(line).tags == [] and "&lt;script&gt;" in line and "\\[click\\]" in line
@@ -113,7 +114,6 @@ def test_preset_notices_keep_their_markdown_but_show_tags_as_text():
     notice = inputs.PresetChoice(hostile, choice.system, choice.trace).notice
     assert notice == "**T &lt;b&gt;**\n\nUses **two** &lt;think&gt; blocks"
     assert no_markup("a < b & c") == "a &lt; b &amp; c"
-
 
 
 def test_a_bad_vram_cap_stops_the_app_with_one_line(launch_kwargs, capsys):

@@ -60,9 +60,12 @@ def test_recorded_frames_of_every_policy_are_never_saturated(tiny, name):
 
 
 def test_the_recent_window_is_not_ranked(tiny):
-    run = Run(tiny, make_policy("h2o", budget=48, recent=8, interval=4),
-              build_chat(tiny.tokenizer, "Be brief.", "What is 2+2?"),
-              DecodeSettings(max_new_tokens=60, stop_at_eos=False))
+    run = Run(
+        tiny,
+        make_policy("h2o", budget=48, recent=8, interval=4),
+        build_chat(tiny.tokenizer, "Be brief.", "What is 2+2?"),
+        DecodeSettings(max_new_tokens=60, stop_at_eos=False),
+    )
     list(run.generate())
     view = token_view(run.record)
     levels = heat_levels(view.scores, len(view.texts), view.ranked)
@@ -71,7 +74,11 @@ def test_the_recent_window_is_not_ranked(tiny):
     competing = levels[view.ranked]
     assert (competing[np.isfinite(np.asarray(view.scores)[view.ranked])] >= 0).all()
     assert (competing == HEAT_LEVELS - 1).mean() <= 0.15
-    full = Run(tiny, make_policy("full"), build_chat(tiny.tokenizer, "Be brief.", "What is 2+2?"),
-               DecodeSettings(max_new_tokens=4, stop_at_eos=False))
+    full = Run(
+        tiny,
+        make_policy("full"),
+        build_chat(tiny.tokenizer, "Be brief.", "What is 2+2?"),
+        DecodeSettings(max_new_tokens=4, stop_at_eos=False),
+    )
     list(full.generate())
     assert token_view(full.record).ranked is None  # nothing is evicted: every token's attention is shown

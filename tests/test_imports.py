@@ -29,9 +29,6 @@ DEFERRED = {
     # Ray is optional (requirements-dev): only a sweep that asks for workers imports it
     ("thinkviz.sweep_run", "thinkviz.sweep_ray"),
 }
-# Known cycles being removed by work in progress.
-PENDING_CYCLES: list[set[str]] = []
-PENDING_DEFERRED: set[str] = set()
 
 
 def _module_name(path: Path) -> str:
@@ -127,8 +124,8 @@ def _cycles(edges: dict[str, set[str]]) -> list[set[str]]:
 
 
 def test_the_import_graph_has_no_cycles():
-    unexpected = [c for c in _cycles(_graph()) if not any(c <= pending for pending in PENDING_CYCLES)]
-    assert unexpected == [], f"import cycles: {[sorted(c) for c in unexpected]}"
+    cycles = _cycles(_graph())
+    assert cycles == [], f"import cycles: {[sorted(c) for c in cycles]}"
 
 
 def test_the_checker_finds_a_cycle():
@@ -137,11 +134,10 @@ def test_the_checker_finds_a_cycle():
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_imports_are_at_module_level(name):
-    if name in PENDING_DEFERRED:
-        pytest.skip("being reworked by work in progress")
     inside = {target for target, in_function in _imports(name) if in_function}
     assert inside <= {target for module, target in DEFERRED if module == name}, (
-        f"{name} imports {sorted(inside)} inside a function; import at the top, or say why in DEFERRED")
+        f"{name} imports {sorted(inside)} inside a function; import at the top, or say why in DEFERRED"
+    )
 
 
 def test_no_tab_imports_another():

@@ -42,17 +42,25 @@ def _awkward(rows: int, dim: int, seed: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("fmt, qtype, codec", [
-    ("q8_0", GGMLQuantizationType.Q8_0, (q8_0_encode, q8_0_decode)),
-    ("q4_0", GGMLQuantizationType.Q4_0, (q4_0_encode, q4_0_decode)),
-])
+@pytest.mark.parametrize(
+    "fmt, qtype, codec",
+    [
+        ("q8_0", GGMLQuantizationType.Q8_0, (q8_0_encode, q8_0_decode)),
+        ("q4_0", GGMLQuantizationType.Q4_0, (q4_0_encode, q4_0_decode)),
+    ],
+)
 def test_block_formats_are_llama_cpp_bytes(fmt, qtype, codec):
     x = _awkward(64, 128, seed=1)
     encode, decode = codec
     codes, scales = encode(x)
     blocks = x.shape[1] // 32
-    ours = torch.cat([scales.view(torch.uint8).view(-1, blocks, 2),
-                      codes.view(torch.uint8).view(-1, blocks, codes.shape[1] // blocks)], dim=-1).flatten(1)
+    ours = torch.cat(
+        [
+            scales.view(torch.uint8).view(-1, blocks, 2),
+            codes.view(torch.uint8).view(-1, blocks, codes.shape[1] // blocks),
+        ],
+        dim=-1,
+    ).flatten(1)
     theirs = gguf_quantize(x.numpy(), qtype)
     assert np.array_equal(ours.numpy(), theirs)
     assert np.array_equal(decode(codes, scales).numpy(), gguf_dequantize(theirs, qtype))
@@ -108,8 +116,10 @@ def _check_round_trip(fmt, layers_kv, config, residual=8):
 @pytest.mark.parametrize("fmt", QUANTIZED)
 def test_round_trip_on_random_kv_is_within_the_format_bound(fmt, tiny_llama_d32):
     config = tiny_llama_d32.model.config
-    layers = [(_awkward(90, 32, seed=2 * i).view(1, 2, 45, 32), _awkward(90, 32, seed=2 * i + 1).view(1, 2, 45, 32))
-              for i in range(config.num_hidden_layers)]
+    layers = [
+        (_awkward(90, 32, seed=2 * i).view(1, 2, 45, 32), _awkward(90, 32, seed=2 * i + 1).view(1, 2, 45, 32))
+        for i in range(config.num_hidden_layers)
+    ]
     _check_round_trip(fmt, layers, config)
 
 
@@ -175,8 +185,9 @@ def _random_keep(cache, k, seed):
     """Sorted per-head random keep indices ``(L, H_kv, k)`` (heads disagree)."""
     g = torch.Generator().manual_seed(seed)
     layers, heads, total = cache.position_table().shape
-    return torch.stack([torch.randperm(total, generator=g)[:k].sort().values
-                        for _ in range(layers * heads)]).view(layers, heads, k)
+    return torch.stack([torch.randperm(total, generator=g)[:k].sort().values for _ in range(layers * heads)]).view(
+        layers, heads, k
+    )
 
 
 @pytest.mark.parametrize("fmt", QUANTIZED)
@@ -217,8 +228,9 @@ def test_kivi_keep_that_splits_heads_across_the_tail_quantizes_the_tail_first(ti
     store = cache.layers[0]
     assert store.k_tail.shape[2] == 5
     # head 0 keeps 30 quantized + 4 tail slots, head 1 32 + 2: they disagree on the split
-    keep = torch.stack([torch.cat([torch.arange(0, 30), torch.arange(40, 44)]),
-                        torch.cat([torch.arange(0, 32), torch.arange(43, 45)])])
+    keep = torch.stack(
+        [torch.cat([torch.arange(0, 30), torch.arange(40, 44)]), torch.cat([torch.arange(0, 32), torch.arange(43, 45)])]
+    )
     cache.keep(keep[None].expand(config.num_hidden_layers, -1, -1))
     assert store.k_tail.shape[2] == 0 and store.k_codes.shape[2] == 34  # dense, all quantized
     assert store.k_scale.shape[2] == 5  # groups 0-3 still used, group 4 (slots 32-39) gone, the short one new
@@ -235,9 +247,15 @@ def test_merge_re_encodes_only_the_values_that_absorbed_an_evicted_one(fmt, tiny
     cache = _stored(KVQuant(fmt, 8), _real_kv(tiny_llama_d32, tokens=45), config)
     total, layers = 45, config.num_hidden_layers
     received = torch.rand(layers, cache.kv_heads, total, generator=torch.Generator().manual_seed(5))
-    view = CacheView(positions=cache.position_table(), received=received,
-                     window=torch.zeros(layers, cache.kv_heads, 1, total), token_entropy=torch.zeros(total),
-                     protected=torch.zeros(total, dtype=torch.bool), current=total - 1, keys=cache.key_views())
+    view = CacheView(
+        positions=cache.position_table(),
+        received=received,
+        window=torch.zeros(layers, cache.kv_heads, 1, total),
+        token_entropy=torch.zeros(total),
+        protected=torch.zeros(total, dtype=torch.bool),
+        current=total - 1,
+        keys=cache.key_views(),
+    )
     before = _decoded_by_position(cache)
     keep = make_policy("merge", budget=20, recent=2).compress(view, cache)
     changed = 0
@@ -270,8 +288,13 @@ def test_a_head_dim_the_blocks_do_not_fit_is_refused_by_the_engine(tiny_llama):
 
 @pytest.mark.parametrize("fmt", QUANTIZED)
 def test_run_reports_the_bytes_it_stores_and_its_format(fmt, tiny_llama_d32):
-    run = Run(tiny_llama_d32, make_policy("h2o", budget=24, recent=4, interval=2), list(range(100, 140)),
-              DecodeSettings(max_new_tokens=12, stop_at_eos=False), kv_quant=KVQuant(fmt, 8))
+    run = Run(
+        tiny_llama_d32,
+        make_policy("h2o", budget=24, recent=4, interval=2),
+        list(range(100, 140)),
+        DecodeSettings(max_new_tokens=12, stop_at_eos=False),
+        kv_quant=KVQuant(fmt, 8),
+    )
     for event in run.generate():
         assert event.kv_bytes == run.cache.nbytes() == sum(layer.nbytes() for layer in run.cache.layers)
         assert event.full_kv_bytes == (event.positions[-1] + 1) * tiny_llama_d32.geometry.bytes_per_token
@@ -293,17 +316,24 @@ def test_full_precision_is_the_plain_transformers_path_bit_for_bit(tiny_qwen3):
     dtype = model.get_input_embeddings().weight.dtype
     for step, ids in enumerate([prompt] + [[t] for t in trace]):
         with torch.inference_mode():
-            out = model(input_ids=torch.tensor([ids]), position_ids=torch.arange(seen, seen + len(ids))[None],
-                        attention_mask=causal_mask(seen, len(ids), dtype, "cpu"), cache=cache,
-                        logits_to_keep=1 if step == 0 else 0)  # as the engine asks
+            out = model(
+                input_ids=torch.tensor([ids]),
+                position_ids=torch.arange(seen, seen + len(ids))[None],
+                attention_mask=causal_mask(seen, len(ids), dtype, "cpu"),
+                cache=cache,
+                logits_to_keep=1 if step == 0 else 0,
+            )  # as the engine asks
         seen += len(ids)
         assert torch.equal(out.logits[0, -1:].float(), logits[step][-1:])
 
 
 def test_lockstep_measures_every_format_against_the_full_precision_full_cache(tiny_llama_d32):
     ids = list(range(300, 364))
-    policies = [make_policy("full", interval=8), make_policy("full", interval=8),
-                make_policy("window", budget=32, interval=8)]
+    policies = [
+        make_policy("full", interval=8),
+        make_policy("full", interval=8),
+        make_policy("window", budget=32, interval=8),
+    ]
     formats = [KVQuant("q8_0"), KVQuant("kivi2", 8), KVQuant("q4_0")]
     replay = LockstepReplay(tiny_llama_d32, policies, list(range(100, 132)), ids, kv_quants=formats).run()
     assert replay.reference.record.meta["kv_quant"]["format"] == "none"

@@ -25,8 +25,9 @@ from thinkviz.memory import (
 )
 
 # A model small enough to count by hand: 1 layer, 1 q head, 1 kv head, head_dim 4, hidden 4.
-TOY = TargetModel("toy", layers=1, q_heads=1, kv_heads=1, head_dim=4, hidden=4, intermediate=8,
-                  vocab=10, tied_embeddings=True)
+TOY = TargetModel(
+    "toy", layers=1, q_heads=1, kv_heads=1, head_dim=4, hidden=4, intermediate=8, vocab=10, tied_embeddings=True
+)
 
 
 def test_bytes_per_token_is_two_layers_heads_dim_dtype():
@@ -35,9 +36,14 @@ def test_bytes_per_token_is_two_layers_heads_dim_dtype():
     assert TARGETS["Llama-3.1-8B"].bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
 
 
-@pytest.mark.parametrize("name, billions", [
-    ("Qwen3-4B", 4.02), ("DeepSeek-R1-Distill-Qwen-7B", 7.62), ("Llama-3.1-8B", 8.03),
-])
+@pytest.mark.parametrize(
+    "name, billions",
+    [
+        ("Qwen3-4B", 4.02),
+        ("DeepSeek-R1-Distill-Qwen-7B", 7.62),
+        ("Llama-3.1-8B", 8.03),
+    ],
+)
 def test_parameter_counts_match_the_published_sizes(name, billions):
     # The sizes the model cards state (Qwen3-4B: 4.0B, 3.6B without embeddings).
     assert TARGETS[name].params / 1e9 == pytest.approx(billions, abs=0.01)
@@ -166,8 +172,12 @@ def test_vram_cap_applies_to_cuda_devices_only():
 
 
 def test_device_memory_is_recorded_after_every_step():
-    events = [StepEvent(step=i, token_ids=[i], texts=["x"], positions=[i], scores=np.zeros(i + 1),
-                        keep_fraction=np.ones(i + 1)) for i in range(3)]
+    events = [
+        StepEvent(
+            step=i, token_ids=[i], texts=["x"], positions=[i], scores=np.zeros(i + 1), keep_fraction=np.ones(i + 1)
+        )
+        for i in range(3)
+    ]
     seen = []
     for event in with_device_memory(iter(events), "cpu"):
         seen.append(event)

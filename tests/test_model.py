@@ -19,7 +19,7 @@ def _greedy(loaded, messages, new_tokens):
     ).to(loaded.device)
     with torch.no_grad():
         out = loaded.model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
-    return loaded.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    return loaded.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def _embedded_4bit(embedded_model, backend):

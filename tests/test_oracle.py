@@ -133,8 +133,12 @@ def test_thought_aware_eviction_matches_masked_full_cache(tiny_llama, name, para
 # first user message is teacher-forced, with its role known up front.
 @pytest.mark.parametrize(
     "name, params",
-    [("think_drop", {}), ("h2o", {"recent": 4}), ("tam", {"recent": 4, "window": 8, "l_min": 4}),
-     ("entropy", {"max_capacity_tokens": 8, "retention_threshold": 0.15})],
+    [
+        ("think_drop", {}),
+        ("h2o", {"recent": 4}),
+        ("tam", {"recent": 4, "window": 8, "l_min": 4}),
+        ("entropy", {"max_capacity_tokens": 8, "retention_threshold": 0.15}),
+    ],
 )
 def test_eviction_on_a_multi_turn_transcript_matches_masked_full_cache(tiny_llama, name, params):
     prompt, trace = conversation_and_trace(tiny_llama)
@@ -220,8 +224,9 @@ def reference_logits(loaded, prompt, trace, interval, visible, cache=None, compa
 
         return hook
 
-    handles = [layer.self_attn.register_forward_pre_hook(swap_mask(i), with_kwargs=True)
-               for i, layer in enumerate(layers)]
+    handles = [
+        layer.self_attn.register_forward_pre_hook(swap_mask(i), with_kwargs=True) for i, layer in enumerate(layers)
+    ]
     try:
         with torch.inference_mode():
             model(
@@ -278,8 +283,9 @@ def _replay_compacted(loaded, policy, prompt, trace):
         layers = []
         for layer, length in enumerate(run.cache.lengths()):
             values = run.cache.layer_kv(layer)[1].clone()
-            layers.append((run.cache.position_table()[layer, :, :length].clone(),
-                           run.cache.layer_bias(layer).clone(), values))
+            layers.append(
+                (run.cache.position_table()[layer, :, :length].clone(), run.cache.layer_bias(layer).clone(), values)
+            )
         compacted.append(layers)
 
     events = list(run.replay(trace, on_logits=on_logits))
@@ -324,12 +330,17 @@ def stored_step_logits(loaded, stored, chunk, start):
         layer.update(keys, values)
     slots, dtype = stored[0][0].shape[-2], model.get_input_embeddings().weight.dtype
     with torch.inference_mode():
-        return model(
-            input_ids=torch.tensor([chunk], device=device),
-            position_ids=torch.arange(start, start + len(chunk), device=device)[None],
-            attention_mask=causal_mask(slots, len(chunk), dtype, device),
-            cache=cache,
-        ).logits[0].float().cpu()
+        return (
+            model(
+                input_ids=torch.tensor([chunk], device=device),
+                position_ids=torch.arange(start, start + len(chunk), device=device)[None],
+                attention_mask=causal_mask(slots, len(chunk), dtype, device),
+                cache=cache,
+            )
+            .logits[0]
+            .float()
+            .cpu()
+        )
 
 
 def _check_stored(loaded, policy, kv_quant, seeds):

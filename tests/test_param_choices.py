@@ -70,9 +70,16 @@ def test_policies_take_and_check_their_choices(choosy):
 
 
 def _cli_args(*params: str) -> argparse.Namespace:
-    return argparse.Namespace(policy="choosy", budget=32, budget_mode=None, budget_fraction=None, interval=1,
-                              no_protect_system=False, no_protect_question=False,
-                              param=[tuple(p.split("=", 1)) for p in params])
+    return argparse.Namespace(
+        policy="choosy",
+        budget=32,
+        budget_mode=None,
+        budget_fraction=None,
+        interval=1,
+        no_protect_system=False,
+        no_protect_question=False,
+        param=[tuple(p.split("=", 1)) for p in params],
+    )
 
 
 def test_the_cli_takes_a_choice_by_name_and_refuses_others_in_one_line(choosy, capsys):
@@ -98,19 +105,23 @@ def test_the_control_pool_has_a_dropdown_slot_for_a_choice(choosy):
     assert {"newest", "oldest"} <= set(controls.pool_choices())  # beside the registered policies' choices
     specs = controls.slot_specs("choosy", sizes, {"keep": "oldest"})
     (choice,) = [s for s in specs.choices if s is not None]
-    assert (choice.kind, choice.value, choice.choices, choice.label) == ("choice", "oldest", ("newest", "oldest"),
-                                                                         "keep")
+    assert (choice.kind, choice.value, choice.choices, choice.label) == (
+        "choice",
+        "oldest",
+        ("newest", "oldest"),
+        "keep",
+    )
     assert [s.name for s in specs.numbers if s is not None] == ["recent"]
     h2o = controls.slot_specs("h2o", sizes)
     assert h2o.choices == [None]  # hidden for a policy without choices
     values = controls.collect_params("choosy", controls.Pools([9], [], ["oldest"]))
     assert values == {"recent": 9, "keep": "oldest"}
-    policy = controls.build_policy("choosy", values, budget=64, interval=1, protect_system=True,
-                                   protect_question=True)
+    policy = controls.build_policy("choosy", values, budget=64, interval=1, protect_system=True, protect_question=True)
     assert policy.config["keep"] == "oldest"
     with pytest.raises(controls.ControlError, match="keep must be one of: newest, oldest"):
-        controls.build_policy("choosy", {"recent": 9, "keep": "both"}, budget=64, interval=1,
-                              protect_system=True, protect_question=True)
+        controls.build_policy(
+            "choosy", {"recent": 9, "keep": "both"}, budget=64, interval=1, protect_system=True, protect_question=True
+        )
 
 
 def test_the_learn_tab_lists_the_choices(choosy):
@@ -133,7 +144,9 @@ def test_a_choice_changes_what_is_kept(tiny_llama, choosy):
 def test_a_preset_sets_a_choice_by_name_and_the_slots_show_it(choosy, tmp_path):
     (tmp_path / "pick.yaml").write_text(
         "title: Oldest first\nnotice: keeps the start\nmode: generate\npolicy: choosy\n"
-        "params: {budget: 64, keep: oldest}\nquestion: Which end?\n", encoding="utf-8")
+        "params: {budget: 64, keep: oldest}\nquestion: Which end?\n",
+        encoding="utf-8",
+    )
     preset = load_preset("pick", directory=tmp_path)
     assert preset.params == {"budget": 64, "keep": "oldest"}
     assert make_policy(preset.policy, **preset.params).config["keep"] == "oldest"

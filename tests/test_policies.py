@@ -33,8 +33,13 @@ VARIANT_IDS = [name + "".join(f"-{v}" for v in knobs.values()) for name, knobs i
 def _run(loaded, name, budget, interval, kv_quant=KVQuant(), **flags):
     policy = make_policy(name, budget=budget, interval=interval, **_own_params(name), **flags)
     prompt = build_chat(loaded.tokenizer, SYSTEM, QUESTION)
-    run = Run(loaded, policy, prompt, DecodeSettings(max_new_tokens=48, stop_at_eos=False, prefill_chunk=32),
-              kv_quant=kv_quant)
+    run = Run(
+        loaded,
+        policy,
+        prompt,
+        DecodeSettings(max_new_tokens=48, stop_at_eos=False, prefill_chunk=32),
+        kv_quant=kv_quant,
+    )
     return run, list(run.generate())
 
 

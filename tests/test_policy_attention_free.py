@@ -75,9 +75,12 @@ def test_random_keeps_a_uniform_sample_of_the_history():
     for position in range(2000):
         held = torch.cat([held, torch.tensor([position])])
         view = CacheView(
-            positions=held.expand(1, 1, -1), received=torch.zeros(1, 1, len(held)),
-            window=torch.zeros(1, 1, 1, len(held)), token_entropy=torch.zeros(position + 1),
-            protected=torch.zeros(position + 1, dtype=torch.bool), current=position,
+            positions=held.expand(1, 1, -1),
+            received=torch.zeros(1, 1, len(held)),
+            window=torch.zeros(1, 1, 1, len(held)),
+            token_entropy=torch.zeros(position + 1),
+            protected=torch.zeros(position + 1, dtype=torch.bool),
+            current=position,
         )
         if len(held) > policy.budget:
             held = held[policy.select(view)[0, 0]]

@@ -73,20 +73,33 @@ def test_missing_predictor_falls_back_to_attention_and_says_why(tiny_llama, tmp_
 
 
 def _write_eval(loaded, folder, predictor_rho, fallback_rho):
-    table = {"heldout_traces": ["t"], "scorers": {"predictor": {"spearman": predictor_rho, "precision_at_30": 0.5},
-                                                  "fallback": {"spearman": fallback_rho, "precision_at_30": 0.5}}}
+    table = {
+        "heldout_traces": ["t"],
+        "scorers": {
+            "predictor": {"spearman": predictor_rho, "precision_at_30": 0.5},
+            "fallback": {"spearman": fallback_rho, "precision_at_30": 0.5},
+        },
+    }
     P.eval_path(P.predictor_path(loaded.name, folder)).write_text(json.dumps(table))
 
 
-@pytest.mark.parametrize("scorer, predictor_rho, says", [
-    ("auto", 0.4, "attention fallback (scorer: auto): attention ranked held-out traces better than "
-                  "dynts_tiny-llama-random.safetensors did (Spearman 0.80 against 0.40)"),
-    ("auto", 0.9, "predicted by dynts_tiny-llama-random.safetensors"),
-    ("predictor", 0.4, "predicted by dynts_tiny-llama-random.safetensors"),
-    ("attention", 0.9, "attention received per query (scorer: attention)"),
-])
-def test_the_scorer_knob_and_the_evaluation_table_pick_the_score(tiny_llama, tmp_path, monkeypatch,
-                                                                 scorer, predictor_rho, says):
+@pytest.mark.parametrize(
+    "scorer, predictor_rho, says",
+    [
+        (
+            "auto",
+            0.4,
+            "attention fallback (scorer: auto): attention ranked held-out traces better than "
+            "dynts_tiny-llama-random.safetensors did (Spearman 0.80 against 0.40)",
+        ),
+        ("auto", 0.9, "predicted by dynts_tiny-llama-random.safetensors"),
+        ("predictor", 0.4, "predicted by dynts_tiny-llama-random.safetensors"),
+        ("attention", 0.9, "attention received per query (scorer: attention)"),
+    ],
+)
+def test_the_scorer_knob_and_the_evaluation_table_pick_the_score(
+    tiny_llama, tmp_path, monkeypatch, scorer, predictor_rho, says
+):
     monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
     _save_for(tiny_llama, tmp_path)
     _write_eval(tiny_llama, tmp_path, predictor_rho, 0.8)
@@ -130,7 +143,8 @@ def test_a_mix_of_layers_round_trips_and_dynts_refuses_what_it_cannot_feed(tiny_
     monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
     _, events = _replay(tiny_llama, budget=100)
     assert events[-1].info["importance"] == (
-        f"attention fallback: {path.name} reads layers (0, 1, -1); dynts gets the final hidden state")
+        f"attention fallback: {path.name} reads layers (0, 1, -1); dynts gets the final hidden state"
+    )
 
 
 def test_unreadable_files_give_one_line_reasons(tmp_path):
@@ -169,8 +183,12 @@ def test_shipped_predictor_ranks_when_asked_and_auto_follows_its_evaluation(embe
     prompt, trace = chat_and_trace(embedded_model.tokenizer)
 
     def replay(scorer):
-        run = Run(embedded_model, make_policy("dynts", budget=len(prompt.ids) + 32, interval=16, recent=8,
-                                              scorer=scorer), prompt, DecodeSettings())
+        run = Run(
+            embedded_model,
+            make_policy("dynts", budget=len(prompt.ids) + 32, interval=16, recent=8, scorer=scorer),
+            prompt,
+            DecodeSettings(),
+        )
         events = list(run.replay(trace[:64]))
         assert events[-1].kv_tokens < len(prompt.ids) + 64  # it evicted (per head, when attention ranks)
         return events
@@ -187,8 +205,9 @@ def test_shipped_predictor_ranks_when_asked_and_auto_follows_its_evaluation(embe
         assert importance("auto").startswith("attention fallback (scorer: auto): attention ranked held-out traces")
 
 
-def test_every_token_reports_its_predicted_importance_as_written_whichever_score_ranks(tiny_llama, tmp_path,
-                                                                                        monkeypatch):
+def test_every_token_reports_its_predicted_importance_as_written_whichever_score_ranks(
+    tiny_llama, tmp_path, monkeypatch
+):
     monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
     predictor = _save_for(tiny_llama, tmp_path)
     run, events = _replay(tiny_llama, budget=100, scorer="attention")

@@ -73,7 +73,9 @@ def test_merge_short_joins_short_segments_to_the_previous_one():
 def _choose(tam, attention, forced, segments):
     return set(
         tam.choose(torch.tensor(attention), torch.tensor(forced), torch.tensor(segments), tam.budget)
-        .nonzero().flatten().tolist()
+        .nonzero()
+        .flatten()
+        .tolist()
     )
 
 

@@ -103,8 +103,12 @@ def test_never_evicts_protected_spans_or_anything_outside_blocks(tiny_llama, pro
 
 
 def test_plain_token_prompts_have_no_blocks_and_say_so(tiny_llama):
-    run = Run(tiny_llama, make_policy("think_drop", budget=16), list(range(100, 130)),
-              DecodeSettings(max_new_tokens=3, stop_at_eos=False))
+    run = Run(
+        tiny_llama,
+        make_policy("think_drop", budget=16),
+        list(range(100, 130)),
+        DecodeSettings(max_new_tokens=3, stop_at_eos=False),
+    )
     events = list(run.generate())
     assert not any(e.evicted for e in events)
     assert events[-1].info["blocks"] == [] and events[-1].info["over_budget"]
@@ -166,8 +170,9 @@ def test_transcript_drops_completed_blocks_oldest_first_keeps_the_unparsable_one
 
 @pytest.mark.parametrize("protect", [True, False])
 def test_transcript_never_evicts_a_user_turn_or_tool_output(tiny_llama, protect):
-    run, events = _replay_transcript(tiny_llama, budget=64, interval=4,
-                                     protect_system=protect, protect_question=protect)
+    run, events = _replay_transcript(
+        tiny_llama, budget=64, interval=4, protect_system=protect, protect_question=protect
+    )
     labels = run.segmenter.labels()
     keep = events[-1].keep_fraction
     gone = keep == 0

@@ -112,8 +112,9 @@ def _synthetic(name, n=200, seed=0):
 
 def test_the_table_ranks_scorers_of_known_quality():
     heldout = [_synthetic("a"), _synthetic("b", seed=1)]
-    table = E.scorer_table({"a": heldout[:1], "b": heldout[1:]},
-                           lambda features, relative: features[:, 0, 0])  # a perfect predictor
+    table = E.scorer_table(
+        {"a": heldout[:1], "b": heldout[1:]}, lambda features, relative: features[:, 0, 0]
+    )  # a perfect predictor
     assert table["heldout_traces"] == ["a", "b"]
     scorers = table["scorers"]
     assert set(scorers) == {"predictor", "fallback", "recency", "h2o"}
@@ -128,13 +129,15 @@ def test_the_table_ranks_scorers_of_known_quality():
 
 
 def test_the_table_is_written_as_json_with_nan_as_null(tmp_path):
-    table = E.scorer_table({"a": [_synthetic("a")]},
-                           lambda features, relative: torch.zeros(len(features)))  # constant: NaN
+    table = E.scorer_table(
+        {"a": [_synthetic("a")]}, lambda features, relative: torch.zeros(len(features))
+    )  # constant: NaN
     path = E.write_table(table, tmp_path / "eval.json")
     data = json.loads(path.read_text())
     assert data["scorers"]["predictor"]["spearman"] is None
     assert data["scorers"]["predictor"]["precision_at_30"] == pytest.approx(
-        E.precision_at(torch.zeros(180), _synthetic("a").labels[20:]))
+        E.precision_at(torch.zeros(180), _synthetic("a").labels[20:])
+    )
 
 
 # ---- the corpus ---------------------------------------------------------------------------
@@ -205,8 +208,10 @@ def test_a_batch_cut_short_by_a_crash_is_generated_again(tiny_llama, tmp_path, m
 
 
 def test_batched_generation_equals_one_prompt_at_a_time(tiny_llama):
-    prompts = [CorpusPrompt("code", q) for q in ("Write a function.", "Explain caches to me in detail, please.",
-                                                  "Why?", "Add 2 and 3.")]
+    prompts = [
+        CorpusPrompt("code", q)
+        for q in ("Write a function.", "Explain caches to me in detail, please.", "Why?", "Add 2 and 3.")
+    ]
     settings = C.GenerationSettings(batch_size=4, temperature=0.0, think_tokens=12, answer_tokens=4)
     batched = C.generate_batch(tiny_llama, prompts, 0, settings, seed=0)
     alone = [C.generate_batch(tiny_llama, [p], i, settings, seed=0)[0] for i, p in enumerate(prompts)]
@@ -249,8 +254,23 @@ def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama,
     monkeypatch.setattr(train_predictor, "load_from_args", lambda args: loaded)
     monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "dynts_tiny.safetensors"
-    code = main(["train-predictor", "--generate", "16", "--think-tokens", "6", "--holdout", "math_tilings",
-                 "--epochs", "3", "--layers", "auto", "--output", str(out)])
+    code = main(
+        [
+            "train-predictor",
+            "--generate",
+            "16",
+            "--think-tokens",
+            "6",
+            "--holdout",
+            "math_tilings",
+            "--epochs",
+            "3",
+            "--layers",
+            "auto",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "generations closed </think> and answered" in printed and "math_tilings" in printed
@@ -291,8 +311,22 @@ def test_train_predictor_relabels_a_corpus_read_from_a_file(tiny_llama, tmp_path
     monkeypatch.setattr(train_predictor, "load_from_args", lambda args: loaded)
     monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "empty"))
     out = tmp_path / "dynts_tiny.safetensors"
-    assert main(["train-predictor", "--corpus", str(cached), "--holdout", "math_tilings", "--epochs", "2",
-                 "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train-predictor",
+                "--corpus",
+                str(cached),
+                "--holdout",
+                "math_tilings",
+                "--epochs",
+                "2",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     kept = sum(g.kept for g in generated)
     assert f"corpus: {kept} answered of 16 generations read from {cached}" in capsys.readouterr().out
     _, meta = P.load(out)

@@ -20,8 +20,20 @@ from thinkviz.random_model import (
 )
 
 # A Qwen3 small enough for CI; the vocabulary is larger than the SmolLM2 tokenizer's, as Qwen3's is.
-SMALL = TargetModel("small-qwen3", layers=2, q_heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=128,
-                    vocab=50_000, tied_embeddings=True, qk_norm=True, family="qwen3", max_context=4096)
+SMALL = TargetModel(
+    "small-qwen3",
+    layers=2,
+    q_heads=4,
+    kv_heads=2,
+    head_dim=16,
+    hidden=64,
+    intermediate=128,
+    vocab=50_000,
+    tied_embeddings=True,
+    qk_norm=True,
+    family="qwen3",
+    max_context=4096,
+)
 
 
 @pytest.mark.parametrize("name", list(TARGETS))
@@ -33,7 +45,12 @@ def test_full_size_geometries_build_with_the_counted_parameters(name):
     assert loaded.geometry.bytes_per_token == target.bytes_per_token
     g = loaded.geometry
     assert (g.layers, g.q_heads, g.kv_heads, g.head_dim, g.max_context) == (
-        target.layers, target.q_heads, target.kv_heads, target.head_dim, target.max_context)
+        target.layers,
+        target.q_heads,
+        target.kv_heads,
+        target.head_dim,
+        target.max_context,
+    )
     # the weights are what the projection prices at 16 bits (plus rotary buffers, a few bytes)
     assert 0 <= loaded.weights_bytes - target.weights_bytes(16) < 1024
     assert model.config._attn_implementation == "eager"
@@ -67,8 +84,17 @@ def test_ids_without_text_have_zero_rows():
 
 
 def test_untied_geometries_zero_the_lm_head_rows_too():
-    untied = TargetModel("untied", layers=1, q_heads=2, kv_heads=1, head_dim=16, hidden=32, intermediate=64,
-                         vocab=50_000, tied_embeddings=False)
+    untied = TargetModel(
+        "untied",
+        layers=1,
+        q_heads=2,
+        kv_heads=1,
+        head_dim=16,
+        hidden=32,
+        intermediate=64,
+        vocab=50_000,
+        tied_embeddings=False,
+    )
     model = random_model(untied, "cpu").model
     head = model.get_output_embeddings().weight
     assert head is not model.get_input_embeddings().weight
@@ -101,8 +127,12 @@ def test_four_bit_goes_through_the_real_loader(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # the temporary checkpoint is gone
     fractions = [f for f, _ in messages]
     assert fractions == sorted(fractions) and messages[-1] == (1.0, f"Ready: {label(SMALL)}")
-    run = Run(loaded, make_policy("h2o", budget=16, recent=4), list(range(1000, 1030)),
-              DecodeSettings(max_new_tokens=4, stop_at_eos=False))
+    run = Run(
+        loaded,
+        make_policy("h2o", budget=16, recent=4),
+        list(range(1000, 1030)),
+        DecodeSettings(max_new_tokens=4, stop_at_eos=False),
+    )
     assert len(list(run.generate())) == 4
 
 

@@ -22,8 +22,9 @@ from thinkviz.ui.inputs import decode_settings
 from thinkviz.ui.runs import RunInput
 from tiny_models import tiny_model
 
-TRACE = ("<think>\nFirst add 1 and 2 to get 3.\n\nThen add 3 to get 6.\n\nCheck: 1 + 2 + 3 = 6.\n</think>\n\n"
-         "The sum is 6.\n") * 3
+TRACE = (
+    "<think>\nFirst add 1 and 2 to get 3.\n\nThen add 3 to get 6.\n\nCheck: 1 + 2 + 3 = 6.\n</think>\n\nThe sum is 6.\n"
+) * 3
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +34,11 @@ def tiny():
 
 def _request(mode: str = "replay", recent: int = 8) -> PresetRequest:
     knobs = {"budget": 48, "interval": 8}
-    columns = [Column(make_policy("full", interval=8)), Column(make_policy("window", **knobs)),
-               Column(make_policy("h2o", recent=recent, **knobs))]
+    columns = [
+        Column(make_policy("full", interval=8)),
+        Column(make_policy("window", **knobs)),
+        Column(make_policy("h2o", recent=recent, **knobs)),
+    ]
     run_input = RunInput("Think step by step.", "Sum the list 1, 2, 3.", TRACE if mode == "replay" else None)
     return PresetRequest("tiny_demo", mode, run_input, decode_settings(40, 0.0, False), columns[2], columns)
 
@@ -47,8 +51,9 @@ def recorded(request, tiny, tmp_path_factory):
 
 
 def test_scores_keep_the_three_digits_the_tooltips_show():
-    scores = np.array([0.0123456, 1.0, 999.5, 0.000999999, -0.25, 0.0, np.nan, np.inf, 3.4e38, 1.2e-40],
-                      dtype=np.float32)
+    scores = np.array(
+        [0.0123456, 1.0, 999.5, 0.000999999, -0.25, 0.0, np.nan, np.inf, 3.4e38, 1.2e-40], dtype=np.float32
+    )
     back = score_values(score_codes(scores))
     assert [f"{x:.3g}" for x in back] == [f"{x:.3g}" for x in scores]
     assert np.isnan(back[6]) and back[7] == np.inf
@@ -125,7 +130,6 @@ def test_a_damaged_file_is_a_recording_error(tmp_path):
         load(bad)
     with pytest.raises(RecordingError, match="does not exist"):
         load(tmp_path / "missing.zip")
-
 
 
 def test_a_recording_of_a_policy_that_predicts_importance_keeps_the_attention_from_the_answer(tiny, tmp_path):

@@ -32,8 +32,8 @@ def test_prepare_trace_continues_after_the_opened_think_turn(tiny_llama):
     prompt, ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE)
     assert prompt.text.endswith("<think>\n")
     text = tiny_llama.tokenizer.decode(ids)
-    assert text == TRACE[len("<think>\n"):], "the opening <think> must not be duplicated"
-    same_prompt, same_ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE[len("<think>\n"):])
+    assert text == TRACE[len("<think>\n") :], "the opening <think> must not be duplicated"
+    same_prompt, same_ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE[len("<think>\n") :])
     # (#22 changes this: was same_prompt.ids == prompt.ids) a trace that does not begin with <think> gets none
     assert same_ids == ids and same_prompt.ids == prompt.ids[: len(same_prompt.ids)]
     assert not same_prompt.text.endswith("<think>\n")
@@ -194,8 +194,12 @@ def test_lockstep_refuses_mixed_intervals(tiny_llama):
 
     prompt, ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE)
     with pytest.raises(EngineError, match="share one interval"):
-        LockstepReplay(tiny_llama, [make_policy("window", budget=32, interval=4),
-                                    make_policy("window", budget=32, interval=8)], prompt, ids)
+        LockstepReplay(
+            tiny_llama,
+            [make_policy("window", budget=32, interval=4), make_policy("window", budget=32, interval=8)],
+            prompt,
+            ids,
+        )
 
 
 def test_cancel_stops_every_lockstep_run_after_the_same_chunk(tiny_llama):
@@ -203,8 +207,13 @@ def test_cancel_stops_every_lockstep_run_after_the_same_chunk(tiny_llama):
 
     prompt, ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE * 2)
     cancel = threading.Event()
-    replay = LockstepReplay(tiny_llama, [make_policy("h2o", budget=32, interval=8, recent=4),
-                                         make_policy("window", budget=32, interval=8)], prompt, ids, cancel=cancel)
+    replay = LockstepReplay(
+        tiny_llama,
+        [make_policy("h2o", budget=32, interval=8, recent=4), make_policy("window", budget=32, interval=8)],
+        prompt,
+        ids,
+        cancel=cancel,
+    )
     for step, _ in enumerate(replay):
         if step == 2:
             cancel.set()
@@ -222,7 +231,11 @@ def test_load_trace_from_a_preset_or_a_file(tmp_path):
     preset = load_preset("math_h2o_vs_window")
     trace = load_trace("math_h2o_vs_window")
     assert (trace.name, trace.question, trace.system, trace.text) == (
-        preset.name, preset.question, REASONING_SYSTEM_PROMPT, preset.trace)
+        preset.name,
+        preset.question,
+        REASONING_SYSTEM_PROMPT,
+        preset.trace,
+    )
     assert preset.system is None, "the check above needs a preset whose file says system: null"
     assert load_trace("math_h2o_vs_window", question="Count again.").question == "Count again."
     path = tmp_path / "mine.md"

@@ -78,7 +78,7 @@ def test_protection_toggles_and_signature_always(protect_system, protect_questio
     assert mask[:8].all() == protect_system and mask[:8].any() == protect_system
     signature = of_kind(seg, "signature")[0]
     assert mask[signature.start : signature.end].all()
-    outside_signature = np.r_[8:signature.start, signature.end:28]
+    outside_signature = np.r_[8 : signature.start, signature.end : 28]
     question = mask[outside_signature]
     assert question.all() == protect_question and question.any() == protect_question
     assert not mask[28:].any()
@@ -490,7 +490,9 @@ def test_every_user_turn_and_its_signatures_protected_tool_output_never(protect_
     mask = seg.protected_mask()
     signatures = of_kind(seg, "signature")
     assert [text_of(texts, s) for s in signatures] == [
-        "def area(r: float) -> float:", "def circumference(r: float) -> float:"]
+        "def area(r: float) -> float:",
+        "def circumference(r: float) -> float:",
+    ]
     assert [s.turn for s in signatures] == [1, 6] and all(mask[s.start : s.end].all() for s in signatures)
     for turn, role in enumerate(roles):
         span = mask[role.start : role.end]

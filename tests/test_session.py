@@ -13,8 +13,10 @@ KIB = 1024
 
 def _record(policy: str, steps: int = 4, tokens: int = 32) -> RunRecord:
     """A record whose arrays take ``steps * tokens * 8`` bytes (float32 scores and keep fractions)."""
-    events = [StepEvent(step, [1], ["x"], [tokens - 1], np.zeros(tokens, np.float32), np.ones(tokens, np.float32))
-              for step in range(steps)]
+    events = [
+        StepEvent(step, [1], ["x"], [tokens - 1], np.zeros(tokens, np.float32), np.ones(tokens, np.float32))
+        for step in range(steps)
+    ]
     return RunRecord(meta={"policy": policy}, events=events)
 
 

@@ -63,8 +63,14 @@ def test_running_budgets_are_fractions_of_the_tokens_seen():
 
 
 def test_a_running_budget_sweep_keeps_that_share_of_the_tokens_seen(tiny_llama):
-    rows, replay = sweep_trace(tiny_llama, TRACE, ["window"], parse_budgets("0.5", running=True), interval=8,
-                               params={"protect_system": False, "protect_question": False})
+    rows, replay = sweep_trace(
+        tiny_llama,
+        TRACE,
+        ["window"],
+        parse_budgets("0.5", running=True),
+        interval=8,
+        params={"protect_system": False, "protect_question": False},
+    )
     assert [(r["policy"], r["budget"]) for r in rows] == [("full", "100%"), ("window", "50% of seen")]
     events = replay.runs[0].record.events
     assert all(e.kv_tokens == math.ceil(0.5 * (e.positions[-1] + 1)) for e in events if e.compressed)
@@ -74,10 +80,22 @@ def test_a_running_budget_sweep_keeps_that_share_of_the_tokens_seen(tiny_llama):
 def test_sweep_rows_and_files_are_well_formed(tiny_llama, tmp_path):
     budgets = [Budget(0.5, True), Budget(40, False)]
     seen = []
-    rows, replay = sweep_trace(tiny_llama, TRACE, ["window", "h2o"], budgets, interval=8,
-                               params={"recent": 4}, progress=lambda name, done, total: seen.append((done, total)))
+    rows, replay = sweep_trace(
+        tiny_llama,
+        TRACE,
+        ["window", "h2o"],
+        budgets,
+        interval=8,
+        params={"recent": 4},
+        progress=lambda name, done, total: seen.append((done, total)),
+    )
     assert [(r["policy"], r["budget"]) for r in rows] == [
-        ("full", "100%"), ("window", "50%"), ("window", "40"), ("h2o", "50%"), ("h2o", "40")]
+        ("full", "100%"),
+        ("window", "50%"),
+        ("window", "40"),
+        ("h2o", "50%"),
+        ("h2o", "40"),
+    ]
     total = rows[0]["prompt_tokens"] + rows[0]["trace_tokens"]
     assert seen[-1] == (rows[0]["trace_tokens"], rows[0]["trace_tokens"])
     full = rows[0]
@@ -107,8 +125,9 @@ def test_sweep_rows_and_files_are_well_formed(tiny_llama, tmp_path):
     assert doc["meta"]["model"] == tiny_llama.name and doc["rows"] == json.loads(json.dumps(results))
     with open(paths["timings"], newline="", encoding="utf-8") as fh:
         timings = list(csv.DictReader(fh))
-    assert [(t["trace"], t["policy"], t["budget"]) for t in timings] == [(r["trace"], r["policy"], r["budget"])
-                                                                         for r in rows]
+    assert [(t["trace"], t["policy"], t["budget"]) for t in timings] == [
+        (r["trace"], r["policy"], r["budget"]) for r in rows
+    ]
     assert [float(t["tokens_per_second"]) for t in timings] == pytest.approx([r["tokens_per_second"] for r in rows])
     table_lines = paths["md"].read_text(encoding="utf-8").splitlines()
     assert len(table_lines) == 2 + len(rows) and table_lines[3].startswith("| tiny | window | 50% |")
@@ -117,8 +136,9 @@ def test_sweep_rows_and_files_are_well_formed(tiny_llama, tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "thinkviz", "bench", "sweep", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "thinkviz", "bench", "sweep", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def _one_line_error(result, reason):
@@ -220,11 +240,19 @@ def test_sweep_and_replay_cost_on_a_transcript(tiny_llama, tmp_path):
 @pytest.mark.parametrize(
     "messages, reason",
     [
-        ([{"role": "user", "content": "q"}, {"role": "narrator", "content": "x"}],
-         "message 2 of 2: unknown role 'narrator'"),
+        (
+            [{"role": "user", "content": "q"}, {"role": "narrator", "content": "x"}],
+            "message 2 of 2: unknown role 'narrator'",
+        ),
         ([{"role": "assistant", "content": "x"}], "message 1 is an assistant message"),
-        ([{"role": "user", "content": "q"}, {"role": "assistant", "content": ["a"]}, {"role": "user", "content": {}}],
-         "message 3 of 3: 'content' must be a string"),
+        (
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": ["a"]},
+                {"role": "user", "content": {}},
+            ],
+            "message 3 of 3: 'content' must be a string",
+        ),
     ],
 )
 def test_bad_transcripts_exit_non_zero_before_loading(tmp_path, messages, reason):
@@ -236,14 +264,43 @@ def test_bad_transcripts_exit_non_zero_before_loading(tmp_path, messages, reason
 def test_cli_sweep_and_replay_cost_on_a_transcript_file(tmp_path):
     path = _transcript_file(tmp_path)
     out = tmp_path / "o"
-    result = _cli("--trace", str(path), "--policies", "window,think_drop", "--budgets", "0.5",
-                  "--max-trace-tokens", "96", "--out", str(out))
+    result = _cli(
+        "--trace",
+        str(path),
+        "--policies",
+        "window,think_drop",
+        "--budgets",
+        "0.5",
+        "--max-trace-tokens",
+        "96",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     rows = json.loads((out / "sweep.json").read_text(encoding="utf-8"))["rows"]
     assert [(r["trace"], r["policy"], r["trace_tokens"]) for r in rows] == [
-        ("agent", "full", 96), ("agent", "window", 96), ("agent", "think_drop", 96)]
-    cost = subprocess.run([sys.executable, "-m", "thinkviz", "bench", "replay-cost", "--trace", str(path),
-                           "--repeats", "1", "--interval", "16"], capture_output=True, text=True, timeout=300)
+        ("agent", "full", 96),
+        ("agent", "window", 96),
+        ("agent", "think_drop", 96),
+    ]
+    cost = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "thinkviz",
+            "bench",
+            "replay-cost",
+            "--trace",
+            str(path),
+            "--repeats",
+            "1",
+            "--interval",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert cost.returncode == 0, cost.stderr
     assert "trace agent:" in cost.stdout and "ratio" in cost.stdout
 
@@ -253,8 +310,13 @@ def test_sweep_adds_a_kv_format_dimension_against_the_full_precision_reference(t
     assert formats == [KVQuant("none"), KVQuant("q8_0"), KVQuant("q4_0")]
     rows, replay = sweep_trace(tiny_llama_d32, TRACE, ["window"], [Budget(0.5, True)], interval=8, kv_quants=formats)
     assert [(r["policy"], r["budget"], r["kv_quant"]) for r in rows] == [
-        ("full", "100%", "none"), ("full", "100%", "q8_0"), ("full", "100%", "q4_0"),
-        ("window", "50%", "none"), ("window", "50%", "q8_0"), ("window", "50%", "q4_0")]
+        ("full", "100%", "none"),
+        ("full", "100%", "q8_0"),
+        ("full", "100%", "q4_0"),
+        ("window", "50%", "none"),
+        ("window", "50%", "q8_0"),
+        ("window", "50%", "q4_0"),
+    ]
     assert replay.reference.record.meta["kv_quant"]["format"] == "none"
     full, full_q8, full_q4 = rows[:3]
     # every token kept, fewer bits: a float32 model stores 8.5 (q8_0) and 4.5 (q4_0) of 32 bits
@@ -279,10 +341,13 @@ def test_sweep_tables_without_formats_keep_their_columns(tiny_llama):
     assert "| KV |" not in markdown_table(rows).splitlines()[0]
 
 
-@pytest.mark.parametrize("args, reason", [
-    (["--kv-quants", "none,q5_1"], "unknown KV format 'q5_1'"),
-    (["--kv-quants", "kivi2", "--kv-residual", "4"], "residual must be between 8 and 512"),
-    (["--kv-quants", " , "], "no KV formats given"),
-])
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        (["--kv-quants", "none,q5_1"], "unknown KV format 'q5_1'"),
+        (["--kv-quants", "kivi2", "--kv-residual", "4"], "residual must be between 8 and 512"),
+        (["--kv-quants", " , "], "no KV formats given"),
+    ],
+)
 def test_bad_kv_formats_exit_non_zero_before_loading(args, reason):
     _one_line_error(_cli("--trace", "math_h2o_vs_window", *args), reason)

@@ -56,9 +56,10 @@ def test_two_workers_write_the_same_bytes_as_the_in_process_sweep(runtime, grid,
 
 
 def test_a_worker_that_dies_is_replaced_and_its_group_tried_again(runtime, grid, in_process, tmp_path):
-    model, traces = grid[grid.index("--model") + 1], grid[grid.index("--trace") + 1:grid.index("--policies")]
-    groups = plan_groups([load_trace(t) for t in traces], [Budget(0.5, True), Budget(40, False)],
-                         [KVQuant(kv) for kv in KV_QUANTS])
+    model, traces = grid[grid.index("--model") + 1], grid[grid.index("--trace") + 1 : grid.index("--policies")]
+    groups = plan_groups(
+        [load_trace(t) for t in traces], [Budget(0.5, True), Budget(40, False)], [KVQuant(kv) for kv in KV_QUANTS]
+    )
     settings = SweepSettings(("window", "h2o"), 8, {"recent": 4, "protect_system": True, "protect_question": True})
     spec = ModelSpec(model, "none", "cpu")
     with RayExecutor(spec, 2) as executor:

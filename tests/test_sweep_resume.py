@@ -30,9 +30,14 @@ def test_every_group_is_stored_and_rows_keep_the_sweep_order(uninterrupted):
     assert len(list((uninterrupted / "groups").glob("*.json"))) == GROUPS == 10
     rows = json.loads((uninterrupted / "sweep.json").read_text(encoding="utf-8"))["rows"]
     assert [(r["trace"], r["policy"], r["budget"], r["kv_quant"]) for r in rows] == [
-        (t, p, b, kv) for t in ("alpha", "beta")
-        for p, b, kv in [("full", "100%", "none"), ("full", "100%", "q8_0"),
-                         *((p, b, kv) for p in ("window", "h2o") for b in ("50%", "40") for kv in ("none", "q8_0"))]]
+        (t, p, b, kv)
+        for t in ("alpha", "beta")
+        for p, b, kv in [
+            ("full", "100%", "none"),
+            ("full", "100%", "q8_0"),
+            *((p, b, kv) for p in ("window", "h2o") for b in ("50%", "40") for kv in ("none", "q8_0")),
+        ]
+    ]
     assert "tokens_per_second" not in rows[0]
     # each group has its own full-precision reference: every group's measures it the same
     assert all(r["full_peak_kv_bytes"] == rows[0]["full_peak_kv_bytes"] for r in rows if r["trace"] == "alpha")
@@ -87,7 +92,7 @@ def test_resume_keys_groups_by_kv_format(grid, uninterrupted, tmp_path, capsys):
     shutil.copytree(uninterrupted / "groups", tmp_path / "groups")
     formats = grid.index("--kv-quants") + 1
     capsys.readouterr()
-    assert main([*grid[:formats], "none,q4_0", *grid[formats + 1:], "--resume", str(tmp_path)]) == 0
+    assert main([*grid[:formats], "none,q4_0", *grid[formats + 1 :], "--resume", str(tmp_path)]) == 0
     assert f"{GROUPS} of {GROUPS} finished (4 reused" in capsys.readouterr().out  # the full-precision groups
     rows = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))["rows"]
     whole = json.loads((uninterrupted / "sweep.json").read_text(encoding="utf-8"))["rows"]
@@ -96,8 +101,9 @@ def test_resume_keys_groups_by_kv_format(grid, uninterrupted, tmp_path, capsys):
     assert all(a["kl"] != b["kl"] for a, b in zip(rows, whole) if a["kv_quant"] == "q4_0")
 
 
-def test_a_failing_policy_is_reported_by_group_and_the_other_groups_complete(grid, uninterrupted, tmp_path,
-                                                                             monkeypatch, capsys):
+def test_a_failing_policy_is_reported_by_group_and_the_other_groups_complete(
+    grid, uninterrupted, tmp_path, monkeypatch, capsys
+):
     real, raised = HeavyHitters.score, []
 
     def score(self, view):
@@ -115,7 +121,8 @@ def test_a_failing_policy_is_reported_by_group_and_the_other_groups_complete(gri
             assert f"group {trace} @ 40{kv} failed: RuntimeError: h2o cannot score at 40 (tried twice" in err
     doc = json.loads((tmp_path / "sweep.json").read_text(encoding="utf-8"))
     assert [f["name"] for f in doc["meta"]["failed"]] == [
-        f"{trace} @ 40{kv}" for trace in ("alpha", "beta") for kv in ("", " q8_0")]
+        f"{trace} @ 40{kv}" for trace in ("alpha", "beta") for kv in ("", " q8_0")
+    ]
     whole = json.loads((uninterrupted / "sweep.json").read_text(encoding="utf-8"))["rows"]
     assert doc["rows"] == [row for row in whole if row["budget"] != "40"]  # the 50 % groups, complete
     monkeypatch.undo()

@@ -21,8 +21,15 @@ TRACE = Trace(
 
 
 def _row(trace, policy, budget, kv, nll_delta, kl=0.1, top1=0.9):
-    return {"trace": trace, "policy": policy, "budget": budget, "kv_fraction": kv,
-            "nll_delta": nll_delta, "kl": kl, "top1": top1}
+    return {
+        "trace": trace,
+        "policy": policy,
+        "budget": budget,
+        "kv_fraction": kv,
+        "nll_delta": nll_delta,
+        "kl": kl,
+        "top1": top1,
+    }
 
 
 ROWS = [
@@ -69,8 +76,14 @@ def two_sweeps(tiny_llama, tmp_path_factory):
     """Two traces swept separately on the tiny model, each written by ``write_rows``."""
     folders = []
     for name in ("first", "second"):
-        rows, _ = sweep_trace(tiny_llama, dataclasses.replace(TRACE, name=name), ["window", "h2o"],
-                              [Budget(0.5, True)], interval=8, params={"recent": 4})
+        rows, _ = sweep_trace(
+            tiny_llama,
+            dataclasses.replace(TRACE, name=name),
+            ["window", "h2o"],
+            [Budget(0.5, True)],
+            interval=8,
+            params={"recent": 4},
+        )
         folder = tmp_path_factory.mktemp(name)
         write_rows(rows, folder, {"model": tiny_llama.name})
         folders.append(folder)
@@ -95,7 +108,11 @@ def test_cli_lines_up_sweep_folders_and_writes_the_table_and_figure(two_sweeps, 
 def test_policies_keeps_the_rows_of_the_runs_named_and_refuses_a_name_no_row_has(tmp_path, capsys):
     kept = select_runs(ROWS, ["full", "h2o"])
     assert [(row["trace"], row["policy"]) for row in kept] == [
-        ("math", "full"), ("math", "h2o"), ("code", "full"), ("code", "h2o")]
+        ("math", "full"),
+        ("math", "h2o"),
+        ("code", "full"),
+        ("code", "h2o"),
+    ]
     assert [line.split(" | ")[0] for line in summary_table(kept).splitlines()[2:]] == ["| full", "| h2o"]
     with pytest.raises(SummaryError, match="no rows of 'knorm' in the sweeps given"):
         select_runs(ROWS, ["h2o", "knorm"])

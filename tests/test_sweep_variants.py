@@ -15,8 +15,11 @@ def test_a_policy_may_carry_its_own_knobs():
     specs = parse_policies("tam, tam:compaction=match,am,tam", variants=True)
     assert specs == ["tam", "tam:compaction=match", "am"]
     check_params(specs, {"l_min": 8})
-    for bad, reason in [("tam:compaction", "knob=value"), ("h2o:ridge=1", "h2o has no parameter ridge"),
-                        ("lru:x=1", "unknown policy 'lru'")]:
+    for bad, reason in [
+        ("tam:compaction", "knob=value"),
+        ("h2o:ridge=1", "h2o has no parameter ridge"),
+        ("lru:x=1", "unknown policy 'lru'"),
+    ]:
         with pytest.raises(ValueError, match=reason):
             parse_policies(bad, variants=True)
     with pytest.raises(ValueError, match="unknown policy"):
@@ -25,8 +28,9 @@ def test_a_policy_may_carry_its_own_knobs():
 
 def test_a_sweep_compares_two_settings_of_one_policy(tiny_llama):
     specs = ["tam", "tam:compaction=match", "am"]
-    rows, replay = sweep_trace(tiny_llama, TRACE, specs, [Budget(0.5, True)], interval=8,
-                               params={"recent": 4, "window": 8})
+    rows, replay = sweep_trace(
+        tiny_llama, TRACE, specs, [Budget(0.5, True)], interval=8, params={"recent": 4, "window": 8}
+    )
     assert [r["policy"] for r in rows] == ["full", *specs]
     assert [run.policy.config.get("compaction") for run in replay.runs] == ["select", "match", None]
     by_policy = {r["policy"]: r for r in rows}

@@ -16,8 +16,11 @@ TRACE = Trace(
     name="tiny",
     system="You are a careful assistant.",
     question="What does 2 + 3 * 4 evaluate to?",
-    text=("<think>\nMultiplication binds tighter, so 3 * 4 = 12 first.\n\nThen 2 + 12 = 14.\n</think>\n\n"
-          "The answer is 14.\n") * 3,
+    text=(
+        "<think>\nMultiplication binds tighter, so 3 * 4 = 12 first.\n\nThen 2 + 12 = 14.\n</think>\n\n"
+        "The answer is 14.\n"
+    )
+    * 3,
 )
 
 
@@ -25,7 +28,12 @@ def test_a_varied_knob_gives_one_row_per_value_and_policies_without_it_run_once(
     vary = parse_vary("recent=2,4,8")
     rows, replay = sweep_trace(tiny_llama, TRACE, ["h2o", "window"], [Budget(24, False)], 8, {}, vary=vary)
     assert [(r["policy"], r["knobs"]) for r in rows] == [
-        ("full", ""), ("h2o", "recent=2"), ("h2o", "recent=4"), ("h2o", "recent=8"), ("window", "")]
+        ("full", ""),
+        ("h2o", "recent=2"),
+        ("h2o", "recent=4"),
+        ("h2o", "recent=8"),
+        ("window", ""),
+    ]
     assert [run.policy.config["recent"] for run in replay.runs[:3]] == [2, 4, 8]
     assert len({r["kl"] for r in rows[1:4]}) > 1  # the knob changed what the cache kept
     paths = write_rows(rows, tmp_path, {"vary": vary})
@@ -40,13 +48,17 @@ def test_varying_the_budget_itself_and_two_knobs_at_once(tiny_llama):
     vary = parse_vary("budget=24,48; recent=2,4")
     rows, _ = sweep_trace(tiny_llama, TRACE, ["h2o"], [Budget(0.5, True)], 8, {}, vary=vary)
     assert [(r["budget"], r["knobs"]) for r in rows[1:]] == [
-        ("24", "budget=24, recent=2"), ("24", "budget=24, recent=4"), ("48", "budget=48, recent=2"),
-        ("48", "budget=48, recent=4")]
+        ("24", "budget=24, recent=2"),
+        ("24", "budget=24, recent=4"),
+        ("48", "budget=48, recent=2"),
+        ("48", "budget=48, recent=4"),
+    ]
     assert [r["budget_tokens"] for r in rows[1:]] == [24, 24, 48, 48]
 
 
-@pytest.mark.parametrize("text, reason", [("recent", "KNOB=V1,V2"), ("recent=", "KNOB=V1,V2"),
-                                          ("recent=2;recent=4", "varied twice")])
+@pytest.mark.parametrize(
+    "text, reason", [("recent", "KNOB=V1,V2"), ("recent=", "KNOB=V1,V2"), ("recent=2;recent=4", "varied twice")]
+)
 def test_bad_vary_text_is_refused(text, reason):
     with pytest.raises(ValueError, match=reason):
         parse_vary(text)
@@ -62,8 +74,12 @@ def test_bad_vary_text_is_refused(text, reason):
     ],
 )
 def test_bad_vary_arguments_exit_with_one_line_before_loading(args, reason):
-    result = subprocess.run([sys.executable, "-m", "thinkviz", "bench", "sweep", "--trace", "math_h2o_vs_window",
-                             *args], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "thinkviz", "bench", "sweep", "--trace", "math_h2o_vs_window", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("thinkviz: error:") and reason in lines[0], result.stderr
@@ -72,8 +88,11 @@ def test_bad_vary_arguments_exit_with_one_line_before_loading(args, reason):
 def test_the_sweep_tab_varies_a_knob_as_the_cli_does(tiny_llama):
     from thinkviz.ui.sweep import sweep_frames
 
-    frames = list(sweep_frames(tiny_llama, TRACE, ["h2o", "window"], [Budget(24, False)], 8, {}, poll=0.0,
-                               vary=parse_vary("recent=2,8")))
+    frames = list(
+        sweep_frames(
+            tiny_llama, TRACE, ["h2o", "window"], [Budget(24, False)], 8, {}, poll=0.0, vary=parse_vary("recent=2,8")
+        )
+    )
     assert "the full cache + 2 policies in 3 variants × 1 budgets" in frames[0].status
     final = frames[-1]
     assert [row[0] for row in final.table] == ["full", "h2o · recent=2", "h2o · recent=8", "window"]
@@ -85,12 +104,20 @@ def test_a_varied_knob_runs_for_each_policy_spec_with_its_own_knobs(tiny_llama):
     vary = parse_vary("budget=24,48")
     check_vary(["h2o:recent=2", "h2o:recent=8"], vary)
     assert vary_grid("h2o:recent=2", vary) == [{"budget": "24"}, {"budget": "48"}]
-    rows, replay = sweep_trace(tiny_llama, TRACE, ["h2o:recent=2", "h2o:recent=8"], [Budget(0.5, True)], 8, {},
-                               vary=vary)
+    rows, replay = sweep_trace(
+        tiny_llama, TRACE, ["h2o:recent=2", "h2o:recent=8"], [Budget(0.5, True)], 8, {}, vary=vary
+    )
     assert [(r["policy"], r["knobs"]) for r in rows[1:]] == [
-        ("h2o:recent=2", "budget=24"), ("h2o:recent=2", "budget=48"), ("h2o:recent=8", "budget=24"),
-        ("h2o:recent=8", "budget=48")]
+        ("h2o:recent=2", "budget=24"),
+        ("h2o:recent=2", "budget=48"),
+        ("h2o:recent=8", "budget=24"),
+        ("h2o:recent=8", "budget=48"),
+    ]
     assert [(run.policy.config["recent"], run.policy.config["budget"]) for run in replay.runs] == [
-        (2, 24), (2, 48), (8, 24), (8, 48)]
+        (2, 24),
+        (2, 48),
+        (8, 24),
+        (8, 48),
+    ]
     with pytest.raises(ValueError, match="'h2o:recent=2' sets recent, which --vary also varies"):
         check_vary(["h2o:recent=2"], parse_vary("recent=4,8"))

@@ -24,22 +24,32 @@ def _task(start_ms, ms, name="ThreadControllerImpl::RunTask", key=MAIN):
 
 
 def _trace():
-    nodes = [{"id": 1, "callFrame": {"functionName": "(root)"}},
-             {"id": 2, "parent": 1, "callFrame": {"functionName": "react", "url": PLOTLY}},
-             {"id": 3, "parent": 2, "callFrame": {"functionName": "getBoundingClientRect"}},  # native, for plotly
-             {"id": 4, "parent": 1, "callFrame": {"functionName": "flush", "url": GRADIO}},
-             {"id": 5, "parent": 1, "callFrame": {"functionName": "(garbage collector)"}}]
+    nodes = [
+        {"id": 1, "callFrame": {"functionName": "(root)"}},
+        {"id": 2, "parent": 1, "callFrame": {"functionName": "react", "url": PLOTLY}},
+        {"id": 3, "parent": 2, "callFrame": {"functionName": "getBoundingClientRect"}},  # native, for plotly
+        {"id": 4, "parent": 1, "callFrame": {"functionName": "flush", "url": GRADIO}},
+        {"id": 5, "parent": 1, "callFrame": {"functionName": "(garbage collector)"}},
+    ]
     # one sample every 10 ms from t = 1000 ms: 2 in plotly, 1 native call of plotly's, 1 Gradio, 1 GC, then idle
     samples, deltas = [2, 2, 3, 4, 5, 1, 1], [10_000] * 7
     return [
-        _thread(MAIN, "CrRendererMain"), _thread(OTHER, "Compositor"),
-        _task(1000, 60, "RunTask"), _task(1000, 59),  # one task under two names: counted once
+        _thread(MAIN, "CrRendererMain"),
+        _thread(OTHER, "Compositor"),
+        _task(1000, 60, "RunTask"),
+        _task(1000, 59),  # one task under two names: counted once
         _task(1100, 20),  # short: not a long task
         _task(1000, 90, key=OTHER),  # another thread's
         {"ph": "X", "name": "Layout", "pid": 10, "tid": 1, "ts": 1_045_000, "dur": 8_000},
         {"ph": "P", "name": "Profile", "pid": 10, "tid": 9, "ts": 990_000, "args": {"data": {"startTime": 990_000}}},
-        {"ph": "P", "name": "ProfileChunk", "pid": 10, "tid": 9, "ts": 1_200_000,
-         "args": {"data": {"cpuProfile": {"nodes": nodes, "samples": samples}, "timeDeltas": deltas}}},
+        {
+            "ph": "P",
+            "name": "ProfileChunk",
+            "pid": 10,
+            "tid": 9,
+            "ts": 1_200_000,
+            "args": {"data": {"cpuProfile": {"nodes": nodes, "samples": samples}, "timeDeltas": deltas}},
+        },
     ]
 
 
@@ -60,7 +70,11 @@ def test_a_trace_without_a_renderer_has_no_long_tasks():
 
 
 def test_profile_takes_one_run():
-    done = subprocess.run([sys.executable, "-m", "thinkviz", "bench", "browser", "--profile", "t.json",
-                           "--threads", "torch,auto"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "thinkviz", "bench", "browser", "--profile", "t.json", "--threads", "torch,auto"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "--profile traces one run" in done.stderr

@@ -26,8 +26,9 @@ from thinkviz.ui.throttle import FramePacer
 from thinkviz.viz.tokens import render_tokens
 from tiny_models import tiny_model
 
-TRACE_TEXT = ("<think>\nFirst add 1 and 2 to get 3.\n\nThen add 3 to get 6.\n\nCheck: 1 + 2 + 3 = 6.\n</think>\n\n"
-              "The sum is 6.\n") * 2
+TRACE_TEXT = (
+    "<think>\nFirst add 1 and 2 to get 3.\n\nThen add 3 to get 6.\n\nCheck: 1 + 2 + 3 = 6.\n</think>\n\nThe sum is 6.\n"
+) * 2
 TRACE = RunInput(system=None, question="Sum the list 1, 2, 3.", trace=TRACE_TEXT)
 QUESTION = RunInput(system="Think step by step.", question="What is 2 + 3?")
 
@@ -40,8 +41,20 @@ def tiny():
 def _live(tiny, run_input, **kwargs):
     settings = DecodeSettings(max_new_tokens=12, stop_at_eos=False)
     policy = make_policy("h2o", budget=24, interval=4, recent=4)
-    return list(live_frames(tiny, policy, run_input, settings, threading.Event(), TokenChannel("t"), None,
-                            FramePacer(0.0), FramePacer(0.0), **kwargs))
+    return list(
+        live_frames(
+            tiny,
+            policy,
+            run_input,
+            settings,
+            threading.Event(),
+            TokenChannel("t"),
+            None,
+            FramePacer(0.0),
+            FramePacer(0.0),
+            **kwargs,
+        )
+    )
 
 
 def test_live_measures_a_replay_against_the_full_cache_as_it_goes(tiny):
@@ -95,8 +108,16 @@ def test_compare_takes_the_same_policy_twice_titled_by_what_differs(tiny):
 def test_compare_refuses_two_identical_columns(tiny):
     columns = [Column(make_policy("h2o", budget=64)), Column(make_policy("h2o", budget=64))]
     with pytest.raises(RunInputError, match="the same h2o with the same knobs"):
-        list(compare_frames(tiny, columns, QUESTION, DecodeSettings(max_new_tokens=2), threading.Event(),
-                            [TokenChannel("a"), TokenChannel("b")]))
+        list(
+            compare_frames(
+                tiny,
+                columns,
+                QUESTION,
+                DecodeSettings(max_new_tokens=2),
+                threading.Event(),
+                [TokenChannel("a"), TokenChannel("b")],
+            )
+        )
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,11 @@ from thinkviz.viz.tokens import TokenData
 from tiny_models import tiny_model
 
 QUESTION = RunInput(system="Think step by step.", question="What is 2 + 3?")
-TRACE = RunInput(system=None, question="Sum the list.",
-                 trace="<think>\nFirst add 1 and 2.\n\nThen add 3.\n</think>\n\nThe sum is 6.\n")
+TRACE = RunInput(
+    system=None,
+    question="Sum the list.",
+    trace="<think>\nFirst add 1 and 2.\n\nThen add 3.\n</think>\n\nThe sum is 6.\n",
+)
 
 
 class StepClock:
@@ -79,8 +82,16 @@ def tiny():
 def _live(tiny, policy, run_input=QUESTION, tokens=24, pacer=None, cancel=None, channel=None):
     channel = channel or TokenChannel("t")
     settings = DecodeSettings(max_new_tokens=tokens, stop_at_eos=False)
-    frames = live_frames(tiny, policy, run_input, settings, cancel or threading.Event(), channel,
-                         Projection.named("Qwen3-4B", 8), pacer or FramePacer(0.0))
+    frames = live_frames(
+        tiny,
+        policy,
+        run_input,
+        settings,
+        cancel or threading.Event(),
+        channel,
+        Projection.named("Qwen3-4B", 8),
+        pacer or FramePacer(0.0),
+    )
     return list(frames), channel
 
 
@@ -134,8 +145,9 @@ def test_live_frames_are_paced_whatever_the_token_rate(tiny):
 def test_switching_mode_mid_run_resets_the_view_once(tiny):
     channel = TokenChannel("t")
     settings = DecodeSettings(max_new_tokens=6, stop_at_eos=False)
-    frames = live_frames(tiny, make_policy("h2o", budget=64), QUESTION, settings, threading.Event(), channel,
-                         None, FramePacer(0.0))
+    frames = live_frames(
+        tiny, make_policy("h2o", budget=64), QUESTION, settings, threading.Event(), channel, None, FramePacer(0.0)
+    )
     seen = [next(frames), next(frames)]
     channel.set_mode("segments")
     seen += list(frames)
@@ -150,8 +162,9 @@ def test_a_resync_requested_in_the_middle_of_a_message_takes_effect_on_the_next_
     channel = TokenChannel("t", title_refresh=0.0)
     reads = []
     channel.clock = lambda: (reads.append(1), len(reads) == 2 and channel.resync(), 0.0)[-1]
-    views = [TokenData(["a", "b", "c", "d"][:n], np.arange(n, dtype=float)[::-1], np.ones(n), None, [])
-             for n in (2, 3, 4)]
+    views = [
+        TokenData(["a", "b", "c", "d"][:n], np.arange(n, dtype=float)[::-1], np.ones(n), None, []) for n in (2, 3, 4)
+    ]
     first, second, third = (channel.message(view) for view in views)
     assert first["patch"]["reset"] is not None
     assert second["patch"]["reset"] is None and second["patch"]["append"].count("data-pos=") == 1
@@ -162,8 +175,9 @@ def test_stop_ends_the_run_with_a_final_frame(tiny):
     cancel = threading.Event()
     channel = TokenChannel("t")
     settings = DecodeSettings(max_new_tokens=200, stop_at_eos=False)
-    frames = live_frames(tiny, make_policy("h2o", budget=64), QUESTION, settings, cancel, channel, None,
-                         FramePacer(0.0))
+    frames = live_frames(
+        tiny, make_policy("h2o", budget=64), QUESTION, settings, cancel, channel, None, FramePacer(0.0)
+    )
     for i, frame in enumerate(frames):  # noqa: B007  (the last frame is read after the loop)
         if i == 3:
             cancel.set()
@@ -188,12 +202,16 @@ def test_empty_question_is_refused_before_anything_runs(tiny):
 
 @pytest.mark.parametrize("run_input", [QUESTION, TRACE], ids=["generate", "replay"])
 def test_compare_streams_three_columns_together_and_measures_fidelity(tiny, run_input):
-    policies = [make_policy("window", budget=24, interval=4), make_policy("h2o", budget=24, interval=4, recent=4),
-                make_policy("streaming", budget=24, interval=4)]
+    policies = [
+        make_policy("window", budget=24, interval=4),
+        make_policy("h2o", budget=24, interval=4, recent=4),
+        make_policy("streaming", budget=24, interval=4),
+    ]
     channels = [TokenChannel(f"c{i}") for i in range(6)]
     settings = DecodeSettings(max_new_tokens=20, stop_at_eos=False)
-    frames = list(compare_frames(tiny, policies, run_input, settings, threading.Event(), channels, True,
-                                 FramePacer(0.0)))
+    frames = list(
+        compare_frames(tiny, policies, run_input, settings, threading.Event(), channels, True, FramePacer(0.0))
+    )
     assert len(frames) > 5
     for frame in frames:
         assert len(frame.messages) == len(frame.headers) == 3
@@ -213,8 +231,16 @@ def test_compare_streams_three_columns_together_and_measures_fidelity(tiny, run_
 
 def test_compare_refuses_a_single_policy(tiny):
     with pytest.raises(RunInputError, match="between 2 and 6"):
-        list(compare_frames(tiny, [make_policy("h2o")], QUESTION, DecodeSettings(max_new_tokens=2),
-                            threading.Event(), [TokenChannel("a")]))
+        list(
+            compare_frames(
+                tiny,
+                [make_policy("h2o")],
+                QUESTION,
+                DecodeSettings(max_new_tokens=2),
+                threading.Event(),
+                [TokenChannel("a")],
+            )
+        )
 
 
 def test_explore_shows_any_step_of_a_finished_run(tiny):
@@ -244,8 +270,7 @@ def test_sweep_reports_progress_then_a_pareto_plot_and_a_table(tiny, tmp_path):
     from thinkviz.ui.sweep import TABLE_COLUMNS, export_sweep, sweep_frames
 
     trace = Trace("tiny", None, TRACE.question, TRACE.trace * 3)
-    frames = list(sweep_frames(tiny, trace, ["window", "h2o"], parse_budgets("0.5,0.75"), 4, {"recent": 2},
-                               poll=0.0))
+    frames = list(sweep_frames(tiny, trace, ["window", "h2o"], parse_budgets("0.5,0.75"), 4, {"recent": 2}, poll=0.0))
     assert all(f.rows is None for f in frames[:-1]) and len(frames) >= 2
     final = frames[-1]
     assert [r["policy"] for r in final.rows] == ["full", "window", "window", "h2o", "h2o"]
@@ -271,8 +296,9 @@ def test_sweep_can_replay_only_the_first_trace_tokens(tiny):
     from thinkviz.ui.sweep import sweep_frames
 
     trace = Trace("tiny", None, TRACE.question, TRACE.trace * 3)
-    rows = list(sweep_frames(tiny, trace, ["window"], parse_budgets("0.5"), 4, {}, max_trace_tokens=12,
-                             poll=0.0))[-1].rows
+    rows = list(sweep_frames(tiny, trace, ["window"], parse_budgets("0.5"), 4, {}, max_trace_tokens=12, poll=0.0))[
+        -1
+    ].rows
     assert {r["trace_tokens"] for r in rows} == {12}
 
 
@@ -290,8 +316,9 @@ def test_live_and_compare_replay_a_transcript_with_its_tool_turns(tiny):
     assert "tv-seg-tool" in final.message["patch"]["reset"]
     policies = [make_policy("window", budget=64, interval=4), make_policy("think_drop", budget=64, interval=4)]
     channels = [TokenChannel(f"t{i}") for i in range(6)]
-    compared = list(compare_frames(tiny, policies, transcript, DecodeSettings(), threading.Event(), channels, True,
-                                   FramePacer(0.0)))[-1]
+    compared = list(
+        compare_frames(tiny, policies, transcript, DecodeSettings(), threading.Event(), channels, True, FramePacer(0.0))
+    )[-1]
     assert compared.done and [row[0] for row in compared.table] == ["window", "think_drop"]
     for record in compared.records.values():
         assert sum(s["kind"] == "tool" for s in record.segments) == 3
@@ -306,8 +333,11 @@ def _dynts_with_a_predictor(tiny, folder, monkeypatch):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(2)
         head = P.ImportancePredictor(size)
-    P.save(head.eval(), P.PredictorMeta(model=tiny.name, hidden_size=size, width=head.width),
-           P.predictor_path(tiny.name, folder))
+    P.save(
+        head.eval(),
+        P.PredictorMeta(model=tiny.name, hidden_size=size, width=head.width),
+        P.predictor_path(tiny.name, folder),
+    )
     monkeypatch.setattr(DynTS, "predictor_folder", folder)
     return make_policy("dynts", budget=32, interval=4, recent=4)
 
@@ -348,13 +378,27 @@ def test_a_policy_without_predictions_records_no_answer_attention(tiny):
 @pytest.mark.parametrize("run_input", [QUESTION, TRACE], ids=["generate", "replay"])
 def test_compare_columns_in_kv_formats_are_measured_against_the_full_precision_cache(tiny_llama_d32, run_input):
     """h2o at full precision beside the full cache in 2-bit KIVI, with the full-precision full cache shown too."""
-    policies = [make_policy("h2o", budget=24, interval=4, recent=4), make_policy("full", interval=4),
-                make_policy("full", interval=4)]
+    policies = [
+        make_policy("h2o", budget=24, interval=4, recent=4),
+        make_policy("full", interval=4),
+        make_policy("full", interval=4),
+    ]
     formats = [KVQuant(), KVQuant("kivi2", 8), KVQuant()]
     channels = [TokenChannel(f"c{i}") for i in range(6)]
     settings = DecodeSettings(max_new_tokens=16, stop_at_eos=False)
-    frames = list(compare_frames(tiny_llama_d32, policies, run_input, settings, threading.Event(), channels, True,
-                                 FramePacer(0.0), kv_quants=formats))
+    frames = list(
+        compare_frames(
+            tiny_llama_d32,
+            policies,
+            run_input,
+            settings,
+            threading.Event(),
+            channels,
+            True,
+            FramePacer(0.0),
+            kv_quants=formats,
+        )
+    )
     final = frames[-1]
     assert [row[0] for row in final.table] == ["h2o", "full · kivi2/r8", "full"]
     kl = [row[3] for row in final.table]
@@ -377,8 +421,19 @@ def test_compare_refuses_the_same_column_twice_but_not_one_policy_in_two_formats
 def test_live_run_in_a_kv_format_records_it_and_prices_its_budget(tiny_llama_d32):
     channel = TokenChannel("live")
     policy = make_policy("h2o", budget=24, recent=4)
-    frames = list(live_frames(tiny_llama_d32, policy, QUESTION, DecodeSettings(max_new_tokens=8, stop_at_eos=False),
-                              threading.Event(), channel, None, FramePacer(0.0), kv_quant=KVQuant("kivi4", 8)))
+    frames = list(
+        live_frames(
+            tiny_llama_d32,
+            policy,
+            QUESTION,
+            DecodeSettings(max_new_tokens=8, stop_at_eos=False),
+            threading.Event(),
+            channel,
+            None,
+            FramePacer(0.0),
+            kv_quant=KVQuant("kivi4", 8),
+        )
+    )
     final = frames[-1]
     assert final.record.meta["kv_quant"] == {"format": "kivi4", "bits": 4, "residual": 8}
     assert "KV format" in final.stats and "kivi4/r8" in final.stats

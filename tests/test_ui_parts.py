@@ -67,8 +67,7 @@ def test_every_policy_round_trips_through_the_control_pool(name):
 
 def test_controls_report_bad_values_in_words():
     with pytest.raises(controls.ControlError, match="budget"):
-        controls.build_policy("h2o", {"recent": 32}, budget=16, interval=1, protect_system=True,
-                              protect_question=True)
+        controls.build_policy("h2o", {"recent": 32}, budget=16, interval=1, protect_system=True, protect_question=True)
     with pytest.raises(controls.ControlError, match="whole number"):
         controls.build_policy("h2o", {}, budget="lots", interval=1, protect_system=True, protect_question=True)
     with pytest.raises(controls.ControlError, match="unknown policy"):
@@ -94,17 +93,25 @@ def test_learn_tab_names_every_policy_with_its_source_and_parameters():
 def test_learn_tab_has_a_card_for_every_kv_format_with_its_bits_and_source():
     text = learn_markdown()
     assert "## How the KV cache can be stored" in text
-    for name, bits, source in [("none", "16", "—"), ("q8_0", "8.5", "GGML_TYPE_Q8_0"),
-                               ("q4_0", "4.5", "GGML_TYPE_Q4_0"), ("kivi2", "3.06", "arXiv:2402.02750"),
-                               ("kivi4", "5.06", "arXiv:2402.02750")]:
+    for name, bits, source in [
+        ("none", "16", "—"),
+        ("q8_0", "8.5", "GGML_TYPE_Q8_0"),
+        ("q4_0", "4.5", "GGML_TYPE_Q4_0"),
+        ("kivi2", "3.06", "arXiv:2402.02750"),
+        ("kivi4", "5.06", "arXiv:2402.02750"),
+    ]:
         card = kv_format_card(name)
         assert card in text and f"**Bits per value.** {bits} (of 16)" in card and source in card
 
 
 @pytest.fixture(scope="module")
 def record():
-    run = Run(tiny_model("llama"), make_policy("h2o", budget=12, recent=2), list(range(100, 120)),
-              DecodeSettings(max_new_tokens=8, stop_at_eos=False))
+    run = Run(
+        tiny_model("llama"),
+        make_policy("h2o", budget=12, recent=2),
+        list(range(100, 120)),
+        DecodeSettings(max_new_tokens=8, stop_at_eos=False),
+    )
     list(run.generate())
     return run.record
 

@@ -20,13 +20,16 @@ def modes(policy) -> list[str]:
     return [mode for _, mode in view_choices(policy)]
 
 
-@pytest.mark.parametrize("name, knobs, mass, predicted", [
-    ("h2o", {}, False, False),
-    ("tam", {}, False, False),
-    ("tam", {"compaction": "match"}, True, False),
-    ("am", {}, True, False),
-    ("dynts", {}, False, True),
-])
+@pytest.mark.parametrize(
+    "name, knobs, mass, predicted",
+    [
+        ("h2o", {}, False, False),
+        ("tam", {}, False, False),
+        ("tam", {"compaction": "match"}, True, False),
+        ("am", {}, True, False),
+        ("dynts", {}, False, True),
+    ],
+)
 def test_live_offers_mass_only_for_a_policy_that_fits_biases(name, knobs, mass, predicted):
     offered = modes(make_policy(name, **knobs))
     assert ("mass" in offered) is mass

@@ -56,8 +56,17 @@ def traces(fig):
 
 def one_kv_head_model(bytes_per_token_target: int) -> TargetModel:
     """A target whose bytes per token is exactly ``bytes_per_token_target`` (1 layer, head_dim = bytes/8)."""
-    return TargetModel("Toy", layers=1, q_heads=1, kv_heads=1, head_dim=bytes_per_token_target // 4, hidden=8,
-                       intermediate=8, vocab=8, tied_embeddings=True)
+    return TargetModel(
+        "Toy",
+        layers=1,
+        q_heads=1,
+        kv_heads=1,
+        head_dim=bytes_per_token_target // 4,
+        hidden=8,
+        intermediate=8,
+        vocab=8,
+        tied_embeddings=True,
+    )
 
 
 # ---- memory ------------------------------------------------------------------------
@@ -108,8 +117,12 @@ def test_a_vram_cap_is_drawn_with_where_a_full_cache_reaches_it(h2o_run, tmp_pat
     per_token = bytes_per_token(record)
     besides, cap = 300 * MIB, 300 * MIB + 200 * per_token  # room for 200 tokens of cache
     for event in record.events:
-        event.info["device_memory"] = {"kind": "cuda", "allocated": besides + event.kv_bytes,
-                                       "reserved": besides + event.kv_bytes, "cap": cap}
+        event.info["device_memory"] = {
+            "kind": "cuda",
+            "allocated": besides + event.kv_bytes,
+            "reserved": besides + event.kv_bytes,
+            "cap": cap,
+        }
     assert device_cap(record) == cap
     lines = traces(memory_figure(record))
     cap_line = lines[f"VRAM cap ({format_bytes(cap)})"]
@@ -246,8 +259,10 @@ def test_the_projection_extrapolates_the_full_cache_past_the_run_to_where_it_run
     assert extra.y[-1] == pytest.approx(projection.kv_bytes(outcome.horizon) / GIB)
     assert list(lines["full cache out of memory (extrapolated)"].x) == [projection.max_tokens]
     notes = [a.text for a in fig.layout.annotations]
-    assert f"a full cache would run out of memory at {projection.max_tokens:,} tokens (extrapolated: this run saw " \
-           f"{outcome.end:,})" in notes
+    assert (
+        f"a full cache would run out of memory at {projection.max_tokens:,} tokens (extrapolated: this run saw "
+        f"{outcome.end:,})" in notes
+    )
     assert any(n.startswith("h2o holds about") and n.endswith("and fits") for n in notes if n)
     assert "end of this run" in notes
     assert not any(t.name and t.name.startswith(("process", "weights")) for t in fig.data)  # off by default
@@ -274,7 +289,7 @@ def test_keep_matrix_per_layer_and_head_uses_the_snapshot_at_or_before(replay_ru
         snap = max(s for s in steps if s <= event.step)
         mask = record.snapshots[snap][1, 0]
         np.testing.assert_array_equal(matrix[i, : len(mask)], mask.astype(np.float32))
-        assert np.isnan(matrix[i, len(mask):]).all()
+        assert np.isnan(matrix[i, len(mask) :]).all()
     layer_mean = keep_matrix(record, layer=0)
     np.testing.assert_allclose(layer_mean[0, : record.snapshots[0].shape[-1]], record.snapshots[0][0].mean(axis=0))
 
@@ -307,8 +322,16 @@ def _synthetic_record(steps: int, first: int, kept_below: int) -> RunRecord:
     for s in range(steps):
         seen = first + s
         keep = (np.arange(seen) < kept_below).astype(np.float32)
-        events.append(StepEvent(step=s, token_ids=[0], texts=["x"], positions=[seen - 1],
-                                scores=np.zeros(seen, np.float32), keep_fraction=keep))
+        events.append(
+            StepEvent(
+                step=s,
+                token_ids=[0],
+                texts=["x"],
+                positions=[seen - 1],
+                scores=np.zeros(seen, np.float32),
+                keep_fraction=keep,
+            )
+        )
     meta = {"geometry": {"layers": 1, "kv_heads": 1, "head_dim": 1, "dtype_bytes": 1}, "budget": 1, "policy": "h2o"}
     return RunRecord(meta=meta, prompt_texts=["x"] * (first - 1), events=events)
 
@@ -328,8 +351,13 @@ def test_large_heatmaps_are_downsampled_and_stay_light():
 
 
 def test_figures_before_the_first_step():
-    meta = {"geometry": {"layers": 2, "kv_heads": 2, "head_dim": 16, "dtype_bytes": 4}, "budget": 8,
-            "policy": "h2o", "weights_bytes": 1000, "quantization": "none"}
+    meta = {
+        "geometry": {"layers": 2, "kv_heads": 2, "head_dim": 16, "dtype_bytes": 4},
+        "budget": 8,
+        "policy": "h2o",
+        "weights_bytes": 1000,
+        "quantization": "none",
+    }
     record = RunRecord(meta=meta, prompt_texts=["a", "b"])
     fig = memory_figure(record, projection=Projection.named("Qwen3-4B", 8))
     assert all(len(t.x) == 0 for t in fig.data)
@@ -378,12 +406,26 @@ def _ragged_record(kept: list[np.ndarray], padded_bytes: int = 0, params: dict |
     for s, counts in enumerate(kept):
         seen = 40 + s
         logical = int(counts.sum()) * 8
-        events.append(StepEvent(step=s, token_ids=[0], texts=["x"], positions=[seen - 1],
-                                scores=np.zeros(seen, np.float32),
-                                keep_fraction=np.ones(seen, np.float32), kv_bytes=logical + padded_bytes,
-                                logical_kv_bytes=logical, kv_tokens=round(counts.mean()), kept=counts))
-    meta = {"geometry": {"layers": 3, "kv_heads": 2, "head_dim": 2, "dtype_bytes": 2}, "budget": 16, "policy": "adakv",
-            "params": params or {"budget_mode": "tokens"}}
+        events.append(
+            StepEvent(
+                step=s,
+                token_ids=[0],
+                texts=["x"],
+                positions=[seen - 1],
+                scores=np.zeros(seen, np.float32),
+                keep_fraction=np.ones(seen, np.float32),
+                kv_bytes=logical + padded_bytes,
+                logical_kv_bytes=logical,
+                kv_tokens=round(counts.mean()),
+                kept=counts,
+            )
+        )
+    meta = {
+        "geometry": {"layers": 3, "kv_heads": 2, "head_dim": 2, "dtype_bytes": 2},
+        "budget": 16,
+        "policy": "adakv",
+        "params": params or {"budget_mode": "tokens"},
+    }
     return RunRecord(meta=meta, prompt_texts=["x"] * 39, events=events)
 
 
@@ -426,8 +468,9 @@ def test_a_quantized_run_prices_its_budget_and_projection_in_its_format():
     np.testing.assert_allclose(full, tokens_seen(record) * geometry.bytes_per_token / MIB)
     qwen = TARGETS["Qwen3-4B"]
     kept = np.array([e.kv_tokens for e in record.events])
-    np.testing.assert_allclose(lines["policy on Qwen3-4B (q4_0)"].y,
-                               kept * qwen.layers * 2 * qwen.kv_heads * (qwen.head_dim // 32) * 18 / GIB)
+    np.testing.assert_allclose(
+        lines["policy on Qwen3-4B (q4_0)"].y, kept * qwen.layers * 2 * qwen.kv_heads * (qwen.head_dim // 32) * 18 / GIB
+    )
     np.testing.assert_allclose(lines["full cache on Qwen3-4B"].y, tokens_seen(record) * qwen.bytes_per_token / GIB)
     assert stats_strip(record)["KV format"] == "q4_0"
     assert "KV format" not in stats_strip(generated(loaded, "h2o", steps=2, recent=4).record)

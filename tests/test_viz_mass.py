@@ -19,8 +19,9 @@ def run():
 
 
 def test_mass_view_shades_kept_tokens_by_how_many_they_stand_for():
-    data = TokenData(["a", "b", "c", "d"], scores=[0.9, 0.1, 0.5, np.nan], keep_fraction=[1, 1, 1, 0],
-                     mass=[1.0, 4.0, 0.5, np.nan])
+    data = TokenData(
+        ["a", "b", "c", "d"], scores=[0.9, 0.1, 0.5, np.nan], keep_fraction=[1, 1, 1, 0], mass=[1.0, 4.0, 0.5, np.nan]
+    )
     looks = token_looks(data, "mass")
     levels = [next((int(c[4:]) for c in look.cls.split() if c.startswith("tv-h")), None) for look in looks]
     assert levels[1] == 9 and levels[0] < levels[1] and levels[2] < levels[0] and levels[3] is None

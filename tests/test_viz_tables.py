@@ -79,8 +79,9 @@ def test_fidelity_table_from_metric_summaries(run):
     by_name = {r[0]: r for r in rows}
     assert by_name["all tokens"][1] == len(positions)
     think = by_name["think"]
-    think_tokens = sum(1 for p in positions if any(s["kind"] == "think" and s["start"] <= p < s["end"]
-                                                   for s in record.segments))
+    think_tokens = sum(
+        1 for p in positions if any(s["kind"] == "think" and s["start"] <= p < s["end"] for s in record.segments)
+    )
     assert think[1] == think_tokens
     in_first = sum(1 for p in positions if p < 52)
     assert think[2] == pytest.approx(0.5 * in_first / think_tokens, abs=1e-4)

@@ -51,8 +51,15 @@ class _ViewParser(HTMLParser):
         if tag == "div":
             self.view = attrs
         else:
-            self.tokens.append({"cls": attrs.get("class", ""), "style": attrs.get("style", ""),
-                                "title": attrs.get("title", ""), "pos": attrs.get("data-pos"), "text": ""})
+            self.tokens.append(
+                {
+                    "cls": attrs.get("class", ""),
+                    "style": attrs.get("style", ""),
+                    "title": attrs.get("title", ""),
+                    "pos": attrs.get("data-pos"),
+                    "text": "",
+                }
+            )
         self.stack.append(tag)
 
     def handle_endtag(self, tag):
@@ -380,7 +387,7 @@ def test_reset_on_mode_change_restart_and_new_window():
     args = (None, None, seg.labels(), seg.spans())
     state, _ = token_delta(None, TokenData(texts, *args), "segments")
     _, patch = token_delta(state, TokenData(texts, *args), "evicted")
-    assert patch["reset"] is not None and 'tv-mode-evicted' in patch["reset"]
+    assert patch["reset"] is not None and "tv-mode-evicted" in patch["reset"]
     other = ["Different"] + texts[1:]
     _, patch = token_delta(state, TokenData(other, *args), "segments")
     assert patch["reset"] is not None
@@ -413,20 +420,31 @@ def test_patch_script_in_a_browser_matches_the_full_render(page, mode):
     for i, (texts, scores, keep, labels, spans) in enumerate(_frames()):
         state, patch = token_delta(state, TokenData(texts, scores, keep, labels, spans), mode)
         # the script as a function expression (how the UI embeds it), fed objects or JSON strings
-        page.evaluate(f"(p) => ({TOKEN_PATCH_JS})(document.getElementById('live'), p)",
-                      json.dumps(patch) if i % 2 else patch)
-        page.evaluate("(html) => { document.getElementById('full').innerHTML = html; }",
-                      render_tokens(TokenData(texts, scores, keep, labels, spans), mode))
+        page.evaluate(
+            f"(p) => ({TOKEN_PATCH_JS})(document.getElementById('live'), p)", json.dumps(patch) if i % 2 else patch
+        )
+        page.evaluate(
+            "(html) => { document.getElementById('full').innerHTML = html; }",
+            render_tokens(TokenData(texts, scores, keep, labels, spans), mode),
+        )
         assert page.evaluate(READ_VIEW, "live") == page.evaluate(READ_VIEW, "full")
 
 
 def test_browser_shows_tags_as_text_and_runs_no_injected_code(page):
-    texts = ["<think>", "<script>window.pwned=1</script>", "<img src=x onerror=\"window.pwned=2\">", "a & b",
-             "gone", "half"]
+    texts = [
+        "<think>",
+        "<script>window.pwned=1</script>",
+        '<img src=x onerror="window.pwned=2">',
+        "a & b",
+        "gone",
+        "half",
+    ]
     keep = np.array([1, 1, 1, 1, 0.0, 0.5])
     scores = np.array([0.0, 0.1, 0.2, 1.0, np.nan, 0.5])
-    page.evaluate("(html) => { document.getElementById('full').innerHTML = html; }",
-                  render_tokens(TokenData(texts, scores, keep, None, []), "combined"))
+    page.evaluate(
+        "(html) => { document.getElementById('full').innerHTML = html; }",
+        render_tokens(TokenData(texts, scores, keep, None, []), "combined"),
+    )
     page.wait_for_timeout(50)
     assert page.evaluate("() => window.pwned") is None
     shown = page.evaluate("() => [...document.querySelectorAll('#full .tv-tok')].map(e => e.textContent)")
@@ -444,14 +462,26 @@ def test_browser_shows_tags_as_text_and_runs_no_injected_code(page):
 
 def test_token_view_of_a_record_at_a_step():
     """One builder for a streaming run (the latest step) and a recording (any step)."""
+
     def event(step, text, n):
-        return StepEvent(step=step, token_ids=[step], texts=[text], positions=[n - 1],
-                         scores=np.arange(n, dtype=np.float32), keep_fraction=np.ones(n, dtype=np.float32))
+        return StepEvent(
+            step=step,
+            token_ids=[step],
+            texts=[text],
+            positions=[n - 1],
+            scores=np.arange(n, dtype=np.float32),
+            keep_fraction=np.ones(n, dtype=np.float32),
+        )
 
     spans = [{"kind": "user", "index": 0, "start": 0, "end": 3, "closed": True, "protected": True}]
-    record = RunRecord(meta={}, prompt_ids=[1, 2, 3], prompt_texts=["<u>", "Hi", "</u>"],
-                       prompt_labels=["template", "user", "template"], segments=spans,
-                       events=[event(0, " a", 4), event(1, " b", 5)])
+    record = RunRecord(
+        meta={},
+        prompt_ids=[1, 2, 3],
+        prompt_texts=["<u>", "Hi", "</u>"],
+        prompt_labels=["template", "user", "template"],
+        segments=spans,
+        events=[event(0, " a", 4), event(1, " b", 5)],
+    )
     latest = token_view(record)
     assert list(latest.texts) == ["<u>", "Hi", "</u>", " a", " b"]
     np.testing.assert_array_equal(latest.scores, np.arange(5))
@@ -466,27 +496,47 @@ def test_token_view_of_a_record_at_a_step():
 
 def test_prediction_modes_take_their_heat_from_the_predictions_and_the_answer():
     def event(step, n, info):
-        return StepEvent(step=step, token_ids=[step], texts=[" t"], positions=[n - 1],
-                         scores=np.zeros(n, dtype=np.float32), keep_fraction=np.ones(n, dtype=np.float32), info=info)
+        return StepEvent(
+            step=step,
+            token_ids=[step],
+            texts=[" t"],
+            positions=[n - 1],
+            scores=np.zeros(n, dtype=np.float32),
+            keep_fraction=np.ones(n, dtype=np.float32),
+            info=info,
+        )
 
-    events = [event(0, 3, {"predicted": [1.0, 5.0, 2.0], "predicted_from": 0}),
-              event(1, 4, {"predicted": [9.0], "predicted_from": 3}),
-              event(2, 5, {"predicted": "junk", "predicted_from": 4})]  # a damaged entry is skipped
-    record = RunRecord(meta={}, prompt_ids=[1, 2], prompt_texts=["a", "b"], events=events,
-                       summary={"answer_attention": [0.1, 0.7, None, 0.2]})
+    events = [
+        event(0, 3, {"predicted": [1.0, 5.0, 2.0], "predicted_from": 0}),
+        event(1, 4, {"predicted": [9.0], "predicted_from": 3}),
+        event(2, 5, {"predicted": "junk", "predicted_from": 4}),
+    ]  # a damaged entry is skipped
+    record = RunRecord(
+        meta={},
+        prompt_ids=[1, 2],
+        prompt_texts=["a", "b"],
+        events=events,
+        summary={"answer_attention": [0.1, 0.7, None, 0.2]},
+    )
     view = token_view(record)
     np.testing.assert_array_equal(view.predicted[:4], [1.0, 5.0, 2.0, 9.0])
     assert np.isnan(view.predicted[4])
     np.testing.assert_array_equal(view.answer_attention[[0, 1, 3]], [0.1, 0.7, 0.2])
     assert np.isnan(view.answer_attention[[2, 4]]).all()
     assert token_view(record, 1).answer_attention is None  # 4 tokens: the answer has not begun
-    hot = {mode: [t for t in tokens_of(render_tokens(view, mode)) if "tv-h9" in classes(t)]
-           for mode in ("importance", "predicted", "answer")}
+    hot = {
+        mode: [t for t in tokens_of(render_tokens(view, mode)) if "tv-h9" in classes(t)]
+        for mode in ("importance", "predicted", "answer")
+    }
     assert hot["importance"] == []  # the policy's own scores are all zero
     assert [t["pos"] for t in hot["predicted"]] == ["3"] and [t["pos"] for t in hot["answer"]] == ["1"]
-    assert token_view(RunRecord(meta={}, prompt_texts=["x"], summary={"answer_attention": "junk"})).answer_attention \
+    assert (
+        token_view(RunRecord(meta={}, prompt_texts=["x"], summary={"answer_attention": "junk"})).answer_attention
         is None
+    )
     assert [m for _, m in view_mode_choices(False, fits_bias=True)] == list(MODES)
     assert [m for _, m in view_mode_choices(False, fits_bias=False)] == [m for m in MODES if m != "mass"]
-    assert view_mode_choices(True, fits_bias=False)[-2:] == [("predicted importance", "predicted"),
-                                            ("attention from the answer", "answer")]
+    assert view_mode_choices(True, fits_bias=False)[-2:] == [
+        ("predicted importance", "predicted"),
+        ("attention from the answer", "answer"),
+    ]

@@ -64,24 +64,35 @@ def chat_and_trace(tokenizer):
 MESSAGES = (
     ("system", SYSTEM),
     ("user", QUESTION),
-    ("assistant", "<think>\nThe function returns the circumference, not the area.\n\n"
-                  "The area of a circle is pi times the radius squared.\n</think>\n\n"
-                  "```python\ndef area(r: float) -> float:\n    return 3.14159 * r ** 2\n```\n\n"
-                  "$ pytest -q tests/test_geometry.py"),
-    ("tool", "F.\nFAILED tests/test_geometry.py::test_area - assert 3.14159 == 3.141592653589793 ± 1e-09\n"
-             "1 failed, 1 passed in 0.02s"),
-    ("assistant", "<think>\nUse math.pi instead of a literal for the constant.\n\n"
-                  "I will import math at the top of the module.\n</think>\n\n"
-                  "```python\ndef area(r: float) -> float\n    return math.pi * r ** 2\n```\n\n"
-                  "$ pytest -q tests/test_geometry.py"),
+    (
+        "assistant",
+        "<think>\nThe function returns the circumference, not the area.\n\n"
+        "The area of a circle is pi times the radius squared.\n</think>\n\n"
+        "```python\ndef area(r: float) -> float:\n    return 3.14159 * r ** 2\n```\n\n"
+        "$ pytest -q tests/test_geometry.py",
+    ),
+    (
+        "tool",
+        "F.\nFAILED tests/test_geometry.py::test_area - assert 3.14159 == 3.141592653589793 ± 1e-09\n"
+        "1 failed, 1 passed in 0.02s",
+    ),
+    (
+        "assistant",
+        "<think>\nUse math.pi instead of a literal for the constant.\n\n"
+        "I will import math at the top of the module.\n</think>\n\n"
+        "```python\ndef area(r: float) -> float\n    return math.pi * r ** 2\n```\n\n"
+        "$ pytest -q tests/test_geometry.py",
+    ),
     ("tool", "E   SyntaxError: expected ':'\n1 error in 0.05s"),
-    ("user", "While you are at it, add the circumference too:\n"
-             "def circumference(r: float) -> float:\n    ..."),
-    ("assistant", "<think>\nThe colon after the signature is missing again.\n\n"
-                  "Add the import, the colon and the second function this time.\n</think>\n\n"
-                  "```python\nimport math\n\n\ndef area(r: float) -> float:\n    return math.pi * r ** 2\n\n\n"
-                  "def circumference(r: float) -> float:\n    return 2 * math.pi * r\n```\n\n"
-                  "$ pytest -q tests/test_geometry.py"),
+    ("user", "While you are at it, add the circumference too:\ndef circumference(r: float) -> float:\n    ..."),
+    (
+        "assistant",
+        "<think>\nThe colon after the signature is missing again.\n\n"
+        "Add the import, the colon and the second function this time.\n</think>\n\n"
+        "```python\nimport math\n\n\ndef area(r: float) -> float:\n    return math.pi * r ** 2\n\n\n"
+        "def circumference(r: float) -> float:\n    return 2 * math.pi * r\n```\n\n"
+        "$ pytest -q tests/test_geometry.py",
+    ),
     ("tool", "...\n3 passed in 0.02s"),
     ("assistant", "All tests pass now."),
 )

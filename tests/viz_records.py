@@ -28,8 +28,13 @@ def generated(loaded, policy: str, steps: int = 40, kv_quant: KVQuant = KVQuant(
     """Generate ``steps`` tokens greedily from a short chat through ``policy``, the cache in ``kv_quant``."""
     params = {"budget": 20, **params}
     chat = build_chat(loaded.tokenizer, "Be brief.", "What is 2+2?")
-    run = Run(loaded, make_policy(policy, **params), chat,
-              DecodeSettings(max_new_tokens=steps, stop_at_eos=False, snapshot_limit=8), kv_quant=kv_quant)
+    run = Run(
+        loaded,
+        make_policy(policy, **params),
+        chat,
+        DecodeSettings(max_new_tokens=steps, stop_at_eos=False, snapshot_limit=8),
+        kv_quant=kv_quant,
+    )
     for _ in run.generate():
         pass
     return run

@@ -13,7 +13,8 @@ needs the whole query × key map once, so it sums its own.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
@@ -25,8 +26,9 @@ from .model import LoadedModel
 CHUNK = 1024  # queries per forward: bounds one layer's attention map to (heads, CHUNK, N)
 
 
-def attention_maps(loaded: LoadedModel, ids: Sequence[int], layers: Sequence[int] = ()
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_maps(
+    loaded: LoadedModel, ids: Sequence[int], layers: Sequence[int] = ()
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(N, N)`` attention from each query (row) to each key (column), mean over layers and
     query heads, and ``(N, k, d)`` hidden states of ``layers`` (indices into the model's
     ``hidden_states``: ``0`` the embeddings, ``-1`` the final norm's output)."""
@@ -45,8 +47,9 @@ def attention_maps(loaded: LoadedModel, ids: Sequence[int], layers: Sequence[int
     try:
         with torch.inference_mode():
             for start in range(0, total, CHUNK):
-                out = loaded.model(tokens[:, start : start + CHUNK], cache=cache, use_cache=True,
-                                   output_hidden_states=bool(layers))
+                out = loaded.model(
+                    tokens[:, start : start + CHUNK], cache=cache, use_cache=True, output_hidden_states=bool(layers)
+                )
                 if layers:
                     hidden.append(torch.stack([out.hidden_states[i][0].float().cpu() for i in layers], dim=1))
     finally:

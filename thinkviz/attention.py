@@ -36,7 +36,8 @@ import contextlib
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -80,8 +81,9 @@ class AttentionCapture:
     installs no hooks (a run that needs no weights captures nothing).
     """
 
-    def __init__(self, model: nn.Module, kv_heads: int, tail_rows: int = 1, capture_hidden: bool = False,
-                 query_rows: int = 0):
+    def __init__(
+        self, model: nn.Module, kv_heads: int, tail_rows: int = 1, capture_hidden: bool = False, query_rows: int = 0
+    ):
         self.model = model
         self.modules = attention_modules(model)
         self.kv_heads = kv_heads

@@ -300,8 +300,10 @@ class KiviStore(QuantizedStore):
         index = self.k_group.long()[..., None].expand(-1, -1, -1, self.head_dim)
         keys = asym_decode(codes, self.k_scale.gather(2, index), self.k_zero.gather(2, index))
         values = self._decode_values(self.v_codes, self.v_scale, self.v_zero)
-        return (torch.cat([keys.to(self.dtype), self.k_tail], dim=2),
-                torch.cat([values.to(self.dtype), self.v_tail], dim=2))
+        return (
+            torch.cat([keys.to(self.dtype), self.k_tail], dim=2),
+            torch.cat([values.to(self.dtype), self.v_tail], dim=2),
+        )
 
     def gather(self, indices: torch.Tensor) -> None:
         quantized = (indices < self.quantized_slots).sum(-1)  # (H_kv,)
@@ -537,8 +539,10 @@ class EvictingCache(DynamicCache):
         if self._valid is None:
             return self.nbytes()
         held = self.kept_counts().sum(-1).tolist()  # (L,)
-        stores = sum(layer.nbytes() * kept / max(1, self.kv_heads * length)
-                     for layer, kept, length in zip(self.layers, held, self.lengths()))
+        stores = sum(
+            layer.nbytes() * kept / max(1, self.kv_heads * length)
+            for layer, kept, length in zip(self.layers, held, self.lengths())
+        )
         return int(stores + sum(held) * self._bias_slot_bytes())
 
     def valid_table(self) -> torch.Tensor | None:

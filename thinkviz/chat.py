@@ -106,9 +106,7 @@ def token_boundary(anchors: Sequence[int], char: int) -> int:
     return bisect.bisect_left(anchors, char)
 
 
-def token_texts(
-    tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], prefix_ids: Sequence[int] = ()
-) -> list[str]:
+def token_texts(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], prefix_ids: Sequence[int] = ()) -> list[str]:
     """Per-token text pieces of ``ids``, decoded after ``prefix_ids`` (the tokens before).
 
     Each piece is the text the token completes: a token holding the first bytes of a
@@ -310,11 +308,15 @@ def split_conversation(chat: ChatPrompt, cut: int, stop: int | None = None) -> t
     for role in chat.roles:
         if role.start >= stop:
             break
-        roles.append(replace(
-            role, end=min(role.end, stop), ahead=role.end > cut,
-            body_start=None if role.body_start is None else min(role.body_start, stop),
-            body_end=None if role.body_end is None else min(role.body_end, stop),
-        ))
+        roles.append(
+            replace(
+                role,
+                end=min(role.end, stop),
+                ahead=role.end > cut,
+                body_start=None if role.body_start is None else min(role.body_start, stop),
+                body_end=None if role.body_end is None else min(role.body_end, stop),
+            )
+        )
     prompt = ChatPrompt(ids=chat.ids[:cut], texts=chat.texts[:cut], roles=roles, assistant_prefix="")
     return prompt, chat.ids[cut:stop]
 

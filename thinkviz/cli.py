@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from .commands.common import COMMANDS, CliError
 from .commands import bench, generate, inspect, policies, presets, train_predictor  # noqa: F401  (each registers itself)

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 from .chat import ChatPrompt
 from .engine import DecodeSettings, Run
@@ -83,8 +84,14 @@ def column_labels(columns: Sequence[Column]) -> list[str]:
     return labels
 
 
-def plan(columns: Sequence[Column], prompt_tokens: int, trace_tokens: int | None, settings: DecodeSettings,
-         measure: bool = True, reference_run: bool = True) -> list[Phase]:
+def plan(
+    columns: Sequence[Column],
+    prompt_tokens: int,
+    trace_tokens: int | None,
+    settings: DecodeSettings,
+    measure: bool = True,
+    reference_run: bool = True,
+) -> list[Phase]:
     """The work a :class:`Comparison` of ``columns`` will do, for :mod:`thinkviz.estimate`, before any of
     it runs (``trace_tokens`` ``None``: generate, at most ``max_new_tokens`` each)."""
     interval = columns[0].policy.interval
@@ -140,8 +147,9 @@ class Comparison:
         self.total = len(self.trace_ids) if self.replay else settings.max_new_tokens
         self._lockstep: LockstepReplay | None = None
         if self.replay and measure:
-            self._lockstep = self._in_lockstep([self.columns[i] for i in self.evicting], self.trace_ids,
-                                               replace(settings, scoring=True))
+            self._lockstep = self._in_lockstep(
+                [self.columns[i] for i in self.evicting], self.trace_ids, replace(settings, scoring=True)
+            )
             by_column = dict(zip(self.evicting, self._lockstep.runs))
             self.reference = self._lockstep.reference
             self.runs = [by_column.get(i, self._lockstep.reference) for i in range(len(self.columns))]
@@ -165,8 +173,14 @@ class Comparison:
 
     def plan(self, finished: bool = False) -> list[Phase]:
         """The work of this comparison (``finished``: what it did, a generation as long as it went)."""
-        phases = plan(self.columns, len(self.prompt.ids), None if not self.replay else len(self.trace_ids),
-                      self.settings, self.measure, self.reference is not None)
+        phases = plan(
+            self.columns,
+            len(self.prompt.ids),
+            None if not self.replay else len(self.trace_ids),
+            self.settings,
+            self.measure,
+            self.reference is not None,
+        )
         if finished and not self.replay:
             made = max((len(r.record.events) for r in self.runs), default=0)
             done = [replace(phases[0], tokens=made)]
@@ -187,8 +201,15 @@ class Comparison:
     def _in_lockstep(self, columns: Sequence[Column], ids: list[int], settings: DecodeSettings) -> LockstepReplay:
         """The evicting ``columns`` (in :attr:`evicting` order) and the full cache in lockstep over ``ids``;
         :attr:`fidelity` then follows its measurements."""
-        lockstep = LockstepReplay(self.loaded, [c.policy for c in columns], self.prompt, ids, settings, self.cancel,
-                                  kv_quants=[c.kv_quant for c in columns])
+        lockstep = LockstepReplay(
+            self.loaded,
+            [c.policy for c in columns],
+            self.prompt,
+            ids,
+            settings,
+            self.cancel,
+            kv_quants=[c.kv_quant for c in columns],
+        )
         self.fidelity = {i: f for i, f in zip(self.evicting, lockstep.fidelity)}
         self.fidelity[None] = lockstep.reference_fidelity
         for i in self.references:
@@ -228,8 +249,9 @@ class Comparison:
         if not self.measure or self.cancel.is_set() or not self.fidelity_text or not self.evicting:
             return
         self.phase, self.done, self.total = "fidelity", 0, len(self.fidelity_text)
-        lockstep = self._in_lockstep([self.columns[i].fresh() for i in self.evicting], self.fidelity_text,
-                                     replace(self.settings, scoring=False))
+        lockstep = self._in_lockstep(
+            [self.columns[i].fresh() for i in self.evicting], self.fidelity_text, replace(self.settings, scoring=False)
+        )
         yield self
         for done in lockstep:
             self.done = done

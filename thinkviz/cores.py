@@ -11,7 +11,7 @@ or ``app.py --threads N`` override it.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

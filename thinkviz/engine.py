@@ -30,7 +30,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -194,9 +194,7 @@ class Run:
         if not ids:
             raise EngineError("the prompt is empty")
         if len(ids) >= geometry.max_context:
-            raise EngineError(
-                f"the prompt has {len(ids)} tokens; the model's context is {geometry.max_context}"
-            )
+            raise EngineError(f"the prompt has {len(ids)} tokens; the model's context is {geometry.max_context}")
         self.ids: list[int] = ids
         self.texts: list[str] = texts
         self.device = loaded.device
@@ -218,7 +216,10 @@ class Run:
         # Hooks are installed around each forward pass only, so several runs sharing one model
         # can be interleaved (Compare, lockstep fidelity) without seeing each other's attention.
         self.capture = AttentionCapture(
-            loaded.model, heads, tail_rows=self.window_rows, capture_hidden=policy.needs_hidden,
+            loaded.model,
+            heads,
+            tail_rows=self.window_rows,
+            capture_hidden=policy.needs_hidden,
             query_rows=self.query_rows,
         )
         self.attention = attention_kernel(loaded.model, policy, settings)
@@ -528,9 +529,7 @@ class Run:
         self.record.snapshots[step] = mask[..., : self.processed].contiguous().numpy()
         if len(self.record.snapshots) > self.settings.snapshot_limit:
             self._snapshot_stride *= 2
-            self.record.snapshots = {
-                s: m for s, m in self.record.snapshots.items() if s % self._snapshot_stride == 0
-            }
+            self.record.snapshots = {s: m for s, m in self.record.snapshots.items() if s % self._snapshot_stride == 0}
 
     def _finish(self) -> None:
         events = self.record.events

@@ -22,7 +22,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -157,7 +157,7 @@ class Progress:
         """Seconds still to go: the rest of this phase at its own pace so far (before it has one, as
         priced), then the later phases as priced."""
         phase = self.phases[self.phase]
-        later = sum(self.speed.phase_seconds(p) for p in self.phases[self.phase + 1:])
+        later = sum(self.speed.phase_seconds(p) for p in self.phases[self.phase + 1 :])
         if self._first is not None and self.done > self._first[1]:
             start, first = self._first
             pace = (self.clock() - start) / (self.done - first)  # seconds per token of this phase

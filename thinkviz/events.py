@@ -197,9 +197,7 @@ class RunRecord:
             if not p.is_file():
                 raise RecordingError(f"recording file {p.name} is missing")
             if p.stat().st_size > MAX_RECORDING_BYTES:
-                raise RecordingError(
-                    f"recording file {p.name} is larger than {MAX_RECORDING_BYTES // 2**20} MiB"
-                )
+                raise RecordingError(f"recording file {p.name} is larger than {MAX_RECORDING_BYTES // 2**20} MiB")
         try:
             doc = json.loads(json_path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -222,9 +220,13 @@ class RunRecord:
             for i, d in enumerate(doc["events"]):
                 _check_event_fields(d, i)
                 events.append(
-                    StepEvent(scores=arrays[f"scores_{i}"], keep_fraction=arrays[f"keep_{i}"],
-                              kept=_kept_array(arrays.get(f"kept_{i}"), doc["meta"], i),
-                              mass=_mass_array(arrays.get(f"mass_{i}"), arrays[f"scores_{i}"], i), **d)
+                    StepEvent(
+                        scores=arrays[f"scores_{i}"],
+                        keep_fraction=arrays[f"keep_{i}"],
+                        kept=_kept_array(arrays.get(f"kept_{i}"), doc["meta"], i),
+                        mass=_mass_array(arrays.get(f"mass_{i}"), arrays[f"scores_{i}"], i),
+                        **d,
+                    )
                 )
             snapshots = {}
             for step in doc.get("snapshot_steps", []):
@@ -245,8 +247,16 @@ class RunRecord:
             raise RecordingError(f"recording is incomplete or corrupted ({exc!r})") from exc
 
 
-_EVENT_SCALARS = {"step": int, "kv_bytes": int, "logical_kv_bytes": int, "kv_tokens": int, "full_kv_bytes": int,
-                  "seconds_forward": (int, float), "seconds_policy": (int, float), "compressed": bool}
+_EVENT_SCALARS = {
+    "step": int,
+    "kv_bytes": int,
+    "logical_kv_bytes": int,
+    "kv_tokens": int,
+    "full_kv_bytes": int,
+    "seconds_forward": (int, float),
+    "seconds_policy": (int, float),
+    "compressed": bool,
+}
 _EVENT_LISTS = {"token_ids": int, "positions": int, "evicted": int, "texts": str}
 
 

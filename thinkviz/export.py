@@ -15,7 +15,7 @@ import tempfile
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .events import MAX_RECORDING_BYTES, RecordingError, RunRecord
 

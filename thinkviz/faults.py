@@ -12,7 +12,8 @@ from __future__ import annotations
 import gc
 import logging
 import traceback
-from typing import Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Iterator
 
 import torch
 
@@ -27,8 +28,10 @@ class RunFault(RuntimeError):
 def fault_message(exc: BaseException, label: str) -> str:
     """One line for the user: what failed in ``label`` (e.g. ``"the h2o run"``) and what to try."""
     if isinstance(exc, torch.OutOfMemoryError):
-        return (f"{label} ran out of device memory and was stopped; its cache is freed. "
-                "Try a smaller budget, fewer new tokens or a shorter prompt.")
+        return (
+            f"{label} ran out of device memory and was stopped; its cache is freed. "
+            "Try a smaller budget, fewer new tokens or a shorter prompt."
+        )
     reason = " ".join(str(exc).split()) or "no message"
     return f"{label} failed: {type(exc).__name__}: {reason}"
 

@@ -92,23 +92,46 @@ class KVFormat:
 FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
-        KVFormat("none", 16, "Full precision: keys and values in the model's own dtype.",
-                 "x stored as is (bf16 / fp16 / fp32)", "—"),
-        KVFormat("q8_0", 8, "8-bit codes, one fp16 scale per block of 32 values: about half the bytes, nearly exact.",
-                 "d = max|x|/127 (fp16), q = round(x/d) int8, x ≈ q·d; 34 bytes per 32 values (8.5 bits)",
-                 "llama.cpp GGML_TYPE_Q8_0 (--cache-type-k q8_0)"),
-        KVFormat("q4_0", 4, "4-bit codes, one fp16 scale per block of 32 values: under a third of the bytes.",
-                 "d = m/-8 (m: largest-magnitude value, fp16), q = min(15, ⌊x/d + 8.5⌋), x ≈ (q-8)·d; "
-                 "18 bytes per 32 values (4.5 bits)",
-                 "llama.cpp GGML_TYPE_Q4_0 (--cache-type-k q4_0)"),
-        KVFormat("kivi2", 2, "2-bit KIVI: keys per channel, values per token, newest tokens at full precision.",
-                 "scale = (max-min)/3, zero = min (fp16), q = round((x-zero)/scale); keys per channel over "
-                 "groups of `residual` tokens, values per token over 32 channels",
-                 "KIVI (Liu et al., ICML 2024, arXiv:2402.02750)", grouped=True),
-        KVFormat("kivi4", 4, "4-bit KIVI: keys per channel, values per token, newest tokens at full precision.",
-                 "scale = (max-min)/15, zero = min (fp16), q = round((x-zero)/scale); keys per channel over "
-                 "groups of `residual` tokens, values per token over 32 channels",
-                 "KIVI (Liu et al., ICML 2024, arXiv:2402.02750)", grouped=True),
+        KVFormat(
+            "none",
+            16,
+            "Full precision: keys and values in the model's own dtype.",
+            "x stored as is (bf16 / fp16 / fp32)",
+            "—",
+        ),
+        KVFormat(
+            "q8_0",
+            8,
+            "8-bit codes, one fp16 scale per block of 32 values: about half the bytes, nearly exact.",
+            "d = max|x|/127 (fp16), q = round(x/d) int8, x ≈ q·d; 34 bytes per 32 values (8.5 bits)",
+            "llama.cpp GGML_TYPE_Q8_0 (--cache-type-k q8_0)",
+        ),
+        KVFormat(
+            "q4_0",
+            4,
+            "4-bit codes, one fp16 scale per block of 32 values: under a third of the bytes.",
+            "d = m/-8 (m: largest-magnitude value, fp16), q = min(15, ⌊x/d + 8.5⌋), x ≈ (q-8)·d; "
+            "18 bytes per 32 values (4.5 bits)",
+            "llama.cpp GGML_TYPE_Q4_0 (--cache-type-k q4_0)",
+        ),
+        KVFormat(
+            "kivi2",
+            2,
+            "2-bit KIVI: keys per channel, values per token, newest tokens at full precision.",
+            "scale = (max-min)/3, zero = min (fp16), q = round((x-zero)/scale); keys per channel over "
+            "groups of `residual` tokens, values per token over 32 channels",
+            "KIVI (Liu et al., ICML 2024, arXiv:2402.02750)",
+            grouped=True,
+        ),
+        KVFormat(
+            "kivi4",
+            4,
+            "4-bit KIVI: keys per channel, values per token, newest tokens at full precision.",
+            "scale = (max-min)/15, zero = min (fp16), q = round((x-zero)/scale); keys per channel over "
+            "groups of `residual` tokens, values per token over 32 channels",
+            "KIVI (Liu et al., ICML 2024, arXiv:2402.02750)",
+            grouped=True,
+        ),
     )
 }
 
@@ -196,8 +219,7 @@ class KVQuant:
 
     def describe(self) -> dict[str, Any]:
         """For a recording's meta: the format, its code bits and (KIVI) the residual."""
-        return {"format": self.format, "bits": self.spec.bits,
-                "residual": self.residual if self.spec.grouped else None}
+        return {"format": self.format, "bits": self.spec.bits, "residual": self.residual if self.spec.grouped else None}
 
 
 # ---- codecs -----------------------------------------------------------------------------

@@ -111,14 +111,46 @@ class TargetModel:
 TARGETS: dict[str, TargetModel] = {
     t.name: t
     for t in (
-        TargetModel("Qwen3-4B", layers=36, q_heads=32, kv_heads=8, head_dim=128, hidden=2560,
-                    intermediate=9728, vocab=151936, tied_embeddings=True, qk_norm=True, family="qwen3",
-                    max_context=40960),
-        TargetModel("DeepSeek-R1-Distill-Qwen-7B", layers=28, q_heads=28, kv_heads=4, head_dim=128,
-                    hidden=3584, intermediate=18944, vocab=152064, tied_embeddings=False, qkv_bias=True,
-                    family="qwen2", max_context=131072),
-        TargetModel("Llama-3.1-8B", layers=32, q_heads=32, kv_heads=8, head_dim=128, hidden=4096,
-                    intermediate=14336, vocab=128256, tied_embeddings=False, max_context=131072),
+        TargetModel(
+            "Qwen3-4B",
+            layers=36,
+            q_heads=32,
+            kv_heads=8,
+            head_dim=128,
+            hidden=2560,
+            intermediate=9728,
+            vocab=151936,
+            tied_embeddings=True,
+            qk_norm=True,
+            family="qwen3",
+            max_context=40960,
+        ),
+        TargetModel(
+            "DeepSeek-R1-Distill-Qwen-7B",
+            layers=28,
+            q_heads=28,
+            kv_heads=4,
+            head_dim=128,
+            hidden=3584,
+            intermediate=18944,
+            vocab=152064,
+            tied_embeddings=False,
+            qkv_bias=True,
+            family="qwen2",
+            max_context=131072,
+        ),
+        TargetModel(
+            "Llama-3.1-8B",
+            layers=32,
+            q_heads=32,
+            kv_heads=8,
+            head_dim=128,
+            hidden=4096,
+            intermediate=14336,
+            vocab=128256,
+            tied_embeddings=False,
+            max_context=131072,
+        ),
     )
 }
 
@@ -225,8 +257,7 @@ class VramCapError(ValueError):
 
 def check_vram_cap(cap_gib: float) -> float:
     """``cap_gib`` if it is a positive, finite number of GiB; else :class:`VramCapError`."""
-    if isinstance(cap_gib, bool) or not isinstance(cap_gib, (int, float)) or not math.isfinite(cap_gib) \
-            or cap_gib <= 0:
+    if isinstance(cap_gib, bool) or not isinstance(cap_gib, (int, float)) or not math.isfinite(cap_gib) or cap_gib <= 0:
         raise VramCapError(f"the VRAM cap must be a positive number of GiB, got {cap_gib!r}")
     return float(cap_gib)
 
@@ -234,8 +265,7 @@ def check_vram_cap(cap_gib: float) -> float:
 def vram_cap_fraction(cap_gib: float, total_bytes: int) -> float:
     """The share of a card with ``total_bytes`` that a cap of ``cap_gib`` GiB leaves usable."""
     if check_vram_cap(cap_gib) * GIB > total_bytes:
-        raise VramCapError(f"the VRAM cap ({cap_gib:g} GiB) is more than this GPU has "
-                           f"({total_bytes / GIB:.1f} GiB)")
+        raise VramCapError(f"the VRAM cap ({cap_gib:g} GiB) is more than this GPU has ({total_bytes / GIB:.1f} GiB)")
     return cap_gib * GIB / total_bytes
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -114,8 +115,16 @@ def summarize(fidelity: TokenFidelity, mask: np.ndarray | None = None) -> dict[s
     n = int(pick.sum())
     if n == 0:
         nan = float("nan")
-        return {"tokens": 0, "nll": nan, "nll_full": nan, "nll_delta": nan, "ppl": nan, "ppl_full": nan,
-                "kl": nan, "top1": nan}
+        return {
+            "tokens": 0,
+            "nll": nan,
+            "nll_full": nan,
+            "nll_delta": nan,
+            "ppl": nan,
+            "ppl_full": nan,
+            "kl": nan,
+            "top1": nan,
+        }
     nll = float(fidelity.nll[pick].astype(np.float64).mean())
     nll_full = float(fidelity.nll_full[pick].astype(np.float64).mean())
     return {

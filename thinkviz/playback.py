@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from .events import RunRecord
 from .metrics import TokenFidelity
@@ -29,8 +29,13 @@ class PlayedRun:
     def __init__(self, recording: Recording, index: int) -> None:
         self.recording, self.index = recording, index
         full = self.full = recording.records[index]
-        self.record = RunRecord(meta=full.meta, prompt_ids=full.prompt_ids, prompt_texts=full.prompt_texts,
-                                prompt_labels=full.prompt_labels, segments=recording.segments_at(index, 0))
+        self.record = RunRecord(
+            meta=full.meta,
+            prompt_ids=full.prompt_ids,
+            prompt_texts=full.prompt_texts,
+            prompt_labels=full.prompt_labels,
+            segments=recording.segments_at(index, 0),
+        )
 
     def show(self, events: int) -> None:
         """Show the run after its first ``events`` events."""
@@ -48,8 +53,15 @@ class Playback:
     """``recording``'s ``view`` timeline (``"live"`` or ``"compare"``) played at ``speed`` × the recorded
     pace (``math.inf``: as fast as the frames are drawn); setting ``cancel`` stops it after a step."""
 
-    def __init__(self, recording: Recording, view: str, speed: float = 1.0, cancel: threading.Event | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        recording: Recording,
+        view: str,
+        speed: float = 1.0,
+        cancel: threading.Event | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if view not in recording.timelines:
             raise ValueError(f"unknown view {view!r}; a recording has {', '.join(recording.timelines)}")
         if not speed > 0:
@@ -104,7 +116,10 @@ class Playback:
                 run.show(step.events[index])
             if self.reference is not None:
                 self.reference.show(step.events[self.recording.reference])
-            self.fidelity = {column: self.recording.fidelity[key].first(step.fidelity[key])
-                             for column, key in self._keys.items() if key in step.fidelity}
+            self.fidelity = {
+                column: self.recording.fidelity[key].first(step.fidelity[key])
+                for column, key in self._keys.items()
+                if key in step.fidelity
+            }
             self.position = position
             yield self

@@ -70,8 +70,10 @@ def random_config(
     if target.family not in _FAMILIES:
         raise ValueError(f"family must be one of {sorted(_FAMILIES)}, not {target.family!r}")
     if target.qk_norm != (target.family == "qwen3") or target.qkv_bias != (target.family == "qwen2"):
-        raise ValueError(f"{target.name}: a {target.family} model has qk_norm={target.family == 'qwen3'} "
-                         f"and qkv_bias={target.family == 'qwen2'}")
+        raise ValueError(
+            f"{target.name}: a {target.family} model has qk_norm={target.family == 'qwen3'} "
+            f"and qkv_bias={target.family == 'qwen2'}"
+        )
     if target.vocab < len(tokenizer):
         raise ValueError(f"{target.name}: vocab {target.vocab} is smaller than the tokenizer ({len(tokenizer)})")
     return _FAMILIES[target.family](
@@ -115,8 +117,8 @@ def random_model(
     except torch.OutOfMemoryError as exc:
         raise ModelLoadError(f"{label(target)} does not fit on {where}: {_first_line(exc)}") from exc
     with torch.no_grad():  # rows for ids without text: greedy decoding never picks them
-        model.get_input_embeddings().weight[len(tokenizer):] = 0
-        model.get_output_embeddings().weight[len(tokenizer):] = 0
+        model.get_input_embeddings().weight[len(tokenizer) :] = 0
+        model.get_output_embeddings().weight[len(tokenizer) :] = 0
     return LoadedModel.wrap(model, tokenizer, label(target), "none", where)
 
 
@@ -138,7 +140,8 @@ def load_random(
         target = TARGETS[name.strip().removeprefix(PREFIX)]
     else:
         raise ModelLoadError(
-            f"Unknown random-weights model {name.strip()!r}; choose one of {', '.join(random_names())}")
+            f"Unknown random-weights model {name.strip()!r}; choose one of {', '.join(random_names())}"
+        )
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"Unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
     if quantization == "none":
@@ -154,8 +157,13 @@ def load_random(
         built.model.save_pretrained(folder)
         built.tokenizer.save_pretrained(folder)
         del built
-        loaded = load_model(folder, quantization, device,
-                            progress=lambda fraction, message: report(0.2 + 0.7 * fraction, message), backend=backend)
+        loaded = load_model(
+            folder,
+            quantization,
+            device,
+            progress=lambda fraction, message: report(0.2 + 0.7 * fraction, message),
+            backend=backend,
+        )
     report(1.0, f"Ready: {label(target)}")
     return dataclasses.replace(loaded, name=label(target))
 

@@ -37,7 +37,8 @@ import lzma
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -123,8 +124,9 @@ def check(recording: Recording, expected: dict[str, Any]) -> None:
     preset's current :func:`signature`) in the current formats."""
     if recording.signature == expected:
         return
-    changed = sorted(key for key in set(expected) | set(recording.signature)
-                     if expected.get(key) != recording.signature.get(key))
+    changed = sorted(
+        key for key in set(expected) | set(recording.signature) if expected.get(key) != recording.signature.get(key)
+    )
     raise RecordingError(
         f"the recording of preset {recording.preset!r} is stale ({', '.join(changed)} changed since it was made); "
         f"record it again: python -m thinkviz presets record {recording.preset}"
@@ -158,8 +160,10 @@ def save(recording: Recording, path: str | Path) -> Path:
         "live": recording.live,
         "reference": recording.reference,
         "fidelity": sorted(recording.fidelity),
-        "timelines": {view: [[s.seconds, s.phase, s.done, s.total, list(s.events), s.fidelity] for s in steps]
-                      for view, steps in recording.timelines.items()},
+        "timelines": {
+            view: [[s.seconds, s.phase, s.done, s.total, list(s.events), s.fidelity] for s in steps]
+            for view, steps in recording.timelines.items()
+        },
         "segments": {str(r): {str(n): spans for n, spans in by.items()} for r, by in recording.segments.items()},
         "recorded": recording.recorded,
         "runs": documents,
@@ -349,23 +353,48 @@ def _from_manifest(manifest: Any, arrays: dict[str, np.ndarray], name: str) -> R
                 base.with_suffix(".json").write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
                 np.savez(base.with_suffix(".npz"), **_decode_run(i, arrays, document))
                 records.append(RunRecord.load(base))
-        fidelity = {str(key): TokenFidelity(*(arrays[f"fidelity.{key}.{f}"] for f in FIDELITY_FIELDS))
-                    for key in manifest["fidelity"]}
-        timelines = {str(view): [Step(float(t), str(phase), int(done), int(total), tuple(int(n) for n in events),
-                                      {str(k): int(v) for k, v in shown.items()})
-                                 for t, phase, done, total, events, shown in steps]
-                     for view, steps in manifest["timelines"].items()}
-        segments = {int(r): {int(n): list(spans) for n, spans in by.items()}
-                    for r, by in manifest.get("segments", {}).items()}
-        recording = Recording(str(manifest["preset"]), dict(manifest["signature"]), str(manifest["mode"]),
-                              [str(label) for label in manifest["labels"]], records, int(manifest["live"]),
-                              None if manifest["reference"] is None else int(manifest["reference"]), fidelity,
-                              timelines, segments, dict(manifest.get("recorded", {})))
+        fidelity = {
+            str(key): TokenFidelity(*(arrays[f"fidelity.{key}.{f}"] for f in FIDELITY_FIELDS))
+            for key in manifest["fidelity"]
+        }
+        timelines = {
+            str(view): [
+                Step(
+                    float(t),
+                    str(phase),
+                    int(done),
+                    int(total),
+                    tuple(int(n) for n in events),
+                    {str(k): int(v) for k, v in shown.items()},
+                )
+                for t, phase, done, total, events, shown in steps
+            ]
+            for view, steps in manifest["timelines"].items()
+        }
+        segments = {
+            int(r): {int(n): list(spans) for n, spans in by.items()} for r, by in manifest.get("segments", {}).items()
+        }
+        recording = Recording(
+            str(manifest["preset"]),
+            dict(manifest["signature"]),
+            str(manifest["mode"]),
+            [str(label) for label in manifest["labels"]],
+            records,
+            int(manifest["live"]),
+            None if manifest["reference"] is None else int(manifest["reference"]),
+            fidelity,
+            timelines,
+            segments,
+            dict(manifest.get("recorded", {})),
+        )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise RecordingError(f"{name} is incomplete or damaged ({exc!r})") from None
     steps = [s for view in TIMELINES for s in recording.timelines.get(view, [])]
-    if (not 0 <= recording.live < len(records) or set(recording.timelines) != set(TIMELINES)
-            or any(len(s.events) != len(records) for s in steps)):
+    if (
+        not 0 <= recording.live < len(records)
+        or set(recording.timelines) != set(TIMELINES)
+        or any(len(s.events) != len(records) for s in steps)
+    ):
         raise RecordingError(f"{name} is incomplete or damaged (its timelines do not match its runs)")
     return recording
 
@@ -380,5 +409,5 @@ def _decode_run(i: int, arrays: dict[str, np.ndarray], document: dict) -> dict[s
         counts = np.cumsum(_unplanes(arrays[f"r{i}.keep"]), axis=0, dtype=np.int64)
         out.update({f"keep_{j}": _keep_from(counts[j, :n], slots) for j, n in enumerate(lengths)})
     prefix = f"r{i}.raw."
-    out.update({name[len(prefix):]: array for name, array in arrays.items() if name.startswith(prefix)})
+    out.update({name[len(prefix) :]: array for name, array in arrays.items() if name.startswith(prefix)})
     return out

@@ -24,7 +24,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -103,8 +104,9 @@ def load_trace(spec: str, question: str | None = None, system: str | None = None
         text = read_trace_file(path)
         if is_transcript(text, path.name):
             return _override(Trace.of_transcript(path.stem, parse_transcript(text)), question, system)
-        return Trace(path.stem, REASONING_SYSTEM_PROMPT if system is None else system,
-                     question or DEFAULT_QUESTION, text)
+        return Trace(
+            path.stem, REASONING_SYSTEM_PROMPT if system is None else system, question or DEFAULT_QUESTION, text
+        )
     try:
         preset = load_preset(spec)
     except PresetError as exc:
@@ -113,8 +115,9 @@ def load_trace(spec: str, question: str | None = None, system: str | None = None
         raise TraceError(f"preset {spec!r} has no trace to replay")
     if preset.messages is not None:
         return _override(Trace.of_transcript(preset.name, preset.messages), question, system)
-    return Trace(preset.name, preset.system_prompt if system is None else system,
-                 question or preset.question, preset.trace)
+    return Trace(
+        preset.name, preset.system_prompt if system is None else system, question or preset.question, preset.trace
+    )
 
 
 def _override(trace: Trace, question: str | None, system: str | None) -> Trace:
@@ -185,7 +188,7 @@ def _tokenize_single_turn(
         raise TraceError("the question is empty")
     text = trace.text
     thinking = text.startswith(ASSISTANT_PREFIX)  # open the turn with <think> only when the trace does
-    body = text[len(ASSISTANT_PREFIX):] if thinking else text
+    body = text[len(ASSISTANT_PREFIX) :] if thinking else text
     if not body.strip():
         raise TraceError("the trace is empty")
     prompt = build_chat(tokenizer, trace.system, trace.question, assistant=ASSISTANT_PREFIX if thinking else "")
@@ -193,8 +196,7 @@ def _tokenize_single_turn(
     total = len(prompt.ids) + len(ids)
     if total > context:
         raise TraceError(
-            f"prompt + trace is {total} tokens ({len(prompt.ids)} + {len(ids)}); "
-            f"the model's context is {context}"
+            f"prompt + trace is {total} tokens ({len(prompt.ids)} + {len(ids)}); the model's context is {context}"
         )
     return prompt, ids
 
@@ -304,8 +306,13 @@ class LockstepReplay:
                 policy_positions, policy_logits = box[index]
                 assert policy_positions == positions, "lockstep runs must see the same chunks"
                 policy = log_probs(policy_logits[rows])  # (q, V)
-                fidelity.extend(predicted, token_nll(policy, targets), nll_full,
-                                kl_divergence(reference, policy), top1_agreement(reference, policy))
+                fidelity.extend(
+                    predicted,
+                    token_nll(policy, targets),
+                    nll_full,
+                    kl_divergence(reference, policy),
+                    top1_agreement(reference, policy),
+                )
         for box in pending:
             box.clear()
 
@@ -323,5 +330,6 @@ class LockstepReplay:
                 }
             # a cancelled run has also predicted the token after its last chunk; count only its own
             replayed = run.processed - start
-            run.record.summary["fidelity"] = summarize_by_kind(fidelity.first(replayed), run.record.segments,
-                                                               FIDELITY_KINDS)
+            run.record.summary["fidelity"] = summarize_by_kind(
+                fidelity.first(replayed), run.record.segments, FIDELITY_KINDS
+            )

@@ -263,8 +263,12 @@ class Segmenter:
         for turn, role in enumerate(roles):
             lo, hi = _body(role)
             is_open = role.role == "assistant" and role.body_end is None
-            for a, b, meaning in ((edge, role.start, None), (role.start, lo, None),
-                                  (lo, None if is_open else hi, role.role), (hi, role.end, None)):
+            for a, b, meaning in (
+                (edge, role.start, None),
+                (role.start, lo, None),
+                (lo, None if is_open else hi, role.role),
+                (hi, role.end, None),
+            ):
                 if meaning is not None or (b is not None and b > a):
                     self._regions.append(_Region(a, b, meaning, turn))
                 if is_open and meaning is not None:
@@ -407,8 +411,12 @@ class Segmenter:
     def labels(self) -> list[str]:
         """One label per token; the most specific wins (code > tag > think > answer, signature > user)."""
         labels = list(self._labels)
-        overlays = (("signature", self._signatures()), ("think", self.think_blocks()), ("tag", self._tags()),
-                    ("code", self._codes()))
+        overlays = (
+            ("signature", self._signatures()),
+            ("think", self.think_blocks()),
+            ("tag", self._tags()),
+            ("code", self._codes()),
+        )
         for kind, spans in overlays:
             for span in spans:
                 labels[span.start : span.end] = [kind] * (span.end - span.start)

@@ -35,7 +35,8 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from .engine import DecodeSettings
 from .kvquant import KVQuant
@@ -48,9 +49,28 @@ from .viz.tables import cell, kv_label, mixes_formats, run_label
 Progress = Callable[[str, int, int], None]  # (trace name, tokens done, tokens in the trace)
 
 COLUMNS = (
-    "trace", "policy", "budget", "kv_quant", "knobs", "budget_tokens", "interval", "prompt_tokens", "trace_tokens",
-    "peak_kv_bytes", "full_peak_kv_bytes", "kv_fraction", "compression",
-    "nll", "nll_full", "nll_delta", "ppl", "ppl_full", "kl", "top1", "tokens_per_second", "fit_seconds",
+    "trace",
+    "policy",
+    "budget",
+    "kv_quant",
+    "knobs",
+    "budget_tokens",
+    "interval",
+    "prompt_tokens",
+    "trace_tokens",
+    "peak_kv_bytes",
+    "full_peak_kv_bytes",
+    "kv_fraction",
+    "compression",
+    "nll",
+    "nll_full",
+    "nll_delta",
+    "ppl",
+    "ppl_full",
+    "kl",
+    "top1",
+    "tokens_per_second",
+    "fit_seconds",
     *(f"{name}_{kind}" for kind in SEGMENT_KINDS for name in ("nll_delta", "kl", "top1")),
 )
 TIMING_COLUMNS = ("tokens_per_second", "fit_seconds")  # wall-clock: in timings.csv, not in the result files
@@ -247,8 +267,9 @@ class GroupResult:
     model: dict[str, str]
 
 
-def plan_groups(traces: Sequence[Trace], budgets: Sequence[Budget],
-                kv_quants: Sequence[KVQuant] = (KVQuant(),)) -> list[Group]:
+def plan_groups(
+    traces: Sequence[Trace], budgets: Sequence[Budget], kv_quants: Sequence[KVQuant] = (KVQuant(),)
+) -> list[Group]:
     """The groups of a sweep, trace-major: per trace ``full`` in each quantized format, then every
     (budget, KV format).  ValueError when two traces share a name (their groups and rows could
     not be told apart)."""
@@ -256,9 +277,14 @@ def plan_groups(traces: Sequence[Trace], budgets: Sequence[Budget],
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ValueError(f"two traces are named {', '.join(map(repr, twice))}; give each trace file its own name")
-    return [group for trace in traces
-            for group in [*(Group(trace, None, kv) for kv in kv_quants if kv.spec.quantized),
-                          *(Group(trace, budget, kv) for budget in budgets for kv in kv_quants)]]
+    return [
+        group
+        for trace in traces
+        for group in [
+            *(Group(trace, None, kv) for kv in kv_quants if kv.spec.quantized),
+            *(Group(trace, budget, kv) for budget in budgets for kv in kv_quants),
+        ]
+    ]
 
 
 def run_group(
@@ -282,7 +308,8 @@ def run_group(
     for spec, combo in variants:
         name, own = split_policy(spec)
         where = ("" if budget is None else f" at budget {budget.label}") + (
-            f" with {knob_text(combo)}" if combo else "")
+            f" with {knob_text(combo)}" if combo else ""
+        )
         try:
             if "budget" in combo and budget is not None and budget.running:
                 raise PolicyConfigError("the budget is a fraction of the tokens seen: vary it in --budgets, not --vary")
@@ -291,16 +318,22 @@ def run_group(
             built.append(make_policy(name, interval=settings.interval, **values))
         except (PolicyConfigError, ValueError) as exc:
             raise PolicyConfigError(f"{spec}{where} of {trace.name}: {exc}") from None
-    replay = LockstepReplay(loaded, built, prompt, ids, DecodeSettings(scoring=False),
-                            kv_quants=[group.kv_quant] * len(built))
+    replay = LockstepReplay(
+        loaded, built, prompt, ids, DecodeSettings(scoring=False), kv_quants=[group.kv_quant] * len(built)
+    )
     start = time.perf_counter()
     for done in replay:
         if progress is not None:
             progress(trace.name, done, len(ids))
     seconds = time.perf_counter() - start
     reference = replay.reference.record
-    base = {"trace": trace.name, "interval": settings.interval, "prompt_tokens": len(prompt.ids),
-            "trace_tokens": len(ids), "full_peak_kv_bytes": reference.summary["peak_kv_bytes"]}
+    base = {
+        "trace": trace.name,
+        "interval": settings.interval,
+        "prompt_tokens": len(prompt.ids),
+        "trace_tokens": len(ids),
+        "full_peak_kv_bytes": reference.summary["peak_kv_bytes"],
+    }
     rows = [_row(base, REFERENCE_POLICY, "100%", KVQuant(), "", total, reference)]
     for (spec, combo), run in zip(variants, replay.runs):
         if budget is None:
@@ -387,16 +420,25 @@ def parse_kv_quants(text: str, residual: int = 32) -> list[KVQuant]:
     return list(dict.fromkeys(KVQuant.parse(name, residual) for name in names))
 
 
-def _row(base: dict[str, Any], policy: str, budget: str, kv: KVQuant, knobs: str, budget_tokens: int,
-         record) -> dict[str, Any]:
+def _row(
+    base: dict[str, Any], policy: str, budget: str, kv: KVQuant, knobs: str, budget_tokens: int, record
+) -> dict[str, Any]:
     summary = record.summary
     fidelity = summary["fidelity"]
     peak = summary["peak_kv_bytes"]
-    row = {**base, "policy": policy, "budget": budget, "kv_quant": kv.label, "knobs": knobs,
-           "budget_tokens": budget_tokens,
-           "peak_kv_bytes": peak,
-           "kv_fraction": peak / base["full_peak_kv_bytes"], "compression": base["full_peak_kv_bytes"] / peak,
-           "tokens_per_second": summary["tokens_per_second"], "fit_seconds": _fit_seconds(record)}
+    row = {
+        **base,
+        "policy": policy,
+        "budget": budget,
+        "kv_quant": kv.label,
+        "knobs": knobs,
+        "budget_tokens": budget_tokens,
+        "peak_kv_bytes": peak,
+        "kv_fraction": peak / base["full_peak_kv_bytes"],
+        "compression": base["full_peak_kv_bytes"] / peak,
+        "tokens_per_second": summary["tokens_per_second"],
+        "fit_seconds": _fit_seconds(record),
+    }
     row.update({key: fidelity["all"][key] for key in ("nll", "nll_full", "nll_delta", "ppl", "ppl_full", "kl", "top1")})
     for kind in SEGMENT_KINDS:
         for name in ("nll_delta", "kl", "top1"):
@@ -418,14 +460,16 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The rows' headline numbers as a Markdown table (one line per row; a KV column when formats differ)."""
     kv = mixes_formats(rows)
     lines = [
-        "| trace | policy | budget | " + ("KV | " if kv else "")
+        "| trace | policy | budget | "
+        + ("KV | " if kv else "")
         + "budget tokens | peak KV (of full) | ΔNLL | KL | top-1 | KL think | KL answer | KL code | tok/s | fit s |",
         "|---|---|---:|" + ("---|" if kv else "") + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
             f"| {row['trace']} | {run_label(row)} | {row['budget']} | "
-            + (f"{kv_label(row)} | " if kv else "") + f"{row['budget_tokens']} "
+            + (f"{kv_label(row)} | " if kv else "")
+            + f"{row['budget_tokens']} "
             f"| {cell(row['kv_fraction'], '.1%')} | {cell(row['nll_delta'], '.4f')} | {cell(row['kl'], '.4f')} "
             f"| {cell(row['top1'], '.1%')} | {cell(row['kl_think'], '.4f')} | {cell(row['kl_answer'], '.4f')} "
             f"| {cell(row['kl_code'], '.4f')} | {cell(row['tokens_per_second'], '.1f')} "
@@ -459,8 +503,13 @@ def write_rows(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]) 
     policy, budget and KV format) and to the table in ``sweep.md``.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": out_dir / "sweep.csv", "json": out_dir / "sweep.json", "md": out_dir / "sweep.md",
-             "html": out_dir / "pareto.html", "timings": out_dir / "timings.csv"}
+    paths = {
+        "csv": out_dir / "sweep.csv",
+        "json": out_dir / "sweep.json",
+        "md": out_dir / "sweep.md",
+        "html": out_dir / "pareto.html",
+        "timings": out_dir / "timings.csv",
+    }
     write_atomic(paths["csv"], _csv_text(rows, RESULT_COLUMNS))
     clean = [{k: _finite(row[k]) for k in RESULT_COLUMNS} for row in rows]
     write_atomic(paths["json"], json.dumps({"meta": meta, "rows": clean}, indent=1))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import ray
 import ray.exceptions
@@ -71,13 +71,21 @@ def connect(address: str | None = None, workers: int | None = None) -> bool:
     True when it connected here, so the caller shuts Ray down; :class:`WorkerError` if it cannot."""
     if ray.is_initialized():
         return False
-    runtime_env = {"env_vars": {"OMP_NUM_THREADS": THREADS_PER_WORKER, "MKL_NUM_THREADS": THREADS_PER_WORKER},
-                   "py_modules": [thinkviz]}
+    runtime_env = {
+        "env_vars": {"OMP_NUM_THREADS": THREADS_PER_WORKER, "MKL_NUM_THREADS": THREADS_PER_WORKER},
+        "py_modules": [thinkviz],
+    }
     local = address is None
     try:
-        ray.init(address="local" if local else address, num_cpus=workers if local else None,
-                 object_store_memory=LOCAL_OBJECT_STORE_BYTES if local else None, runtime_env=runtime_env,
-                 include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(
+            address="local" if local else address,
+            num_cpus=workers if local else None,
+            object_store_memory=LOCAL_OBJECT_STORE_BYTES if local else None,
+            runtime_env=runtime_env,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise WorkerError(f"cannot start Ray at {address or 'this machine'}: {_first_line(exc)}") from None
     return True
@@ -90,8 +98,9 @@ class RayExecutor:
     (:func:`connect`) and waits until every worker has loaded its model (:class:`WorkerError`
     if one cannot); leaving ends the workers, and shuts Ray down if it was started here."""
 
-    def __init__(self, spec: ModelSpec, workers: int | None, address: str | None = None,
-                 runs_dir: Path | None = None) -> None:
+    def __init__(
+        self, spec: ModelSpec, workers: int | None, address: str | None = None, runs_dir: Path | None = None
+    ) -> None:
         self.spec = spec
         self.count = workers
         self.address = address

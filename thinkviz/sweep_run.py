@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 from .engine import EngineError
 from .faults import fault_message
@@ -33,9 +34,14 @@ GroupsProgress = Callable[[int, int, str], None]  # (groups finished, groups in 
 
 
 @contextlib.contextmanager
-def open_executor(load: Callable[[], LoadedModel], spec: ModelSpec, workers: int | None = None,
-                  address: str | None = None, runs_dir: Path | None = None,
-                  progress: Progress | None = None) -> Iterator[Executor]:
+def open_executor(
+    load: Callable[[], LoadedModel],
+    spec: ModelSpec,
+    workers: int | None = None,
+    address: str | None = None,
+    runs_dir: Path | None = None,
+    progress: Progress | None = None,
+) -> Iterator[Executor]:
     """:class:`InProcess` when neither ``workers`` nor ``address`` is given; otherwise a Ray
     executor: ``workers`` local workers, or the cluster at ``address`` (``workers`` of its CPUs,
     by default all of them).  Closed (Ray shut down) when the block ends."""

@@ -34,8 +34,12 @@ def _digest(value: Any) -> str:
 def fingerprint(group: Group, settings: SweepSettings, model: dict[str, Any]) -> dict[str, Any]:
     """What decides a group's numbers, as plain JSON: the group, the sweep's settings and ``model``
     (how the model was asked for: name, quantization, backend, device)."""
-    return {"format": FORMAT, "group": dataclasses.asdict(group), "settings": dataclasses.asdict(settings),
-            "model": model}
+    return {
+        "format": FORMAT,
+        "group": dataclasses.asdict(group),
+        "settings": dataclasses.asdict(settings),
+        "model": model,
+    }
 
 
 class GroupStore:
@@ -52,8 +56,11 @@ class GroupStore:
     def save(self, group: Group, result: GroupResult) -> Path:
         """Write ``result`` atomically; return its file."""
         body = dataclasses.asdict(result)
-        document = {"fingerprint": fingerprint(group, self.settings, self.model), "result": body,
-                    "sha256": _digest(body)}
+        document = {
+            "fingerprint": fingerprint(group, self.settings, self.model),
+            "result": body,
+            "sha256": _digest(body),
+        }
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.path(group)
         write_atomic(path, json.dumps(document, indent=1, allow_nan=True))

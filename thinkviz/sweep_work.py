@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
 
 from .model import LoadedModel
 from .random_model import load_any
@@ -38,8 +39,13 @@ class ModelSpec:
         return load_any(self.name, self.quantization, self.device, progress, backend=self.backend)
 
 
-def compute_group(loaded: LoadedModel, group: Group, settings: SweepSettings, runs_dir: Path | None = None,
-                  progress: Progress | None = None) -> GroupResult:
+def compute_group(
+    loaded: LoadedModel,
+    group: Group,
+    settings: SweepSettings,
+    runs_dir: Path | None = None,
+    progress: Progress | None = None,
+) -> GroupResult:
     """What every executor runs for one group: :func:`~thinkviz.sweep.run_group`, then, with
     ``runs_dir``, every run's recording saved there as ``TRACE-POLICY-BUDGET`` (the budget's
     label with its punctuation turned into dashes), ``-FORMAT`` added for a quantized KV format and
@@ -62,8 +68,9 @@ class Executor(Protocol):
 class InProcess:
     """Groups one after another in this process, on one model loaded when the first group needs it."""
 
-    def __init__(self, load: Callable[[], LoadedModel], runs_dir: Path | None = None,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self, load: Callable[[], LoadedModel], runs_dir: Path | None = None, progress: Progress | None = None
+    ) -> None:
         self._load = load
         self._loaded: LoadedModel | None = None
         self.runs_dir = runs_dir
@@ -78,5 +85,3 @@ class InProcess:
             except Exception as exc:  # a boundary: the group is retried or reported, the sweep goes on
                 outcome = exc
             yield group, outcome
-
-

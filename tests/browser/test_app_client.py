@@ -24,10 +24,32 @@ def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, stop_at_e
     from thinkviz.ui.controls import pool_choices, pool_sizes, slot_specs
 
     numbers, flags, choices = slot_specs(policy, pool_sizes())
-    slots = ([s.value if s else 0 for s in numbers] + [s.value if s else False for s in flags]
-             + [s.value if s else pool_choices()[0] for s in choices])
-    return ["combined", "generate", None, QUESTION, "", policy, budget, "tokens", 0.25, interval, True, True, *slots,
-            max_new_tokens, 0.0, stop_at_eos, "Qwen3-4B", 8, False]
+    slots = (
+        [s.value if s else 0 for s in numbers]
+        + [s.value if s else False for s in flags]
+        + [s.value if s else pool_choices()[0] for s in choices]
+    )
+    return [
+        "combined",
+        "generate",
+        None,
+        QUESTION,
+        "",
+        policy,
+        budget,
+        "tokens",
+        0.25,
+        interval,
+        True,
+        True,
+        *slots,
+        max_new_tokens,
+        0.0,
+        stop_at_eos,
+        "Qwen3-4B",
+        8,
+        False,
+    ]
 
 
 def test_generation_streams_updates_from_the_embedded_model(client):
@@ -46,8 +68,26 @@ def test_generation_streams_updates_from_the_embedded_model(client):
 
 
 def test_three_policy_comparison_returns_three_columns_and_a_fidelity_table(client):
-    job = client.submit("combined", "generate", None, QUESTION, "", ["full", "window", "h2o"], 64, "tokens", 0.25, 4,
-                        True, False, "", True, 8, 0.0, False, api_name="/compare")
+    job = client.submit(
+        "combined",
+        "generate",
+        None,
+        QUESTION,
+        "",
+        ["full", "window", "h2o"],
+        64,
+        "tokens",
+        0.25,
+        4,
+        True,
+        False,
+        "",
+        True,
+        8,
+        0.0,
+        False,
+        api_name="/compare",
+    )
     frames = list(job)
     status, bus, figure, table = frames[-1][:4]
     messages = json.loads(bus)
@@ -85,8 +125,9 @@ def test_stop_cancels_the_run_and_the_recording_exports_and_opens_again(client):
     assert str(archive).endswith(".zip")
     from gradio_client import handle_file
 
-    step, layer, head, caption, tokens, heatmap, segments, kept = client.predict([handle_file(archive)], "evicted",
-                                                                                 api_name="/open_recording")
+    step, layer, head, caption, tokens, heatmap, segments, kept = client.predict(
+        [handle_file(archive)], "evicted", api_name="/open_recording"
+    )
     assert "Step" in caption and tokens.count("data-pos=") > 30
     assert layer["choices"][:2] == [["all", "all"], ["0", "0"]]  # the recording's 30 layers, or all of them
 
@@ -124,8 +165,28 @@ def _compare_formats(**chosen: str) -> list[str]:
 
 def test_comparison_of_a_policy_at_full_precision_and_the_full_cache_in_q4_0(client):
     formats = _compare_formats(full="q4_0")
-    job = client.submit("combined", "generate", None, QUESTION, "", ["h2o", "full"], 64, "tokens", 0.25, 4,
-                        True, False, "", True, 8, 0.0, False, *formats, 32, api_name="/compare")
+    job = client.submit(
+        "combined",
+        "generate",
+        None,
+        QUESTION,
+        "",
+        ["h2o", "full"],
+        64,
+        "tokens",
+        0.25,
+        4,
+        True,
+        False,
+        "",
+        True,
+        8,
+        0.0,
+        False,
+        *formats,
+        32,
+        api_name="/compare",
+    )
     status, _, _, table = list(job)[-1][:4]
     assert status.startswith("Done"), status
     assert [r[0] for r in table["data"]] == ["h2o", "full · q4_0"]

@@ -25,13 +25,34 @@ def tiny_folder(tmp_path_factory) -> str:
 
 
 def test_bench_soak_reports_memory_across_sessions(tiny_folder, capsys):
-    code = main(["bench", "soak", "--model", tiny_folder, "--quant", "none", "--sessions", "2", "--runs", "2",
-                 "--trace-tokens", "48", "--interval", "8"])
+    code = main(
+        [
+            "bench",
+            "soak",
+            "--model",
+            tiny_folder,
+            "--quant",
+            "none",
+            "--sessions",
+            "2",
+            "--runs",
+            "2",
+            "--trace-tokens",
+            "48",
+            "--interval",
+            "8",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "2 sessions × 2 replays of 48 trace tokens" in out.out
-    for row in ("server RSS at start", "after 5 sessions", "at the end (2 sessions)", "peak",
-                "growth per finished session"):
+    for row in (
+        "server RSS at start",
+        "after 5 sessions",
+        "at the end (2 sessions)",
+        "peak",
+        "growth per finished session",
+    ):
         assert f"| {row}" in out.out
     assert "session 2/2" in out.err
 

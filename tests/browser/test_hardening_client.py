@@ -61,8 +61,10 @@ def test_two_clients_generating_at_once_each_get_what_they_would_alone(app_url):
         start.wait()
         results[name] = client.predict(*args, api_name="/generate")
 
-    threads = [threading.Thread(target=generate, args=("a", a, first)),
-               threading.Thread(target=generate, args=("b", b, second))]
+    threads = [
+        threading.Thread(target=generate, args=("a", a, first)),
+        threading.Thread(target=generate, args=("b", b, second)),
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -76,20 +78,23 @@ def test_two_clients_generating_at_once_each_get_what_they_would_alone(app_url):
     assert together_a[0].startswith("Done: 6 tokens generated") and together_a[1] != together_b[1]
 
 
-@pytest.mark.parametrize("where, value, reason", [
-    (BUDGET, -5, "less than minimum value 8"),            # below the slider's range
-    (BUDGET, 10**9, "greater than maximum value"),        # above it
-    (BUDGET, "lots", "must be a number, got 'lots'"),     # not a number
-    (INTERVAL, 0, "less than minimum value 1"),
-    (BUDGET_MODE, "bogus", "not in the list of choices"),
-    (BUDGET_FRACTION, 5.0, "greater than maximum value"),
-    (POLICY, "nope", "not in the list of choices"),       # not a registered policy
-    (POLICY, "../../etc/passwd", "not in the list of choices"),
-    (RUN_MODE, "bogus", "not in the list of choices"),
-    (MAX_NEW, 10**9, "greater than maximum value"),
-    (TEMPERATURE, 99.0, "greater than maximum value"),
-    (QUESTION_AT, "   \n\t ", "question is empty"),     # whitespace only
-])
+@pytest.mark.parametrize(
+    "where, value, reason",
+    [
+        (BUDGET, -5, "less than minimum value 8"),  # below the slider's range
+        (BUDGET, 10**9, "greater than maximum value"),  # above it
+        (BUDGET, "lots", "must be a number, got 'lots'"),  # not a number
+        (INTERVAL, 0, "less than minimum value 1"),
+        (BUDGET_MODE, "bogus", "not in the list of choices"),
+        (BUDGET_FRACTION, 5.0, "greater than maximum value"),
+        (POLICY, "nope", "not in the list of choices"),  # not a registered policy
+        (POLICY, "../../etc/passwd", "not in the list of choices"),
+        (RUN_MODE, "bogus", "not in the list of choices"),
+        (MAX_NEW, 10**9, "greater than maximum value"),
+        (TEMPERATURE, 99.0, "greater than maximum value"),
+        (QUESTION_AT, "   \n\t ", "question is empty"),  # whitespace only
+    ],
+)
 def test_values_outside_the_controls_are_refused_by_the_server(client, where, value, reason):
     from gradio_client.exceptions import AppError
 
@@ -107,19 +112,39 @@ def test_budget_below_sinks_and_window_is_refused_with_the_reason(client):
         client.predict(*args, api_name="/generate")
 
 
-@pytest.mark.parametrize("policies", [["full"], ["full", "nope"], ["full", "h2o", "window", "tova", "snapkv",
-                                                                   "streaming", "entropy"]])
+@pytest.mark.parametrize(
+    "policies", [["full"], ["full", "nope"], ["full", "h2o", "window", "tova", "snapkv", "streaming", "entropy"]]
+)
 def test_compare_refuses_bad_policy_lists(client, policies):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError):
-        client.predict("combined", "generate", None, "Hi", "", policies, 64, "tokens", 0.25, 4, True, False, "", True,
-                       2, 0.0, False, api_name="/compare")
+        client.predict(
+            "combined",
+            "generate",
+            None,
+            "Hi",
+            "",
+            policies,
+            64,
+            "tokens",
+            0.25,
+            4,
+            True,
+            False,
+            "",
+            True,
+            2,
+            0.0,
+            False,
+            api_name="/compare",
+        )
 
 
 # the dropdown and the slider refuse what they do not offer (Gradio checks choices and ranges)
-@pytest.mark.parametrize("kv, reason", [(["q5_1", 32], "q5_1 is not in the list of choices"),
-                                        (["kivi2", 4], "less than minimum value 8")])
+@pytest.mark.parametrize(
+    "kv, reason", [(["q5_1", 32], "q5_1 is not in the list of choices"), (["kivi2", 4], "less than minimum value 8")]
+)
 def test_generate_refuses_bad_kv_settings_with_a_message(client, kv, reason):
     from gradio_client.exceptions import AppError
 
@@ -131,8 +156,28 @@ def test_compare_refuses_a_bad_kv_format_with_a_message(client):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError, match="q9 is not in the list of choices"):
-        client.predict("combined", "generate", None, "Hi", "", ["full", "h2o"], 64, "tokens", 0.25, 4, True,
-                       False, "", True, 2, 0.0, False, *_compare_formats(h2o="q9"), 32, api_name="/compare")
+        client.predict(
+            "combined",
+            "generate",
+            None,
+            "Hi",
+            "",
+            ["full", "h2o"],
+            64,
+            "tokens",
+            0.25,
+            4,
+            True,
+            False,
+            "",
+            True,
+            2,
+            0.0,
+            False,
+            *_compare_formats(h2o="q9"),
+            32,
+            api_name="/compare",
+        )
 
 
 def test_sweep_takes_only_listed_presets(client):
@@ -156,8 +201,12 @@ def test_an_upload_over_the_limit_is_refused_before_any_handler_runs(app_url):
             yield chunk
         yield b"\r\n--tvboundary--\r\n"
 
-    response = httpx.post(f"{app_url.rstrip('/')}/gradio_api/upload", content=body(), timeout=120,
-                          headers={"Content-Type": "multipart/form-data; boundary=tvboundary"})
+    response = httpx.post(
+        f"{app_url.rstrip('/')}/gradio_api/upload",
+        content=body(),
+        timeout=120,
+        headers={"Content-Type": "multipart/form-data; boundary=tvboundary"},
+    )
     assert response.status_code == 413, response.text[:200]
 
 

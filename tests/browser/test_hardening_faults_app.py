@@ -38,8 +38,26 @@ def test_a_comparison_with_a_policy_that_raises_ends_with_a_message(client):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError, match="the comparison of full, exploding failed: ZeroDivisionError"):
-        client.predict("combined", "generate", None, "What is 2 + 3?", "", ["full", "exploding"], 16, "tokens", 0.25,
-                       1, True, True, "", False, 4, 0.0, False, api_name="/compare")
+        client.predict(
+            "combined",
+            "generate",
+            None,
+            "What is 2 + 3?",
+            "",
+            ["full", "exploding"],
+            16,
+            "tokens",
+            0.25,
+            1,
+            True,
+            True,
+            "",
+            False,
+            4,
+            0.0,
+            False,
+            api_name="/compare",
+        )
 
 
 def test_a_failed_live_run_leaves_its_memory_chart_and_says_why(client):
@@ -51,8 +69,9 @@ def test_a_failed_live_run_leaves_its_memory_chart_and_says_why(client):
     assert figure is not None and figure["type"] == "plotly"  # the chart as it stood when the run failed
 
 
-@pytest.mark.parametrize("gib, reason", [(-1, "the VRAM cap must be a positive number of GiB, got -1"),
-                                          (8, "a VRAM cap needs a CUDA GPU")])
+@pytest.mark.parametrize(
+    "gib, reason", [(-1, "the VRAM cap must be a positive number of GiB, got -1"), (8, "a VRAM cap needs a CUDA GPU")]
+)
 def test_the_vram_cap_setting_is_validated_and_refused_on_a_cpu(client, gib, reason):
     from gradio_client.exceptions import AppError
 

@@ -21,8 +21,10 @@ pytestmark = pytest.mark.browser
 @pytest.fixture
 def bus_page(browser):
     page = browser.new_page()
-    page.set_content(f"<style>{TOKEN_CSS}</style>{container_html('view')}"
-                     f"<button id='{RESYNC_BUTTON_ID}' onclick='window.resyncs=(window.resyncs||0)+1'></button>")
+    page.set_content(
+        f"<style>{TOKEN_CSS}</style>{container_html('view')}"
+        f"<button id='{RESYNC_BUTTON_ID}' onclick='window.resyncs=(window.resyncs||0)+1'></button>"
+    )
     page.evaluate(f"window.bus = {PATCH_BUS_JS}")
     yield page
     page.close()
@@ -42,9 +44,15 @@ def view(page) -> dict:
 def frames():
     """A tiny-model Live run with evictions: one frame per token."""
     settings = DecodeSettings(max_new_tokens=20, stop_at_eos=False)
-    run = live_frames(tiny_model("llama"), make_policy("h2o", budget=24, recent=4),
-                      RunInput("Think.", "Say <b>hi</b> & count."), settings, threading.Event(),
-                      TokenChannel("view", title_refresh=0.0), pacer=FramePacer(0.0))
+    run = live_frames(
+        tiny_model("llama"),
+        make_policy("h2o", budget=24, recent=4),
+        RunInput("Think.", "Say <b>hi</b> & count."),
+        settings,
+        threading.Event(),
+        TokenChannel("view", title_refresh=0.0),
+        pacer=FramePacer(0.0),
+    )
     return list(run)
 
 

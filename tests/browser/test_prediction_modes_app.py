@@ -29,8 +29,9 @@ def app_url(tmp_path_factory):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         head = P.ImportancePredictor(size).eval()
-    P.save(head, P.PredictorMeta(model=tiny.name, hidden_size=size, width=head.width),
-           P.predictor_path(tiny.name, folder))
+    P.save(
+        head, P.PredictorMeta(model=tiny.name, hidden_size=size, width=head.width), P.predictor_path(tiny.name, folder)
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DynTS, "predictor_folder", folder)
         with served_app() as url:
@@ -39,8 +40,10 @@ def app_url(tmp_path_factory):
 
 def _heated(page, root: str) -> int:
     """Heated tokens of the view (not the legend's colour swatches, which Explore shows in the same box)."""
-    return page.evaluate(f"[...document.querySelectorAll('{root} .tv-tok')]"
-                         ".filter(t => /tv-h[0-9]/.test(t.className) && !t.closest('.tv-legend')).length")
+    return page.evaluate(
+        f"[...document.querySelectorAll('{root} .tv-tok')]"
+        ".filter(t => /tv-h[0-9]/.test(t.className) && !t.closest('.tv-legend')).length"
+    )
 
 
 def test_dynts_offers_predicted_importance_and_the_answers_attention(app_url, browser):
@@ -50,8 +53,9 @@ def test_dynts_offers_predicted_importance_and_the_answers_attention(app_url, br
     modes = page.locator("#tv-live-mode")
     assert "predicted importance" not in modes.inner_text()  # h2o, the default, predicts nothing
     pick(page, "#tv-live-policy", "dynts")
-    page.wait_for_function("document.querySelector('#tv-live-mode').innerText.includes('attention from the answer')",
-                           timeout=30_000)
+    page.wait_for_function(
+        "document.querySelector('#tv-live-mode').innerText.includes('attention from the answer')", timeout=30_000
+    )
     page.click("#tv-live-run-mode label:has-text('replay')")
     page.fill("#tv-live-question textarea", "Sum 1, 2 and 3.")
     page.click("text=System prompt and replay trace")
@@ -67,13 +71,15 @@ def test_dynts_offers_predicted_importance_and_the_answers_attention(app_url, br
     answer_heat = _heated(page, "#tv-live-tokens")
     assert 0 < answer_heat < total  # the tokens before the answer; the answer's own tokens have none
     page.get_by_role("tab", name="Explore").click()
-    page.wait_for_function("document.querySelector('#tv-explore-mode').innerText.includes('predicted importance')",
-                           timeout=30_000)
+    page.wait_for_function(
+        "document.querySelector('#tv-explore-mode').innerText.includes('predicted importance')", timeout=30_000
+    )
     page.click("#tv-explore-mode label:has-text('attention from the answer')")
     wait_for_text(page, "#tv-explore-caption", "attention the answer paid", 30)
     assert _heated(page, "#tv-explore-tokens") == answer_heat
     page.get_by_role("tab", name="Live").click()
     pick(page, "#tv-live-policy", "h2o")
-    page.wait_for_function("!document.querySelector('#tv-live-mode').innerText.includes('predicted importance')",
-                           timeout=30_000)
+    page.wait_for_function(
+        "!document.querySelector('#tv-live-mode').innerText.includes('predicted importance')", timeout=30_000
+    )
     page.context.close()

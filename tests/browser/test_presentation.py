@@ -54,8 +54,10 @@ def test_presentation_mode_keeps_run_in_view_and_puts_tokens_beside_the_chart(pa
 def test_follow_keeps_the_newest_token_in_view_after_a_scroll_up_and_a_new_run(page):
     page.add_style_tag(content="#tv-live-tokens { max-height: 160px !important; overflow-y: auto; }")
     pick(page, "#tv-live-preset", "Live: a short word problem")
-    page.wait_for_function("document.querySelector('#tv-live-policy input').value === 'h2o' "
-                           "&& document.querySelector('#tv-live-question textarea').value.length > 0")
+    page.wait_for_function(
+        "document.querySelector('#tv-live-policy input').value === 'h2o' "
+        "&& document.querySelector('#tv-live-question textarea').value.length > 0"
+    )
     set_number(page, "#tv-live-max-new", 48)
     page.click("#tv-live-run")
     wait_for_text(page, "#tv-live-status", r"^Done: ", RUN_TIMEOUT)

@@ -26,10 +26,23 @@ from thinkviz.ui.session import Session
 
 pytestmark = pytest.mark.browser
 
-LIVE = {"run_mode": "generate", "question": "Count the ships that pass the lighthouse.", "policy": "h2o",
-        "budget": 48, "interval": 1, "temperature": 0.0}
-COMPARE = {"run_mode": "generate", "question": "Name three colours.", "policies": ["full", "window"],
-           "budget": 16, "interval": 1, "max_new_tokens": 4, "stop_at_eos": False}
+LIVE = {
+    "run_mode": "generate",
+    "question": "Count the ships that pass the lighthouse.",
+    "policy": "h2o",
+    "budget": 48,
+    "interval": 1,
+    "temperature": 0.0,
+}
+COMPARE = {
+    "run_mode": "generate",
+    "question": "Name three colours.",
+    "policies": ["full", "window"],
+    "budget": 16,
+    "interval": 1,
+    "max_new_tokens": 4,
+    "stop_at_eos": False,
+}
 RELEASE_DEADLINE = 60  # seconds allowed for the server to notice the closed client and release it
 
 
@@ -75,11 +88,15 @@ def test_closing_a_session_mid_run_releases_its_run_recordings_and_channels(monk
         _wait_for_frames(job, 3)  # prefill and streaming: the run is in the middle
         runs = [obj for obj in gc.get_objects() if isinstance(obj, Run)]
         assert runs, "no Run while the run streams"
-        refs = {"session": weakref.ref(session), "live record": weakref.ref(session.live_record),
-                "live channel": weakref.ref(session.live_channel), "live view": weakref.ref(session.live_view),
-                **{f"compare channel {i}": weakref.ref(c) for i, c in enumerate(session.compare_channels)},
-                **{f"shelf: {label}": weakref.ref(r) for label, r in finished.items()},
-                **{f"run {i}": weakref.ref(run) for i, run in enumerate(runs)}}
+        refs = {
+            "session": weakref.ref(session),
+            "live record": weakref.ref(session.live_record),
+            "live channel": weakref.ref(session.live_channel),
+            "live view": weakref.ref(session.live_view),
+            **{f"compare channel {i}": weakref.ref(c) for i, c in enumerate(session.compare_channels)},
+            **{f"shelf: {label}": weakref.ref(r) for label, r in finished.items()},
+            **{f"run {i}": weakref.ref(run) for i, run in enumerate(runs)},
+        }
         del session, finished, runs
 
         leaving.close()
@@ -113,30 +130,56 @@ def test_every_api_input_has_a_name_and_run_policy_takes_knobs_by_name(tmp_path)
     with served_demo() as demo:
         client = Client(demo.local_url, verbose=False)
         endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-        unnamed = [(endpoint, p["parameter_name"], p["label"]) for endpoint, info in endpoints.items()
-                   for p in info["parameters"]
-                   if any(re.fullmatch(r"(param|parameter)[ _]?\d+", text or "", re.I)
-                          for text in (p["parameter_name"], p["label"]))]
+        unnamed = [
+            (endpoint, p["parameter_name"], p["label"])
+            for endpoint, info in endpoints.items()
+            for p in info["parameters"]
+            if any(
+                re.fullmatch(r"(param|parameter)[ _]?\d+", text or "", re.I)
+                for text in (p["parameter_name"], p["label"])
+            )
+        ]
         assert unnamed == []
         assert not [name for name in endpoints if name.startswith("/lambda")]
         names = [p["parameter_name"] for p in endpoints["/run_policy"]["parameters"]]
         assert names[:3] == ["policy", "knobs", "preset"]
 
-        summary, archive = client.predict(policy="window", knobs='{"budget": 24, "protect_system": false}',
-                                          question="Why is the sky blue?", max_new_tokens=5, api_name="/run_policy")
+        summary, archive = client.predict(
+            policy="window",
+            knobs='{"budget": 24, "protect_system": false}',
+            question="Why is the sky blue?",
+            max_new_tokens=5,
+            api_name="/run_policy",
+        )
         assert summary["run"] == "Live 1 · window" and summary["new_tokens"] == 5
-        assert summary["params"] == {"budget": 24, "budget_mode": "tokens", "budget_fraction": 0.25, "interval": 1,
-                                     "protect_system": False, "protect_question": True}
+        assert summary["params"] == {
+            "budget": 24,
+            "budget_mode": "tokens",
+            "budget_fraction": 0.25,
+            "interval": 1,
+            "protect_system": False,
+            "protect_question": True,
+        }
         assert import_recording([archive]).meta["params"] == summary["params"]
-        fraction, _ = client.predict(policy="h2o", knobs='{"budget_mode": "fraction", "budget_fraction": 0.5}',
-                                     question="Hi", max_new_tokens=2, api_name="/run_policy")
+        fraction, _ = client.predict(
+            policy="h2o",
+            knobs='{"budget_mode": "fraction", "budget_fraction": 0.5}',
+            question="Hi",
+            max_new_tokens=2,
+            api_name="/run_policy",
+        )
         assert fraction["params"]["budget_mode"] == "fraction" and fraction["params"]["budget_fraction"] == 0.5
         preset, _ = client.predict(preset="generate_muffins", knobs='{"recent": 8}', api_name="/run_policy")
         assert preset["policy"] == "h2o" and preset["params"]["recent"] == 8 and preset["params"]["budget"] == 160
 
-        refused = {'{"budgte": 64}': "has no parameter budgte", '{"budget": 4}': "budget must be between 8",
-                   '{"recent": 2000}': "recent must be between 0 and 1024", '{"budget": 64': "JSON object",
-                   '[64]': "JSON object", '{"protect_system": "maybe"}': "protect_system must be true or false"}
+        refused = {
+            '{"budgte": 64}': "has no parameter budgte",
+            '{"budget": 4}': "budget must be between 8",
+            '{"recent": 2000}': "recent must be between 0 and 1024",
+            '{"budget": 64': "JSON object",
+            "[64]": "JSON object",
+            '{"protect_system": "maybe"}': "protect_system must be true or false",
+        }
         for knobs, reason in refused.items():
             with pytest.raises(AppError, match=re.escape(reason)):
                 client.predict(policy="h2o", knobs=knobs, question="Hi", max_new_tokens=2, api_name="/run_policy")

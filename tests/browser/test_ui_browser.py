@@ -143,8 +143,9 @@ def test_view_mode_and_projection_rerender_the_finished_run(page):
     page.wait_for_selector("#tv-live-tokens .tv-mode-segments")
     assert page.locator("#tv-live-tokens .tv-tok").count() >= PROMPT_TOKENS_MIN + LIVE_TOKENS
     page.click("#tv-live-card label:has-text('24')")
-    page.wait_for_function("document.querySelector('#tv-live-memory').textContent.includes('24 GiB card')",
-                           timeout=60_000)
+    page.wait_for_function(
+        "document.querySelector('#tv-live-memory').textContent.includes('24 GiB card')", timeout=60_000
+    )
     page.click("#tv-live-mode label:has-text('combined')")
     page.wait_for_selector("#tv-live-tokens .tv-mode-combined")
 
@@ -156,13 +157,16 @@ def test_three_policy_comparison_streams_columns_and_a_fidelity_table(page, shot
     set_number(page, "#tv-compare-max-new", COMPARE_TOKENS)
     set_number(page, "#tv-compare-budget", 96)  # below the prompt: every policy must evict
     page.click("#tv-compare-protect-system input")  # let them evict the system prompt too
-    checked = page.evaluate("[...document.querySelectorAll('#tv-compare-policies input:checked')]"
-                            ".map(i => i.parentElement.innerText.trim())")
+    checked = page.evaluate(
+        "[...document.querySelectorAll('#tv-compare-policies input:checked')]"
+        ".map(i => i.parentElement.innerText.trim())"
+    )
     assert sorted(checked) == ["full", "h2o", "window"]
     page.click("#tv-compare-run")
     page.wait_for_function(
         "[0, 1, 2].every(i => document.querySelectorAll(`#tv-compare-tokens-${i} .tv-tok`).length > 100)",
-        timeout=RUN_TIMEOUT * 1000)
+        timeout=RUN_TIMEOUT * 1000,
+    )
     wait_for_text(page, "#tv-compare-status", r"^Done", RUN_TIMEOUT)
     for i, name in enumerate(["full", "window", "h2o"]):
         assert name in page.inner_text(f"#tv-compare-head-{i}")
@@ -269,8 +273,9 @@ def test_a_live_run_with_a_quantized_kv_cache_shows_its_format(page):
     page.click("#tv-live-run")
     wait_for_text(page, "#tv-live-status", r"Done: 6 tokens generated", RUN_TIMEOUT)
     assert "q4_0" in page.inner_text("#tv-live-stats")
-    page.wait_for_function("document.querySelector('#tv-live-memory').textContent.includes('physical, q4_0')",
-                           timeout=60_000)
+    page.wait_for_function(
+        "document.querySelector('#tv-live-memory').textContent.includes('physical, q4_0')", timeout=60_000
+    )
     pick(page, "#tv-live-kv-quant", "none")
 
 
@@ -279,8 +284,9 @@ def test_the_quantize_or_evict_preset_sets_each_compare_columns_format(page):
     pick(page, "#tv-compare-preset", "Quantize or evict?")
     page.wait_for_function("document.querySelector('#tv-compare-question textarea').value.includes('2×n strip')")
     page.click("#tv-compare-kv button")  # open the accordion: its dropdowns are drawn only then
-    page.wait_for_function("document.querySelector('#tv-compare-full-kv-quant input')?.value === 'q4_0'",
-                           timeout=60_000)
+    page.wait_for_function(
+        "document.querySelector('#tv-compare-full-kv-quant input')?.value === 'q4_0'", timeout=60_000
+    )
     assert "full: KV format" in page.inner_text("#tv-compare-full-kv-quant")
     assert page.locator("#tv-compare-h2o-kv-quant input").input_value() == "none"
     assert not page.locator("#tv-compare-tova-kv-quant").is_visible()

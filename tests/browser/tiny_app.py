@@ -4,7 +4,8 @@ or look inside the server (its sessions)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import gradio as gr
 import pytest

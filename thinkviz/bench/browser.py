@@ -23,7 +23,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from ..presets import load_preset
 from .trace_profile import TRACE_CATEGORIES
@@ -98,8 +98,9 @@ def launched_app(app_args: Sequence[str] = (), timeout: float = 240, log: Path |
 
 
 @contextmanager
-def app_process(app_args: Sequence[str] = (), timeout: float = 240, log: Path | None = None,
-                env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+def app_process(
+    app_args: Sequence[str] = (), timeout: float = 240, log: Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
     """:func:`launched_app` that also yields the server's process id, with ``env`` added to its
     environment."""
     if not APP.is_file():
@@ -108,8 +109,13 @@ def app_process(app_args: Sequence[str] = (), timeout: float = 240, log: Path | 
     log = log or Path(tempfile.mkdtemp(prefix="thinkviz-app-")) / "app.log"
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port), *app_args],
-                                cwd=APP.parent, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, str(APP), "--host", "127.0.0.1", "--port", str(port), *app_args],
+            cwd=APP.parent,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + timeout
@@ -144,8 +150,9 @@ def _wait_text(page, selector: str, prefix: str, timeout: float) -> str:
     raise BenchError(f"{selector} did not show {prefix!r} within {timeout:.0f} s")
 
 
-def measure(url: str, tokens: int = 500, model_timeout: float = 600, run_timeout: float = 3600,
-            trace: Path | None = None) -> BrowserBenchResult:
+def measure(
+    url: str, tokens: int = 500, model_timeout: float = 600, run_timeout: float = 3600, trace: Path | None = None
+) -> BrowserBenchResult:
     """Generate ``tokens`` tokens in the Live tab of the app at ``url`` and time the page; with ``trace``,
     record the run (click to last frame) as a Chromium performance trace in that file
     (:mod:`thinkviz.bench.trace_profile` reads it)."""
@@ -199,8 +206,17 @@ def _result(bench: dict, tokens: int, speed: str) -> BrowserBenchResult:
     first, last = generated[0][0], generated[-1][0]
     frames = sum(1 for t, _ in shown if first <= t <= last)
     long_tasks = [float(d) for start, d in bench["longTasks"] if start >= clicked and start <= last]
-    return BrowserBenchResult(tokens, (prompt_time - clicked) / 1000, (first - clicked) / 1000, (last - first) / 1000,
-                              frames, len(long_tasks), max(long_tasks, default=0.0), speed, tuple(long_tasks))
+    return BrowserBenchResult(
+        tokens,
+        (prompt_time - clicked) / 1000,
+        (first - clicked) / 1000,
+        (last - first) / 1000,
+        frames,
+        len(long_tasks),
+        max(long_tasks, default=0.0),
+        speed,
+        tuple(long_tasks),
+    )
 
 
 STAT_JS = """(label) => [...document.querySelectorAll('#tv-live-stats .tv-stat')]
@@ -275,8 +291,15 @@ def measure_play(url: str, preset: str, model_timeout: float = 600, run_timeout:
     return PlayResult((painted[0] - bench["clicked"]) / 1000, (ended - bench["clicked"]) / 1000, status)
 
 
-def measure_tune(url: str, preset: str, tokens: int, knob: str, values: Sequence[str],
-                 model_timeout: float = 600, run_timeout: float = 3600) -> list[TuneCycle]:
+def measure_tune(
+    url: str,
+    preset: str,
+    tokens: int,
+    knob: str,
+    values: Sequence[str],
+    model_timeout: float = 600,
+    run_timeout: float = 3600,
+) -> list[TuneCycle]:
     """In the Live tab at ``url``: pick ``preset``, replay only its first ``tokens`` trace tokens
     measured against the full cache, run it once as it comes, then for each of ``values`` set
     ``knob`` (a slider of the preset's policy), press Generate and time until the new ΔNLL shows."""
@@ -307,13 +330,22 @@ def measure_tune(url: str, preset: str, tokens: int, knob: str, values: Sequence
                     slider.fill(str(value))
                     slider.press("Enter")
                 page.click("#tv-live-run")
-                page.wait_for_function(f"() => ({NEW_RESULT_JS})() || !!document.querySelector('.toast-body.error')",
-                                       timeout=run_timeout * 1000, polling=50)
+                page.wait_for_function(
+                    f"() => ({NEW_RESULT_JS})() || !!document.querySelector('.toast-body.error')",
+                    timeout=run_timeout * 1000,
+                    polling=50,
+                )
                 if page.locator(".toast-body.error").count():
                     raise BenchError(f"the app reported: {page.locator('.toast-body.error').first.inner_text()}")
                 if value is not None:
-                    cycles.append(TuneCycle(str(value), time.monotonic() - start, page.evaluate(STAT_JS, "ΔNLL"),
-                                            page.evaluate(STAT_JS, "KL")))
+                    cycles.append(
+                        TuneCycle(
+                            str(value),
+                            time.monotonic() - start,
+                            page.evaluate(STAT_JS, "ΔNLL"),
+                            page.evaluate(STAT_JS, "KL"),
+                        )
+                    )
         finally:
             browser.close()
     return cycles

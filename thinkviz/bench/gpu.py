@@ -100,8 +100,9 @@ def measure_ratio(loaded: LoadedModel, new_tokens: int, repeats: int, scoring: b
     return RatioRow(scoring, max(engine), max(baseline))
 
 
-def measure_context(loaded: LoadedModel, policy: str, context: int, budget_fraction: float,
-                    decode_tokens: int, seed: int = 0) -> ContextRow:
+def measure_context(
+    loaded: LoadedModel, policy: str, context: int, budget_fraction: float, decode_tokens: int, seed: int = 0
+) -> ContextRow:
     """Prefill ``context`` random tokens through ``policy``, then decode ``decode_tokens`` (≥ 2)."""
     if decode_tokens < 2:
         raise ValueError("decode_tokens must be at least 2 (the first step is not timed)")
@@ -182,15 +183,19 @@ def markdown(report: dict[str, Any]) -> str:
     meta = report["meta"]
     gib = 1024**3
     lines = [
-        (f"Model {meta['model']} ({meta['quantization']}) on {meta['device_name']} ({meta['device']}), "
-         f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['date']}."),
+        (
+            f"Model {meta['model']} ({meta['quantization']}) on {meta['device_name']} ({meta['device']}), "
+            f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['date']}."
+        ),
         "",
         "| scoring | engine tok/s | model.generate tok/s | engine ÷ generate |",
         "|---|---:|---:|---:|",
     ]
     for row in report["ratio"]:
-        lines.append(f"| {'on' if row['scoring'] else 'off'} | {cell(row['engine_tokens_per_second'], '.1f')} "
-                     f"| {cell(row['generate_tokens_per_second'], '.1f')} | {cell(row['ratio'], '.3f')} |")
+        lines.append(
+            f"| {'on' if row['scoring'] else 'off'} | {cell(row['engine_tokens_per_second'], '.1f')} "
+            f"| {cell(row['generate_tokens_per_second'], '.1f')} | {cell(row['ratio'], '.3f')} |"
+        )
     lines += [
         "",
         "| context | policy | budget | prefill tok/s | decode tok/s | final KV (GiB) | peak memory (GiB) |",
@@ -198,10 +203,12 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for row in report["contexts"]:
         peak = None if row["peak_bytes"] is None else row["peak_bytes"] / gib
-        lines.append(f"| {row['context']} | {row['policy']} | {cell(row['budget'], 'd')} "
-                     f"| {cell(row['prefill_tokens_per_second'], '.0f')} "
-                     f"| {cell(row['decode_tokens_per_second'], '.1f')} "
-                     f"| {cell(row['final_kv_bytes'] / gib, '.3f')} | {cell(peak, '.2f')} |")
+        lines.append(
+            f"| {row['context']} | {row['policy']} | {cell(row['budget'], 'd')} "
+            f"| {cell(row['prefill_tokens_per_second'], '.0f')} "
+            f"| {cell(row['decode_tokens_per_second'], '.1f')} "
+            f"| {cell(row['final_kv_bytes'] / gib, '.3f')} | {cell(peak, '.2f')} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -73,8 +73,9 @@ def one_client(served: Served, replay: Replay, number: int, barrier: threading.B
         session.close()
     replayed = record.generated_text.strip()  # the trace after what the prompt took (its opening <think>)
     mine = record.meta.get("budget") == budget and bool(replayed) and own.trace.rstrip().endswith(replayed)
-    return ClientRun(number, budget, len(record.events), (first or finished) - submitted, finished - submitted,
-                     status, mine)
+    return ClientRun(
+        number, budget, len(record.events), (first or finished) - submitted, finished - submitted, status, mine
+    )
 
 
 def load(served: Served, replay: Replay, clients: int) -> LoadResult:
@@ -99,13 +100,22 @@ def load(served: Served, replay: Replay, clients: int) -> LoadResult:
 def load_table(result: LoadResult) -> str:
     """The result as Markdown: one row per client, then the queue wait and the total time."""
     waits = result.waits
-    lines = [f"{len(result.runs)} concurrent clients, one replay each (~{result.replay.tokens} trace tokens of "
-             f"{result.replay.preset}, h2o, interval {result.replay.interval}; client k: budget 64 + 8k, "
-             "its trace k words shorter)", "",
-             "| client | budget | events | queue wait (s) | submit → done (s) | own result |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {run.client} | {run.budget} | {run.events} | {run.queue_wait:.1f} | {run.total:.1f} | "
-              f"{'yes' if run.own else 'NO'} |" for run in result.runs]
-    lines += ["", f"queue wait: median {statistics.median(waits):.1f} s, max {max(waits):.1f} s; "
-              f"total {result.seconds:.1f} s for {len(result.runs)} runs"]
+    lines = [
+        f"{len(result.runs)} concurrent clients, one replay each (~{result.replay.tokens} trace tokens of "
+        f"{result.replay.preset}, h2o, interval {result.replay.interval}; client k: budget 64 + 8k, "
+        "its trace k words shorter)",
+        "",
+        "| client | budget | events | queue wait (s) | submit → done (s) | own result |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {run.client} | {run.budget} | {run.events} | {run.queue_wait:.1f} | {run.total:.1f} | "
+        f"{'yes' if run.own else 'NO'} |"
+        for run in result.runs
+    ]
+    lines += [
+        "",
+        f"queue wait: median {statistics.median(waits):.1f} s, max {max(waits):.1f} s; "
+        f"total {result.seconds:.1f} s for {len(result.runs)} runs",
+    ]
     return "\n".join(lines) + "\n"

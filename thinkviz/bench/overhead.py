@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import StoppingCriteria
@@ -88,8 +88,15 @@ class _Timer:
         return Throughput(tokens / self.wall, tokens / max(self.cpu, 1e-9))
 
 
-def time_engine(loaded: LoadedModel, new_tokens: int, budget: int, policy: str = "h2o", scoring: bool = True,
-                interval: int = 1, kv_quant: KVQuant = KVQuant()) -> Throughput:
+def time_engine(
+    loaded: LoadedModel,
+    new_tokens: int,
+    budget: int,
+    policy: str = "h2o",
+    scoring: bool = True,
+    interval: int = 1,
+    kv_quant: KVQuant = KVQuant(),
+) -> Throughput:
     """Tokens per second of a full engine run (prefill included), nothing stops it early.
 
     ``scoring=False`` leaves out the per-step importance scores (a policy that evicts still
@@ -126,9 +133,16 @@ def _greedy(loaded: LoadedModel, ids: torch.Tensor, new_tokens: int, **options) 
     )
 
 
-def measure_overhead(loaded: LoadedModel, new_tokens: int = 512, budget: int = 128, repeats: int = 2,
-                     interval: int = 1, policy: str = "h2o", scoring: bool = True,
-                     kv_quant: KVQuant = KVQuant()) -> OverheadResult:
+def measure_overhead(
+    loaded: LoadedModel,
+    new_tokens: int = 512,
+    budget: int = 128,
+    repeats: int = 2,
+    interval: int = 1,
+    policy: str = "h2o",
+    scoring: bool = True,
+    kv_quant: KVQuant = KVQuant(),
+) -> OverheadResult:
     """Alternate engine (``policy`` at ``budget``, per-token scores shown or not) and baseline
     ``repeats`` times after a warm-up (and, for a quantized ``kv_quant``, the engine in that format);
     keep each one's best (wall clock and CPU time apart)."""
@@ -144,9 +158,15 @@ def measure_overhead(loaded: LoadedModel, new_tokens: int = 512, budget: int = 1
         baseline.append(time_generate(loaded, new_tokens, attention))
         if quantized:
             in_format.append(time_engine(loaded, new_tokens, budget, policy, scoring, interval, kv_quant))
-    return OverheadResult(new_tokens, max(e.wall for e in engine), max(b.wall for b in baseline), attention,
-                          max(e.cpu for e in engine), max(b.cpu for b in baseline),
-                          max(q.wall for q in in_format) if quantized else None)
+    return OverheadResult(
+        new_tokens,
+        max(e.wall for e in engine),
+        max(b.wall for b in baseline),
+        attention,
+        max(e.cpu for e in engine),
+        max(b.cpu for b in baseline),
+        max(q.wall for q in in_format) if quantized else None,
+    )
 
 
 @dataclass
@@ -185,8 +205,9 @@ class _FirstToken(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
-def time_engine_context(loaded: LoadedModel, prompt: Sequence[int], new_tokens: int, budget: int,
-                        interval: int = 1, policy: str = "h2o") -> tuple[float, float]:
+def time_engine_context(
+    loaded: LoadedModel, prompt: Sequence[int], new_tokens: int, budget: int, interval: int = 1, policy: str = "h2o"
+) -> tuple[float, float]:
     """``(prefill seconds, decode tok/s after the first token)`` of an engine run on ``prompt``."""
     settings = DecodeSettings(max_new_tokens=new_tokens, stop_at_eos=False, scoring=True)
     run = Run(loaded, make_policy(policy, budget=budget, interval=interval), list(prompt), settings)
@@ -209,8 +230,14 @@ def time_generate_context(loaded: LoadedModel, prompt: Sequence[int], new_tokens
     return first.at - start, (out.shape[1] - ids.shape[1] - 1) / (end - first.at)
 
 
-def measure_context_overhead(loaded: LoadedModel, contexts: Sequence[int], new_tokens: int = 128,
-                             budget: int = 512, interval: int = 1, repeats: int = 1) -> list[ContextResult]:
+def measure_context_overhead(
+    loaded: LoadedModel,
+    contexts: Sequence[int],
+    new_tokens: int = 128,
+    budget: int = 512,
+    interval: int = 1,
+    repeats: int = 1,
+) -> list[ContextResult]:
     """For each context length: engine and ``generate`` alternating ``repeats`` times, best of each."""
     longest = long_prompt(loaded.tokenizer, max(contexts))
     time_engine_context(loaded, longest[:64], 4, budget, interval)
@@ -222,9 +249,14 @@ def measure_context_overhead(loaded: LoadedModel, contexts: Sequence[int], new_t
         for _ in range(repeats):
             engine.append(time_engine_context(loaded, prompt, new_tokens, budget, interval))
             baseline.append(time_generate_context(loaded, prompt, new_tokens))
-        results.append(ContextResult(
-            context, new_tokens,
-            min(e[0] for e in engine), min(b[0] for b in baseline),
-            max(e[1] for e in engine), max(b[1] for b in baseline),
-        ))
+        results.append(
+            ContextResult(
+                context,
+                new_tokens,
+                min(e[0] for e in engine),
+                min(b[0] for b in baseline),
+                max(e[1] for e in engine),
+                max(b[1] for b in baseline),
+            )
+        )
     return results

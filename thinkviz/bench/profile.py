@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -80,8 +80,10 @@ class Spans:
 
     def time_module(self, module: nn.Module, name: str) -> list:
         """Time ``module``'s forward as ``name``; returns the hook handles."""
-        return [module.register_forward_pre_hook(lambda m, a: self.enter(name)),
-                module.register_forward_hook(lambda m, a, o: self.exit())]
+        return [
+            module.register_forward_pre_hook(lambda m, a: self.enter(name)),
+            module.register_forward_hook(lambda m, a, o: self.exit()),
+        ]
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -144,8 +146,15 @@ def _decode_seconds(run: Run, on_first: Callable[[], None] = lambda: None) -> fl
     return time.perf_counter() - start
 
 
-def profile_decode(loaded: LoadedModel, policy: str = "h2o", budget: int = 128, interval: int = 1,
-                   new_tokens: int = 64, top_ops: int = 12, scoring: bool = True) -> Profile:
+def profile_decode(
+    loaded: LoadedModel,
+    policy: str = "h2o",
+    budget: int = 128,
+    interval: int = 1,
+    new_tokens: int = 64,
+    top_ops: int = 12,
+    scoring: bool = True,
+) -> Profile:
     """Profile ``new_tokens`` decode steps of the engine (after a short warm-up run); ``scoring=False``
     leaves out the per-token scores the views show, as a sweep does."""
     _decode_seconds(_new_run(loaded, policy, budget, interval, 4, scoring))

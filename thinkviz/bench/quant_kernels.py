@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -64,8 +64,9 @@ def _contenders(linear: nn.Linear, head: bool) -> dict[str, Callable[[torch.Tens
 
     calls: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"float32": linear}
     if not head:
-        nf4 = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,
-                                compute_dtype=torch.float32, quant_type="nf4")
+        nf4 = bnb.nn.Linear4bit(
+            linear.in_features, linear.out_features, bias=False, compute_dtype=torch.float32, quant_type="nf4"
+        )
         nf4.weight = bnb.nn.Params4bit(linear.weight.detach().clone(), requires_grad=False, quant_type="nf4")
         calls["bitsandbytes NF4"] = nf4.to("cpu").eval()
     if cpu_int4.available() is None and cpu_int4.fits(linear):
@@ -73,13 +74,15 @@ def _contenders(linear: nn.Linear, head: bool) -> dict[str, Callable[[torch.Tens
         calls["torch-int4"] = packed
         if not head:
             calls["int4 kernel, float32 input"] = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x, packed.packed, cpu_int4.GROUP, packed.scale_zero.float())
+                x, packed.packed, cpu_int4.GROUP, packed.scale_zero.float()
+            )
     return calls
 
 
 @torch.inference_mode()
-def measure_kernels(shapes: list[tuple[int, int]], rows: tuple[int, ...] = (1, 32), repeats: int = 5,
-                    budget_seconds: float = 0.05) -> list[KernelTimes]:
+def measure_kernels(
+    shapes: list[tuple[int, int]], rows: tuple[int, ...] = (1, 32), repeats: int = 5, budget_seconds: float = 0.05
+) -> list[KernelTimes]:
     """Time every contender on every shape (the last shape is taken as the output head)."""
     results = []
     generator = torch.Generator().manual_seed(0)

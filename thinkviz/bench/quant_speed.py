@@ -18,7 +18,7 @@ contender exists at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache

@@ -15,7 +15,8 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from ..model import embedded_tokenizer
 from ..replay import load_trace
@@ -40,15 +41,24 @@ class Replay:
 
     def request(self, budget: int = 256) -> dict[str, Any]:
         """``/generate``'s arguments by name (h2o, no end-of-text stop; the rest as the page starts)."""
-        return {"run_mode": "replay", "question": self.question, "system": self.system, "trace": self.trace,
-                "policy": "h2o", "budget": budget, "interval": self.interval, "stop_at_eos": False}
+        return {
+            "run_mode": "replay",
+            "question": self.question,
+            "system": self.system,
+            "trace": self.trace,
+            "policy": "h2o",
+            "budget": budget,
+            "interval": self.interval,
+            "stop_at_eos": False,
+        }
 
 
 def short_replay(preset: str, tokens: int, interval: int = 1) -> Replay:
     """``preset``'s trace cut to its first ``tokens`` tokens (the shared tokenizer's)."""
     if tokens < 1 or not 1 <= interval <= 512:
-        raise BenchError(f"a replay needs at least one trace token (not {tokens}) and an interval of 1–512 "
-                         f"(not {interval})")
+        raise BenchError(
+            f"a replay needs at least one trace token (not {tokens}) and an interval of 1–512 (not {interval})"
+        )
     try:
         trace = load_trace(preset)
     except (OSError, ValueError) as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from .browser import BenchError
 from .served import PeakSampler, Replay, Served, client, rss_bytes
@@ -68,8 +68,14 @@ def one_session(served: Served, replay: Replay, runs: int) -> None:
             raise BenchError(f"a replay ended with {status!r}")
 
 
-def soak(served: Served, replay: Replay, sessions: int, runs: int, settle: float | None = None,
-         progress: Callable[[str], None] = lambda message: None) -> SoakResult:
+def soak(
+    served: Served,
+    replay: Replay,
+    sessions: int,
+    runs: int,
+    settle: float | None = None,
+    progress: Callable[[str], None] = lambda message: None,
+) -> SoakResult:
     """Run a warm-up session, then ``sessions`` sessions of ``runs`` replays each; RSS after each
     once the server had ``settle`` seconds (default: one heartbeat and a little) to release it."""
     if served.pid is None:
@@ -108,8 +114,12 @@ def soak_table(result: SoakResult) -> str:
         (f"end ÷ after {MILESTONE}", "–" if ratio is None else f"{ratio:.3f}  (target ≤ 1.10)"),
     ]
     replay = result.replay
-    lines = [f"{result.sessions} sessions × {result.runs} replays of {replay.tokens} trace tokens "
-             f"({replay.preset}, h2o budget 256, interval {replay.interval}) in {result.seconds:.0f} s", "",
-             "| server memory | MiB |", "|---|---|"]
+    lines = [
+        f"{result.sessions} sessions × {result.runs} replays of {replay.tokens} trace tokens "
+        f"({replay.preset}, h2o budget 256, interval {replay.interval}) in {result.seconds:.0f} s",
+        "",
+        "| server memory | MiB |",
+        "|---|---|",
+    ]
     lines += [f"| {name} | {value} |" for name, value in rows]
     return "\n".join(lines) + "\n"

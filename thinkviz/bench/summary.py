@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from ..metrics import METRICS
 from ..policies import REFERENCE_POLICY
@@ -78,8 +79,9 @@ def select_runs(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> list[di
     present = {run_label(row) for row in rows}
     unknown = [name for name in names if name not in present]
     if unknown:
-        raise SummaryError(f"no rows of {', '.join(map(repr, unknown))} in the sweeps given "
-                           f"(they have: {', '.join(sorted(present))})")
+        raise SummaryError(
+            f"no rows of {', '.join(map(repr, unknown))} in the sweeps given (they have: {', '.join(sorted(present))})"
+        )
     wanted = set(names)
     return [row for row in rows if run_label(row) in wanted]
 
@@ -113,8 +115,12 @@ def summary_table(rows: Sequence[dict[str, Any]], metric: str = "nll_delta") -> 
         present = [value for value in values if not math.isnan(value)]
         mean = sum(present) / len(present) if present else math.nan
         peak = max((_number(row["kv_fraction"]) for row in found if row), default=math.nan)
-        lines.append(f"| {policy} | {budget} | " + (f"{fmt} | " if kv else "") + " | ".join(cells)
-                     + f" | {_format(mean, metric)} | {_format(peak, 'top1')} |")
+        lines.append(
+            f"| {policy} | {budget} | "
+            + (f"{fmt} | " if kv else "")
+            + " | ".join(cells)
+            + f" | {_format(mean, metric)} | {_format(peak, 'top1')} |"
+        )
     return "\n".join(lines) + "\n"
 
 

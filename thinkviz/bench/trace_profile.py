@@ -17,14 +17,26 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
-TRACE_CATEGORIES = ["devtools.timeline", "disabled-by-default-devtools.timeline", "v8.execute",
-                    "disabled-by-default-v8.cpu_profiler", "toplevel"]
+TRACE_CATEGORIES = [
+    "devtools.timeline",
+    "disabled-by-default-devtools.timeline",
+    "v8.execute",
+    "disabled-by-default-v8.cpu_profiler",
+    "toplevel",
+]
 LONG_TASK_MS = 50.0
 TASK_EVENTS = ("ThreadControllerImpl::RunTask", "RunTask")
-BLINK_PHASES = {"UpdateLayoutTree": "style", "Layout": "layout", "Paint": "paint", "PrePaint": "paint",
-                "Commit": "commit", "Layerize": "commit"}
+BLINK_PHASES = {
+    "UpdateLayoutTree": "style",
+    "Layout": "layout",
+    "Paint": "paint",
+    "PrePaint": "paint",
+    "Commit": "commit",
+    "Layerize": "commit",
+}
 
 
 @dataclass
@@ -46,8 +58,11 @@ def _source(url: str) -> str:
 
 def _main_thread(events: Sequence[dict[str, Any]]) -> tuple[int, int] | None:
     """The renderer main thread with the most tasks (a page may have several renderers)."""
-    names = {(e["pid"], e["tid"]): e.get("args", {}).get("name") for e in events
-             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    names = {
+        (e["pid"], e["tid"]): e.get("args", {}).get("name")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
     mains = [key for key, name in names.items() if name == "CrRendererMain"]
     counts = Counter((e.get("pid"), e.get("tid")) for e in events if e.get("name") in TASK_EVENTS)
     return max(mains, key=lambda key: counts[key], default=None)
@@ -58,14 +73,16 @@ def _samples(events: Sequence[dict[str, Any]], pid: int) -> tuple[list[tuple[flo
     id)``, the nodes' call frames and parents."""
     frames: dict[int, dict] = {}
     parents: dict[int, int] = {}
-    start = next((e["args"]["data"]["startTime"] for e in events
-                  if e.get("name") == "Profile" and e.get("pid") == pid), None)
+    start = next(
+        (e["args"]["data"]["startTime"] for e in events if e.get("name") == "Profile" and e.get("pid") == pid), None
+    )
     if start is None:
         return [], frames, parents
     out: list[tuple[float, int]] = []
     now = float(start)
-    chunks = sorted((e for e in events if e.get("name") == "ProfileChunk" and e.get("pid") == pid),
-                    key=lambda e: e.get("ts", 0))
+    chunks = sorted(
+        (e for e in events if e.get("name") == "ProfileChunk" and e.get("pid") == pid), key=lambda e: e.get("ts", 0)
+    )
     for chunk in chunks:
         data = chunk.get("args", {}).get("data", {})
         profile = data.get("cpuProfile", {})
@@ -98,16 +115,27 @@ def long_task_breakdown(events: Iterable[dict[str, Any]], threshold_ms: float = 
     main = _main_thread(events)
     if main is None:
         return []
-    nested = sorted((e for e in events if (e.get("pid"), e.get("tid")) == main and e.get("ph") == "X"
-                     and e.get("name") in TASK_EVENTS and e.get("dur", 0) > threshold_ms * 1000),
-                    key=lambda e: (e["ts"], -e["dur"]))
+    nested = sorted(
+        (
+            e
+            for e in events
+            if (e.get("pid"), e.get("tid")) == main
+            and e.get("ph") == "X"
+            and e.get("name") in TASK_EVENTS
+            and e.get("dur", 0) > threshold_ms * 1000
+        ),
+        key=lambda e: (e["ts"], -e["dur"]),
+    )
     tasks: list[dict[str, Any]] = []
     for task in nested:  # Chromium nests ThreadControllerImpl::RunTask in RunTask: one task, counted once
         if not tasks or task["ts"] >= tasks[-1]["ts"] + tasks[-1]["dur"]:
             tasks.append(task)
     samples, frames, parents = _samples(events, main[0])
-    phases = [e for e in events if (e.get("pid"), e.get("tid")) == main and e.get("ph") == "X"
-              and e.get("name") in BLINK_PHASES]
+    phases = [
+        e
+        for e in events
+        if (e.get("pid"), e.get("tid")) == main and e.get("ph") == "X" and e.get("name") in BLINK_PHASES
+    ]
     out = []
     first = tasks[0]["ts"] if tasks else 0
     for task in tasks:
@@ -130,8 +158,10 @@ def breakdown_lines(tasks: Sequence[TaskBreakdown], top: int = 6) -> list[str]:
         scripts.update(task.scripts)
         phases.update(task.phases)
     total = sum(task.ms for task in tasks)
-    lines = [f"long tasks in the trace: {len(tasks)}, {total:.0f} ms in all; "
-             f"JavaScript samples {sum(scripts.values()):.0f} ms, Blink phases {sum(phases.values()):.0f} ms"]
+    lines = [
+        f"long tasks in the trace: {len(tasks)}, {total:.0f} ms in all; "
+        f"JavaScript samples {sum(scripts.values()):.0f} ms, Blink phases {sum(phases.values()):.0f} ms"
+    ]
     lines += [f"  js  {ms:8.0f} ms  {source}" for source, ms in scripts.most_common(top)]
     lines += [f"  blink {ms:6.0f} ms  {phase}" for phase, ms in phases.most_common(top)]
     return lines

@@ -63,6 +63,7 @@ BENCHES: dict[str, tuple] = {}
 
 def bench_kind(name: str, configure):
     """Register a benchmark kind: ``configure(parser)`` and ``run(args) -> int``."""
+
     def decorate(run):
         BENCHES[name] = (configure, run)
         return run
@@ -83,12 +84,19 @@ def _overhead_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens decoded (default 512; 128 with --context)")
     parser.add_argument("--budget", type=int, default=None, help="h2o's budget (default 128; 512 with --context)")
     parser.add_argument("--repeats", type=int, default=None, help="alternations (default 2; 1 with --context)")
-    parser.add_argument("--context", default=None, metavar="L1,L2,...",
-                        help="prompt lengths in tokens: time decoding after a prompt that long, one ratio each")
+    parser.add_argument(
+        "--context",
+        default=None,
+        metavar="L1,L2,...",
+        help="prompt lengths in tokens: time decoding after a prompt that long, one ratio each",
+    )
     parser.add_argument("--interval", type=int, default=1, help="compression interval of the engine run")
     parser.add_argument("--policy", default="h2o", help="the policy the engine runs (default h2o)")
-    parser.add_argument("--no-scoring", action="store_true",
-                        help="do not compute the per-token scores the views show (what a sweep does)")
+    parser.add_argument(
+        "--no-scoring",
+        action="store_true",
+        help="do not compute the per-token scores the views show (what a sweep does)",
+    )
     add_kv_quant_args(parser)
 
 
@@ -106,17 +114,25 @@ def _print_overhead(result, policy: str, budget: int, interval: int, scoring: bo
     engine = result.engine_tokens_per_second
     setup = f"{policy}, budget {budget}, interval {interval}, scoring {'on' if scoring else 'off'}"
     print(f"engine   ({setup}, {result.attention} attention): {engine:7.2f} tok/s")
-    print(f"baseline (model.generate, full cache, {result.attention} attention): "
-          f"{result.generate_tokens_per_second:7.2f} tok/s")
+    print(
+        f"baseline (model.generate, full cache, {result.attention} attention): "
+        f"{result.generate_tokens_per_second:7.2f} tok/s"
+    )
     print(f"overhead ratio (engine / generate, {result.new_tokens} new tokens): {result.ratio:.3f}  (target >= 0.85)")
-    print(f"per CPU second: engine {result.engine_cpu_tokens_per_second:.2f}, generate "
-          f"{result.generate_cpu_tokens_per_second:.2f} tok/s, ratio {result.cpu_ratio:.3f}  (waits for a busy core "
-          f"left out)")
+    print(
+        f"per CPU second: engine {result.engine_cpu_tokens_per_second:.2f}, generate "
+        f"{result.generate_cpu_tokens_per_second:.2f} tok/s, ratio {result.cpu_ratio:.3f}  (waits for a busy core "
+        f"left out)"
+    )
     if result.kv_quant_ratio is not None:
-        print(f"engine with the KV cache in {kv_quant.label}:                "
-              f"{result.quantized_tokens_per_second:7.2f} tok/s")
-        print(f"KV-format ratio (engine {kv_quant.label} / engine full precision): {result.kv_quant_ratio:.3f}  "
-              "(target >= 0.7 on the CPU)")
+        print(
+            f"engine with the KV cache in {kv_quant.label}:                "
+            f"{result.quantized_tokens_per_second:7.2f} tok/s"
+        )
+        print(
+            f"KV-format ratio (engine {kv_quant.label} / engine full precision): {result.kv_quant_ratio:.3f}  "
+            "(target >= 0.7 on the CPU)"
+        )
 
 
 @bench_kind("overhead", _overhead_args)
@@ -142,28 +158,37 @@ def overhead(args: argparse.Namespace) -> int:
     if not long:
         scoring = not args.no_scoring
         try:
-            result = measure_overhead(loaded, new_tokens, budget, repeats, args.interval, args.policy, scoring,
-                                      kv_quant)
+            result = measure_overhead(
+                loaded, new_tokens, budget, repeats, args.interval, args.policy, scoring, kv_quant
+            )
         except EngineError as exc:
             raise CliError(str(exc)) from None
         _print_overhead(result, args.policy, budget, args.interval, scoring, kv_quant)
         return 0
     if max(contexts) + new_tokens > loaded.geometry.max_context:
-        raise CliError(f"--context {max(contexts)} + --new-tokens {new_tokens} exceeds the model's context "
-                       f"({loaded.geometry.max_context})")
+        raise CliError(
+            f"--context {max(contexts)} + --new-tokens {new_tokens} exceeds the model's context "
+            f"({loaded.geometry.max_context})"
+        )
     try:
         results = measure_context_overhead(loaded, contexts, new_tokens, budget, args.interval, repeats)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    print(f"engine: h2o, budget {budget}, interval {args.interval}, scoring on (eager attention); baseline: "
-          f"model.generate, full cache, SDPA attention; {new_tokens} new tokens, decode timed after the first; "
-          f"best of {repeats}")
-    print("| prompt tokens | engine prefill s | generate prefill s | engine decode tok/s | generate decode tok/s "
-          "| ratio |")
+    print(
+        f"engine: h2o, budget {budget}, interval {args.interval}, scoring on (eager attention); baseline: "
+        f"model.generate, full cache, SDPA attention; {new_tokens} new tokens, decode timed after the first; "
+        f"best of {repeats}"
+    )
+    print(
+        "| prompt tokens | engine prefill s | generate prefill s | engine decode tok/s | generate decode tok/s "
+        "| ratio |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r.context} | {r.engine_prefill_seconds:.1f} | {r.generate_prefill_seconds:.1f} | "
-              f"{r.engine_tokens_per_second:.2f} | {r.generate_tokens_per_second:.2f} | {r.ratio:.2f} |")
+        print(
+            f"| {r.context} | {r.engine_prefill_seconds:.1f} | {r.generate_prefill_seconds:.1f} | "
+            f"{r.engine_tokens_per_second:.2f} | {r.generate_tokens_per_second:.2f} | {r.ratio:.2f} |"
+        )
     return 0
 
 
@@ -174,8 +199,11 @@ def _profile_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=int, default=1)
     parser.add_argument("--new-tokens", type=int, default=64, help="decode steps profiled (after the first)")
     parser.add_argument("--ops", type=int, default=12, help="how many aten operators to list")
-    parser.add_argument("--no-scoring", action="store_true",
-                        help="do not compute the per-token scores the views show (what a sweep does)")
+    parser.add_argument(
+        "--no-scoring",
+        action="store_true",
+        help="do not compute the per-token scores the views show (what a sweep does)",
+    )
 
 
 @bench_kind("profile", _profile_args)
@@ -188,18 +216,25 @@ def profile(args: argparse.Namespace) -> int:
     except PolicyConfigError as exc:
         raise CliError(str(exc)) from None
     loaded = load_from_args(args)
-    result = profile_decode(loaded, args.policy, args.budget, args.interval, args.new_tokens, args.ops,
-                            scoring=not args.no_scoring)
-    print(f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device}); {args.policy}, "
-          f"budget {args.budget}, interval {args.interval}, scoring {'off' if args.no_scoring else 'on'}, "
-          f"{result.attention} attention; {result.steps} decode steps")
-    print(f"step time: {1e3 * result.plain_step_seconds:.2f} ms plain, "
-          f"{1e3 * result.step_seconds:.2f} ms timed part by part")
+    result = profile_decode(
+        loaded, args.policy, args.budget, args.interval, args.new_tokens, args.ops, scoring=not args.no_scoring
+    )
+    print(
+        f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device}); {args.policy}, "
+        f"budget {args.budget}, interval {args.interval}, scoring {'off' if args.no_scoring else 'on'}, "
+        f"{result.attention} attention; {result.steps} decode steps"
+    )
+    print(
+        f"step time: {1e3 * result.plain_step_seconds:.2f} ms plain, "
+        f"{1e3 * result.step_seconds:.2f} ms timed part by part"
+    )
     print("| part of a decode step | ms / step | share | calls / step |")
     print("|---|---:|---:|---:|")
     for name, seconds, calls in result.parts:
-        print(f"| {name} | {1e3 * seconds:.2f} | {100 * seconds / result.step_seconds:.1f} % | "
-              f"{f'{calls:.3g}' if calls else '–'} |")
+        print(
+            f"| {name} | {1e3 * seconds:.2f} | {100 * seconds / result.step_seconds:.1f} % | "
+            f"{f'{calls:.3g}' if calls else '–'} |"
+        )
     if result.operators:
         print("\n| aten operator (torch.profiler, self CPU) | ms / step | calls / step |")
         print("|---|---:|---:|")
@@ -211,8 +246,12 @@ def profile(args: argparse.Namespace) -> int:
 def _quant_speed_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="embedded", help="'embedded', a Hugging Face id or a local folder")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--trace", default="math_h2o_vs_window", metavar="PRESET_OR_FILE",
-                        help="the trace for the chunked pass and the quality columns")
+    parser.add_argument(
+        "--trace",
+        default="math_h2o_vs_window",
+        metavar="PRESET_OR_FILE",
+        help="the trace for the chunked pass and the quality columns",
+    )
     parser.add_argument("--trace-tokens", type=int, default=512, help="use the first N tokens of the trace")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens decoded per timing")
     parser.add_argument("--chunk", type=int, default=32, help="tokens per forward in the chunked pass")
@@ -244,25 +283,35 @@ def quant_speed(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     results = measure_quant_speed(contenders, prompt.ids, ids, args.new_tokens, args.chunk, args.repeats)
     auto = choose_backend("4bit", "auto", reference.device)
-    print(f"model: {reference.name} on {reference.device}; auto picks {auto} here "
-          f"(PyTorch CPU capability {torch.backends.cpu.get_cpu_capability()})")
-    print(f"decode: {args.new_tokens} greedy tokens (model.generate); chunked: {len(prompt.ids)} prompt + "
-          f"{len(ids)} trace tokens ({trace.name}) in {args.chunk}-token forwards; best of {args.repeats}")
+    print(
+        f"model: {reference.name} on {reference.device}; auto picks {auto} here "
+        f"(PyTorch CPU capability {torch.backends.cpu.get_cpu_capability()})"
+    )
+    print(
+        f"decode: {args.new_tokens} greedy tokens (model.generate); chunked: {len(prompt.ids)} prompt + "
+        f"{len(ids)} trace tokens ({trace.name}) in {args.chunk}-token forwards; best of {args.repeats}"
+    )
     base = results[0]
-    print("| weights | backend | MB | decode tok/s | ÷ float | chunked tok/s | ÷ float | NLL | KL vs float "
-          "| top-1 vs float |")
+    print(
+        "| weights | backend | MB | decode tok/s | ÷ float | chunked tok/s | ÷ float | NLL | KL vs float "
+        "| top-1 vs float |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r.label} | {r.backend} | {r.weights_bytes / 1e6:.0f} | {r.decode_tokens_per_second:.2f} | "
-              f"{r.decode_tokens_per_second / base.decode_tokens_per_second:.2f} | {r.chunked_tokens_per_second:.1f} | "
-              f"{r.chunked_tokens_per_second / base.chunked_tokens_per_second:.2f} | {r.nll:.4f} | {r.kl:.4f} "
-              f"| {r.top1:.3f} |")
+        print(
+            f"| {r.label} | {r.backend} | {r.weights_bytes / 1e6:.0f} | {r.decode_tokens_per_second:.2f} | "
+            f"{r.decode_tokens_per_second / base.decode_tokens_per_second:.2f} | {r.chunked_tokens_per_second:.1f} | "
+            f"{r.chunked_tokens_per_second / base.chunked_tokens_per_second:.2f} | {r.nll:.4f} | {r.kl:.4f} "
+            f"| {r.top1:.3f} |"
+        )
     by_label = {r.label: r for r in results}
     if {"bitsandbytes", "torch-int4"} <= by_label.keys():
         fast, nf4 = by_label["torch-int4"], by_label["bitsandbytes"]
-        print(f"torch-int4 ÷ bitsandbytes: decode {fast.decode_tokens_per_second / nf4.decode_tokens_per_second:.2f}, "
-              f"chunked {fast.chunked_tokens_per_second / nf4.chunked_tokens_per_second:.2f}; "
-              f"NLL {100 * (fast.nll / nf4.nll - 1):+.1f} % against NF4")
+        print(
+            f"torch-int4 ÷ bitsandbytes: decode {fast.decode_tokens_per_second / nf4.decode_tokens_per_second:.2f}, "
+            f"chunked {fast.chunked_tokens_per_second / nf4.chunked_tokens_per_second:.2f}; "
+            f"NLL {100 * (fast.nll / nf4.nll - 1):+.1f} % against NF4"
+        )
     for line in skipped:
         print(line)
     return 0
@@ -270,8 +319,9 @@ def quant_speed(args: argparse.Namespace) -> int:
 
 def _quant_kernels_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="embedded", help="whose linear shapes to time (loaded unquantized)")
-    parser.add_argument("--rows", default="1,32",
-                        help="activation rows per call: 1 = a decode step, 32 = a replay chunk")
+    parser.add_argument(
+        "--rows", default="1,32", help="activation rows per call: 1 = a decode step, 32 = a replay chunk"
+    )
     parser.add_argument("--repeats", type=int, default=5)
 
 
@@ -289,15 +339,19 @@ def quant_kernels(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         raise CliError(str(exc)) from None
     results = measure_kernels(model_shapes(loaded.model), rows, args.repeats)
-    print(f"model shapes: {loaded.name}; PyTorch CPU capability {torch.backends.cpu.get_cpu_capability()}; "
-          f"µs per call, best of {args.repeats}; the last shape is the output head (int8 in torch-int4)")
+    print(
+        f"model shapes: {loaded.name}; PyTorch CPU capability {torch.backends.cpu.get_cpu_capability()}; "
+        f"µs per call, best of {args.repeats}; the last shape is the output head (int8 in torch-int4)"
+    )
     print("| N × K | rows | " + " | ".join(KERNELS) + " | torch-int4 speed-up over float32 | over NF4 |")
     print("|---|---:|" + "---:|" * (len(KERNELS) + 2))
     for r in results:
         cells = [f"{r.microseconds[k]:.0f}" if k in r.microseconds else "–" for k in KERNELS]
         fast = r.microseconds.get("torch-int4")
-        speedups = [f"{r.microseconds[base] / fast:.2f}×" if fast and base in r.microseconds else "–"
-                    for base in ("float32", "bitsandbytes NF4")]
+        speedups = [
+            f"{r.microseconds[base] / fast:.2f}×" if fast and base in r.microseconds else "–"
+            for base in ("float32", "bitsandbytes NF4")
+        ]
         print(f"| {r.out_features} × {r.in_features} | {r.rows} | " + " | ".join(cells + speedups) + " |")
     return 0
 
@@ -305,48 +359,99 @@ def quant_kernels(args: argparse.Namespace) -> int:
 def _grid_args(parser: argparse.ArgumentParser) -> None:
     """The model and the grid: traces × budgets (the groups) and the policies each group replays."""
     add_model_args(parser)
-    parser.add_argument("--trace", action="extend", nargs="+", required=True, metavar="PRESET_OR_FILE",
-                        help="a preset name (its system prompt, question and trace; not its knobs), "
-                             "a UTF-8 trace file or a transcript (.json, .jsonl, ROLE: lines); repeatable")
-    parser.add_argument("--policies", default="all",
-                        help="comma-separated policy names, or 'all'; a name may carry its own knobs, "
-                             "tam:compaction=match")
-    parser.add_argument("--budgets", default="0.1,0.25,0.5",
-                        help="fractions of the sequence's tokens (0.25) and/or token counts (256)")
-    parser.add_argument("--budget-mode", choices=("tokens", "fraction"), default="tokens",
-                        help="tokens: a fraction is that share of the whole sequence, as a token budget from the "
-                             "start; fraction: that share of the tokens seen so far, at every step")
+    parser.add_argument(
+        "--trace",
+        action="extend",
+        nargs="+",
+        required=True,
+        metavar="PRESET_OR_FILE",
+        help="a preset name (its system prompt, question and trace; not its knobs), "
+        "a UTF-8 trace file or a transcript (.json, .jsonl, ROLE: lines); repeatable",
+    )
+    parser.add_argument(
+        "--policies",
+        default="all",
+        help="comma-separated policy names, or 'all'; a name may carry its own knobs, tam:compaction=match",
+    )
+    parser.add_argument(
+        "--budgets", default="0.1,0.25,0.5", help="fractions of the sequence's tokens (0.25) and/or token counts (256)"
+    )
+    parser.add_argument(
+        "--budget-mode",
+        choices=("tokens", "fraction"),
+        default="tokens",
+        help="tokens: a fraction is that share of the whole sequence, as a token budget from the "
+        "start; fraction: that share of the tokens seen so far, at every step",
+    )
     parser.add_argument("--interval", type=int, default=32, help="tokens per forward = compression interval")
-    parser.add_argument("--param", type=parse_param, action="append", default=[], metavar="KEY=VALUE",
-                        help="a policy knob, given to every selected policy that declares it (repeatable)")
-    parser.add_argument("--vary", action="append", default=[], metavar="KNOB=V1,V2,...",
-                        help="run each selected policy that declares KNOB once per value, e.g. --vary "
-                             "recent=16,32,64,128 (repeatable: every combination; rows say which in 'knobs')")
+    parser.add_argument(
+        "--param",
+        type=parse_param,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a policy knob, given to every selected policy that declares it (repeatable)",
+    )
+    parser.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="KNOB=V1,V2,...",
+        help="run each selected policy that declares KNOB once per value, e.g. --vary "
+        "recent=16,32,64,128 (repeatable: every combination; rows say which in 'knobs')",
+    )
     parser.add_argument("--no-protect-system", action="store_true", help="allow evicting the system prompt")
     parser.add_argument("--no-protect-question", action="store_true", help="allow evicting the question")
-    parser.add_argument("--question", default=None, help="the question for trace files (presets bring their own; "
-                                                         "for a transcript it replaces the first user message)")
-    parser.add_argument("--system", default=None, help="system prompt for trace files (default: the reasoning prompt; "
-                                                       "for a transcript it replaces its system message)")
-    parser.add_argument("--max-trace-tokens", type=int, default=None, metavar="N",
-                        help="replay only the first N tokens of each trace (a cheaper subset)")
+    parser.add_argument(
+        "--question",
+        default=None,
+        help="the question for trace files (presets bring their own; "
+        "for a transcript it replaces the first user message)",
+    )
+    parser.add_argument(
+        "--system",
+        default=None,
+        help="system prompt for trace files (default: the reasoning prompt; "
+        "for a transcript it replaces its system message)",
+    )
+    parser.add_argument(
+        "--max-trace-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replay only the first N tokens of each trace (a cheaper subset)",
+    )
     add_kv_quant_args(parser, several=True)
 
 
 def _sweep_args(parser: argparse.ArgumentParser) -> None:
     _grid_args(parser)
-    parser.add_argument("--out", default=None,
-                        help="folder for sweep.csv, sweep.json, pareto.html, timings.csv and groups/ "
-                             "(default sweep-out)")
-    parser.add_argument("--resume", default=None, metavar="OUT",
-                        help="continue the sweep in OUT: groups already in OUT/groups/ are kept, "
-                             "damaged ones and the rest computed")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="folder for sweep.csv, sweep.json, pareto.html, timings.csv and groups/ (default sweep-out)",
+    )
+    parser.add_argument(
+        "--resume",
+        default=None,
+        metavar="OUT",
+        help="continue the sweep in OUT: groups already in OUT/groups/ are kept, damaged ones and the rest computed",
+    )
     parser.add_argument("--save-runs", action="store_true", help="also save every run's recording into OUT/runs/")
-    parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="run the groups on a local Ray runtime of N workers, one model each "
-                             "(with --ray-address: N workers on that cluster; needs 'pip install ray')")
-    parser.add_argument("--ray-address", default=None, metavar="ADDR",
-                        help="run the groups on the Ray cluster at ADDR (e.g. 10.0.0.5:6379)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the groups on a local Ray runtime of N workers, one model each "
+        "(with --ray-address: N workers on that cluster; needs 'pip install ray')",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="run the groups on the Ray cluster at ADDR (e.g. 10.0.0.5:6379)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,20 +510,35 @@ def _groups_bar(bar: tqdm) -> GroupsProgress:
     return progress
 
 
-def _run_grid(grid: _Grid, load, workers: int | None, address: str | None, store: GroupStore | None = None,
-              resume: bool = False, runs_dir: Path | None = None) -> tuple[SweepOutcome, float, float]:
+def _run_grid(
+    grid: _Grid,
+    load,
+    workers: int | None,
+    address: str | None,
+    store: GroupStore | None = None,
+    resume: bool = False,
+    runs_dir: Path | None = None,
+) -> tuple[SweepOutcome, float, float]:
     """Sweep ``grid`` with a progress bar over its groups (ETA included) on stderr; returns the
     outcome, the seconds to start (model or workers loaded) and the seconds for the groups."""
     started = time.perf_counter()
     with tqdm(desc="groups", unit="group", file=sys.stderr, dynamic_ncols=True, total=None) as bar:
+
         def tokens(name: str, done: int, total: int) -> None:
             bar.set_postfix_str(f"{name}: {done}/{total} tokens", refresh=False)
 
         try:
             with open_executor(load, grid.spec, workers, address, runs_dir, tokens) as executor:
                 ready = time.perf_counter()
-                outcome = run_groups(grid.groups, grid.settings, executor, store, resume, _groups_bar(bar),
-                                     warn=lambda message: bar.write(f"thinkviz: {message}", file=sys.stderr))
+                outcome = run_groups(
+                    grid.groups,
+                    grid.settings,
+                    executor,
+                    store,
+                    resume,
+                    _groups_bar(bar),
+                    warn=lambda message: bar.write(f"thinkviz: {message}", file=sys.stderr),
+                )
                 finished = time.perf_counter()
         except (TraceError, PolicyConfigError, EngineError, WorkerError) as exc:
             raise CliError(str(exc)) from None
@@ -429,10 +549,17 @@ def _run_grid(grid: _Grid, load, workers: int | None, address: str | None, store
 
 def _sweep_meta(args: argparse.Namespace, grid: _Grid, outcome: SweepOutcome) -> dict:
     first = next(outcome.results[g.name] for g in grid.groups if g.name in outcome.results)
-    meta = {**first.model, "interval": args.interval, "budgets": args.budgets, "budget_mode": args.budget_mode,
-            "params": grid.settings.params, "vary": grid.settings.vary, "traces": args.trace,
-            "max_trace_tokens": args.max_trace_tokens,
-            "kv_quants": [kv.describe() for kv in grid.kv_quants]}
+    meta = {
+        **first.model,
+        "interval": args.interval,
+        "budgets": args.budgets,
+        "budget_mode": args.budget_mode,
+        "params": grid.settings.params,
+        "vary": grid.settings.vary,
+        "traces": args.trace,
+        "max_trace_tokens": args.max_trace_tokens,
+        "kv_quants": [kv.describe() for kv in grid.kv_quants],
+    }
     if outcome.failures:
         meta["failed"] = [dataclasses.asdict(failure) for failure in outcome.failures]
     return meta
@@ -446,17 +573,25 @@ def sweep(args: argparse.Namespace) -> int:
     grid = _grid(args)
     out = Path(args.resume or args.out or "sweep-out")
     store = GroupStore(out, grid.settings, dataclasses.asdict(grid.spec))
-    outcome, start_seconds, seconds = _run_grid(grid, lambda: load_from_args(args), args.workers, args.ray_address,
-                                                store, args.resume is not None,
-                                                out / "runs" if args.save_runs else None)
+    outcome, start_seconds, seconds = _run_grid(
+        grid,
+        lambda: load_from_args(args),
+        args.workers,
+        args.ray_address,
+        store,
+        args.resume is not None,
+        out / "runs" if args.save_runs else None,
+    )
     rows = outcome.rows(grid.groups)
     if not rows:
         return 1
     paths = write_rows(rows, out, _sweep_meta(args, grid, outcome))
     print(markdown_table(rows), end="")
     computed = len(outcome.results) - outcome.reused
-    print(f"groups: {len(outcome.results)} of {len(grid.groups)} finished ({outcome.reused} reused from "
-          f"{out / 'groups'}, {computed} computed in {start_seconds + seconds:.1f} s), {len(outcome.failures)} failed")
+    print(
+        f"groups: {len(outcome.results)} of {len(grid.groups)} finished ({outcome.reused} reused from "
+        f"{out / 'groups'}, {computed} computed in {start_seconds + seconds:.1f} s), {len(outcome.failures)} failed"
+    )
     print("written: " + ", ".join(str(p) for p in paths.values()))
     return 1 if outcome.failures else 0
 
@@ -481,22 +616,30 @@ def scale(args: argparse.Namespace) -> int:
         runs[label] = (outcome, start_seconds + (load_seconds if workers is None else 0.0), seconds)
     (local, local_start, local_seconds), (ray_run, ray_start, ray_seconds) = runs.values()
     with tempfile.TemporaryDirectory(prefix="thinkviz-scale-") as tmp:
-        files = [write_rows(outcome.rows(grid.groups), Path(tmp) / str(i), _sweep_meta(args, grid, outcome))
-                 for i, (outcome, _, _) in enumerate(runs.values())]
+        files = [
+            write_rows(outcome.rows(grid.groups), Path(tmp) / str(i), _sweep_meta(args, grid, outcome))
+            for i, (outcome, _, _) in enumerate(runs.values())
+        ]
         first, second = files
         same = all(first[key].read_bytes() == second[key].read_bytes() for key in ("csv", "json"))
     groups = len(grid.groups)
     alone = sum(group.budget is None for group in grid.groups)
-    print(f"grid: {groups} groups ({len(grid.settings.variants())} policy runs + the full cache each; {alone} of them "
-          f"the full cache in a quantized format alone); model {grid.spec.name}; this process runs "
-          f"{torch.get_num_threads()} threads, each worker 1")
+    print(
+        f"grid: {groups} groups ({len(grid.settings.variants())} policy runs + the full cache each; {alone} of them "
+        f"the full cache in a quantized format alone); model {grid.spec.name}; this process runs "
+        f"{torch.get_num_threads()} threads, each worker 1"
+    )
     print("| run | start s | groups s | total s | wall s per group | groups per hour |")
     print("|---|---:|---:|---:|---:|---:|")
     for label, (_, start_seconds, seconds) in runs.items():
-        print(f"| {label} | {start_seconds:.1f} | {seconds:.1f} | {start_seconds + seconds:.1f} | "
-              f"{seconds / groups:.2f} | {3600 * groups / seconds:.0f} |")
-    print(f"speed-up over the groups ({args.workers} workers ÷ in-process): {local_seconds / ray_seconds:.2f}  "
-          "(target >= 1.6)")
+        print(
+            f"| {label} | {start_seconds:.1f} | {seconds:.1f} | {start_seconds + seconds:.1f} | "
+            f"{seconds / groups:.2f} | {3600 * groups / seconds:.0f} |"
+        )
+    print(
+        f"speed-up over the groups ({args.workers} workers ÷ in-process): {local_seconds / ray_seconds:.2f}  "
+        "(target >= 1.6)"
+    )
     print(f"speed-up including start-up: {(local_start + local_seconds) / (ray_start + ray_seconds):.2f}")
     print(f"sweep.csv and sweep.json identical: {'yes' if same else 'NO'}")
     print("| group | replay s in-process | replay s on a worker |")
@@ -507,13 +650,16 @@ def scale(args: argparse.Namespace) -> int:
 
 
 def _summary_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sweeps", nargs="+", metavar="SWEEP",
-                        help="a sweep.json, or a folder written by bench sweep --out")
+    parser.add_argument(
+        "sweeps", nargs="+", metavar="SWEEP", help="a sweep.json, or a folder written by bench sweep --out"
+    )
     parser.add_argument("--metric", default="nll_delta", help="nll_delta (default), kl or top1")
-    parser.add_argument("--policies", default=None,
-                        help="comma-separated runs to keep, as the table names them (default: every run)")
-    parser.add_argument("--out", default=None,
-                        help="also write summary.md and one Pareto figure with a panel per trace here")
+    parser.add_argument(
+        "--policies", default=None, help="comma-separated runs to keep, as the table names them (default: every run)"
+    )
+    parser.add_argument(
+        "--out", default=None, help="also write summary.md and one Pareto figure with a panel per trace here"
+    )
 
 
 @bench_kind("summary", _summary_args)
@@ -540,8 +686,12 @@ def summary(args: argparse.Namespace) -> int:
 
 def _replay_cost_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
-    parser.add_argument("--trace", default="math_h2o_vs_window", metavar="PRESET_OR_FILE",
-                        help="the trace or transcript to replay (default: the ~2k-token math derivation)")
+    parser.add_argument(
+        "--trace",
+        default="math_h2o_vs_window",
+        metavar="PRESET_OR_FILE",
+        help="the trace or transcript to replay (default: the ~2k-token math derivation)",
+    )
     parser.add_argument("--policy", default="h2o", help="the policy whose replay is timed")
     parser.add_argument("--budget", default="0.25", help="a fraction of the sequence (0.25) or a token count")
     parser.add_argument("--interval", type=int, default=32, help="tokens per forward = compression interval")
@@ -572,8 +722,10 @@ def replay_cost(args: argparse.Namespace) -> int:
     except (TraceError, PolicyConfigError) as exc:
         raise CliError(str(exc)) from None
     result = measure_replay_cost(loaded, prompt, ids, policy, tokens, args.interval, args.repeats)
-    print(f"model: {loaded.name} ({loaded.quantization}, {loaded.device}); trace {trace.name}: "
-          f"{len(prompt.ids)} prompt + {result.tokens} trace tokens")
+    print(
+        f"model: {loaded.name} ({loaded.quantization}, {loaded.device}); trace {trace.name}: "
+        f"{len(prompt.ids)} prompt + {result.tokens} trace tokens"
+    )
     print(f"replay ({policy}, budget {tokens}, interval {args.interval}, scoring on): {result.replay_seconds:7.2f} s")
     print(f"plain full-cache pass, one forward:                  {result.one_pass_seconds:7.2f} s")
     print(f"plain full-cache pass, {args.interval}-token chunks:            {result.chunked_pass_seconds:7.2f} s")
@@ -586,23 +738,43 @@ def _browser_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--tokens", type=int, default=500, help="tokens to generate in the Live tab")
     parser.add_argument("--url", default=None, help="measure an app already running there instead of starting app.py")
-    parser.add_argument("--threads", default=AUTO, metavar="T1,T2,...",
-                        help=f"torch threads of the app started, one run each: numbers, {AUTO!r} (the app's "
-                             f"choice) and {TORCH!r} (torch's default: one per core), e.g. {TORCH},{AUTO}")
-    parser.add_argument("--profile", type=Path, default=None, metavar="TRACE.json",
-                        help="record the run as a Chromium performance trace in TRACE.json (open it in Chrome's "
-                             "Performance panel) and print what the main-thread long tasks spent their time on")
-    parser.add_argument("--play", default=None, metavar="PRESET",
-                        help="time a preset's committed recording instead: in Live, 'Play recording' as fast as it "
-                             "draws, from the click to its first painted token (target <= 2 s) and to its end")
-    parser.add_argument("--tune", action="store_true",
-                        help="time the tuning loop instead: in Live, a preset's first --tune-tokens trace tokens "
-                             "measured against the full cache; each --tune-vary value set by hand, then Generate, "
-                             "to the new ΔNLL on screen (target <= 10 s)")
+    parser.add_argument(
+        "--threads",
+        default=AUTO,
+        metavar="T1,T2,...",
+        help=f"torch threads of the app started, one run each: numbers, {AUTO!r} (the app's "
+        f"choice) and {TORCH!r} (torch's default: one per core), e.g. {TORCH},{AUTO}",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="TRACE.json",
+        help="record the run as a Chromium performance trace in TRACE.json (open it in Chrome's "
+        "Performance panel) and print what the main-thread long tasks spent their time on",
+    )
+    parser.add_argument(
+        "--play",
+        default=None,
+        metavar="PRESET",
+        help="time a preset's committed recording instead: in Live, 'Play recording' as fast as it "
+        "draws, from the click to its first painted token (target <= 2 s) and to its end",
+    )
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="time the tuning loop instead: in Live, a preset's first --tune-tokens trace tokens "
+        "measured against the full cache; each --tune-vary value set by hand, then Generate, "
+        "to the new ΔNLL on screen (target <= 10 s)",
+    )
     parser.add_argument("--tune-preset", default="math_h2o_vs_window", help="the replay preset --tune runs")
     parser.add_argument("--tune-tokens", type=int, default=512, help="trace tokens --tune replays")
-    parser.add_argument("--tune-vary", default="recent=16,64", metavar="KNOB=V1,V2,...",
-                        help="the knob of the preset's policy --tune changes, and the values it sets in turn")
+    parser.add_argument(
+        "--tune-vary",
+        default="recent=16,64",
+        metavar="KNOB=V1,V2,...",
+        help="the knob of the preset's policy --tune changes, and the values it sets in turn",
+    )
 
 
 def _thread_counts(text: str) -> list[tuple[str, int]]:
@@ -636,25 +808,38 @@ def _tune(args: argparse.Namespace, settings: list[tuple[str, int]]) -> int:
         raise CliError("--tune-vary changes one knob: KNOB=V1,V2,...")
     if args.tune_tokens < 1:
         raise CliError(f"--tune-tokens must be at least 1, got {args.tune_tokens}")
-    (knob, values), = vary.items()
+    ((knob, values),) = vary.items()
     for label, threads in settings:
         try:
             if args.url:
                 cycles = measure_tune(args.url, args.tune_preset, args.tune_tokens, knob, values)
             else:
                 device = ["--device", args.device] if args.device else []
-                app_args = ["--model", args.model, "--quant", args.quant, "--quant-backend", args.quant_backend,
-                            *device, "--threads", str(threads)]
+                app_args = [
+                    "--model",
+                    args.model,
+                    "--quant",
+                    args.quant,
+                    "--quant-backend",
+                    args.quant_backend,
+                    *device,
+                    "--threads",
+                    str(threads),
+                ]
                 with launched_app(app_args) as url:
                     cycles = measure_tune(url, args.tune_preset, args.tune_tokens, knob, values)
         except BenchError as exc:
             raise CliError(str(exc)) from None
         where = "" if args.url else f", torch threads {threads} ({label})"
-        print(f"Live tab, {args.tune_preset} ({preset.policy}), first {args.tune_tokens} trace tokens measured "
-              f"against the full cache{where}")
+        print(
+            f"Live tab, {args.tune_preset} ({preset.policy}), first {args.tune_tokens} trace tokens measured "
+            f"against the full cache{where}"
+        )
         for cycle in cycles:
-            print(f"{knob} -> {cycle.value:>6}: change -> new ΔNLL on screen {cycle.seconds:6.1f} s "
-                  f"(target <= 10 s); ΔNLL {cycle.nll_delta}, KL {cycle.kl}")
+            print(
+                f"{knob} -> {cycle.value:>6}: change -> new ΔNLL on screen {cycle.seconds:6.1f} s "
+                f"(target <= 10 s); ΔNLL {cycle.nll_delta}, KL {cycle.kl}"
+            )
     return 0
 
 
@@ -670,8 +855,9 @@ def _play(args: argparse.Namespace) -> int:
             result = measure_play(args.url, args.play)
         else:
             device = ["--device", args.device] if args.device else []
-            with launched_app(["--model", args.model, "--quant", args.quant, "--quant-backend", args.quant_backend,
-                               *device]) as url:
+            with launched_app(
+                ["--model", args.model, "--quant", args.quant, "--quant-backend", args.quant_backend, *device]
+            ) as url:
                 result = measure_play(url, args.play)
     except BenchError as exc:
         raise CliError(str(exc)) from None
@@ -704,33 +890,53 @@ def browser(args: argparse.Namespace) -> int:
                 results.append((label, None, measure(args.url, args.tokens, trace=args.profile)))
                 continue
             device = ["--device", args.device] if args.device else []
-            app_args = ["--model", args.model, "--quant", args.quant, "--quant-backend", args.quant_backend, *device,
-                        "--threads", str(threads)]
+            app_args = [
+                "--model",
+                args.model,
+                "--quant",
+                args.quant,
+                "--quant-backend",
+                args.quant_backend,
+                *device,
+                "--threads",
+                str(threads),
+            ]
             with launched_app(app_args) as url:
                 results.append((label, threads, measure(url, args.tokens, trace=args.profile)))
     except BenchError as exc:
         raise CliError(str(exc)) from None
     for label, threads, result in results:
         where = "" if threads is None else f", torch threads {threads} ({label})"
-        print(f"Live tab, h2o, {result.new_tokens} new tokens{where}; "
-              f"the app reports {result.app_tokens_per_second} tok/s")
+        print(
+            f"Live tab, h2o, {result.new_tokens} new tokens{where}; "
+            f"the app reports {result.app_tokens_per_second} tok/s"
+        )
         print(f"click -> prompt painted:          {result.prompt_painted:6.2f} s")
         print(f"click -> first generated token:   {result.first_token_painted:6.2f} s")
-        print(f"frames painted while streaming:   {result.frames} in {result.run_seconds:.1f} s "
-              f"= {result.frames_per_second:.1f} fps  (target 5-10)")
-        print(f"main-thread long tasks (>50 ms):  {result.long_tasks}, longest {result.longest_task_ms:.0f} ms, "
-              f"over 200 ms: {result.tasks_over_200ms} (target 0); p95 per frame {result.task_p95_ms:.0f} ms "
-              "(target <= 50)")
+        print(
+            f"frames painted while streaming:   {result.frames} in {result.run_seconds:.1f} s "
+            f"= {result.frames_per_second:.1f} fps  (target 5-10)"
+        )
+        print(
+            f"main-thread long tasks (>50 ms):  {result.long_tasks}, longest {result.longest_task_ms:.0f} ms, "
+            f"over 200 ms: {result.tasks_over_200ms} (target 0); p95 per frame {result.task_p95_ms:.0f} ms "
+            "(target <= 50)"
+        )
     if args.profile is not None:
         trace = json.loads(args.profile.read_text(encoding="utf-8"))
-        print("\n".join(breakdown_lines(long_task_breakdown(trace.get("traceEvents", []) if isinstance(trace, dict)
-                                                             else trace))))
+        print(
+            "\n".join(
+                breakdown_lines(long_task_breakdown(trace.get("traceEvents", []) if isinstance(trace, dict) else trace))
+            )
+        )
         print(f"trace: {args.profile}")
     if len(results) > 1:
         base_label, _, base = results[0]
         for label, _, result in results[1:]:
-            print(f"{label} / {base_label}: run time {result.run_seconds / base.run_seconds:.2f}, "
-                  f"fps {result.frames_per_second / max(base.frames_per_second, 1e-9):.2f}")
+            print(
+                f"{label} / {base_label}: run time {result.run_seconds / base.run_seconds:.2f}, "
+                f"fps {result.frames_per_second / max(base.frames_per_second, 1e-9):.2f}"
+            )
     return 0
 
 
@@ -739,8 +945,9 @@ def _gpu_args(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(model="random:Qwen3-4B", quant="none")
     parser.add_argument("--contexts", default="2048,8192,32768", help="comma-separated prompt lengths in tokens")
     parser.add_argument("--policies", default="full,h2o", help="comma-separated policies at each context")
-    parser.add_argument("--budget", type=float, default=0.1,
-                        help="the evicting policies' budget: a fraction of the context")
+    parser.add_argument(
+        "--budget", type=float, default=0.1, help="the evicting policies' budget: a fraction of the context"
+    )
     parser.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded after each prefill")
     parser.add_argument("--ratio-tokens", type=int, default=128, help="tokens per engine / model.generate run")
     parser.add_argument("--repeats", type=int, default=2)
@@ -762,14 +969,25 @@ def gpu(args: argparse.Namespace) -> int:
     if not contexts or min(contexts) < 16:
         raise CliError("--contexts needs token counts of at least 16")
     if not 0 < args.budget < 1 or args.decode_tokens < 2 or args.ratio_tokens < 1 or args.repeats < 1:
-        raise CliError("--budget must be in (0, 1), --decode-tokens at least 2, "
-                       "--ratio-tokens and --repeats at least 1")
+        raise CliError(
+            "--budget must be in (0, 1), --decode-tokens at least 2, --ratio-tokens and --repeats at least 1"
+        )
     loaded = load_from_args(args)
     if max(contexts) + args.decode_tokens > loaded.geometry.max_context:
-        raise CliError(f"{loaded.name} has a context of {loaded.geometry.max_context} tokens; "
-                       f"--contexts up to {max(contexts)} plus {args.decode_tokens} decoded tokens do not fit")
-    report = gpu_report(loaded, contexts, ["full", *policies], args.budget, args.decode_tokens, args.ratio_tokens,
-                        args.repeats, progress=lambda message: print(f"[bench gpu] {message}", file=sys.stderr))
+        raise CliError(
+            f"{loaded.name} has a context of {loaded.geometry.max_context} tokens; "
+            f"--contexts up to {max(contexts)} plus {args.decode_tokens} decoded tokens do not fit"
+        )
+    report = gpu_report(
+        loaded,
+        contexts,
+        ["full", *policies],
+        args.budget,
+        args.decode_tokens,
+        args.ratio_tokens,
+        args.repeats,
+        progress=lambda message: print(f"[bench gpu] {message}", file=sys.stderr),
+    )
     print(markdown(report), end="")
     paths = write_report(report, Path(args.out))
     print("written: " + ", ".join(str(p) for p in paths))
@@ -781,8 +999,12 @@ def _served_args(parser: argparse.ArgumentParser, trace_tokens: int) -> None:
     parser.add_argument("--url", default=None, help="drive an app already running there instead of starting app.py")
     parser.add_argument("--preset", default="math_h2o_vs_window", help="the replay preset whose trace is replayed")
     parser.add_argument("--trace-tokens", type=int, default=trace_tokens, help="replay the first N tokens of it")
-    parser.add_argument("--interval", type=int, default=1,
-                        help="h2o compresses every N tokens (default 1, as the Live tab: one event per token)")
+    parser.add_argument(
+        "--interval",
+        type=int,
+        default=1,
+        help="h2o compresses every N tokens (default 1, as the Live tab: one event per token)",
+    )
 
 
 def _app_args(args: argparse.Namespace) -> list[str]:
@@ -796,9 +1018,14 @@ def _soak_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=50, help="successive new sessions (after one warm-up)")
     parser.add_argument("--runs", type=int, default=3, help="replays in each session")
     parser.add_argument("--pid", type=int, default=None, help="with --url: the process id of that app (its memory)")
-    parser.add_argument("--settle", type=float, default=None, metavar="SECONDS",
-                        help="wait after each session before reading memory (default: one heartbeat + 2 s: "
-                             "3 s for the app the benchmark starts, 17 s with --url)")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="wait after each session before reading memory (default: one heartbeat + 2 s: "
+        "3 s for the app the benchmark starts, 17 s with --url)",
+    )
 
 
 @bench_kind("soak", _soak_args)
@@ -809,8 +1036,14 @@ def soak_bench(args: argparse.Namespace) -> int:
     try:
         replay = short_replay(args.preset, args.trace_tokens, args.interval)
         with served_app(args.url, args.pid, _app_args(args)) as served:
-            result = soak(served, replay, args.sessions, args.runs, args.settle,
-                          progress=lambda message: print(f"[bench soak] {message}", file=sys.stderr))
+            result = soak(
+                served,
+                replay,
+                args.sessions,
+                args.runs,
+                args.settle,
+                progress=lambda message: print(f"[bench soak] {message}", file=sys.stderr),
+            )
     except BenchError as exc:
         raise CliError(str(exc)) from None
     print(soak_table(result), end="")

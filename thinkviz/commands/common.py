@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from ..kvquant import RESIDUAL_RANGE, KVQuant, KVQuantError, format_names
 from ..memory import VramCapError, set_vram_cap
@@ -31,30 +31,56 @@ def parse_param(text: str) -> tuple[str, str]:
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="embedded",
-                        help="'embedded', a Hugging Face id, a local folder, or random:Qwen3-4B (that geometry "
-                             "with random weights: real memory and speed, no text)")
+    parser.add_argument(
+        "--model",
+        default="embedded",
+        help="'embedded', a Hugging Face id, a local folder, or random:Qwen3-4B (that geometry "
+        "with random weights: real memory and speed, no text)",
+    )
     parser.add_argument("--quant", default="4bit", choices=QUANTIZATIONS, help="weight quantization")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--quant-backend", default="auto", choices=BACKENDS,
-                        help="who holds 4-bit weights: auto (default: torch-int4 on an AVX512 CPU, else "
-                             "bitsandbytes), bitsandbytes (NF4) or torch-int4 (PyTorch's int4 kernel, CPU only)")
-    parser.add_argument("--vram-cap", type=float, default=None, metavar="GiB",
-                        help="simulate a card of GiB: cap this process's CUDA memory (weights included)")
+    parser.add_argument(
+        "--quant-backend",
+        default="auto",
+        choices=BACKENDS,
+        help="who holds 4-bit weights: auto (default: torch-int4 on an AVX512 CPU, else "
+        "bitsandbytes), bitsandbytes (NF4) or torch-int4 (PyTorch's int4 kernel, CPU only)",
+    )
+    parser.add_argument(
+        "--vram-cap",
+        type=float,
+        default=None,
+        metavar="GiB",
+        help="simulate a card of GiB: cap this process's CUDA memory (weights included)",
+    )
 
 
 def add_policy_args(parser: argparse.ArgumentParser, default_policy: str = "h2o") -> None:
     parser.add_argument("--policy", default=default_policy, help=f"one of: {', '.join(policy_names())}")
     parser.add_argument("--budget", type=int, default=256, help="tokens kept per layer and kv-head")
-    parser.add_argument("--budget-mode", choices=("tokens", "fraction"), default=None,
-                        help="tokens: keep --budget tokens (the default); fraction: keep --budget-fraction "
-                             "of the tokens seen so far")
-    parser.add_argument("--budget-fraction", type=float, default=None, metavar="F",
-                        help="share of the tokens seen so far to keep, 0.01-1 (implies --budget-mode fraction)")
+    parser.add_argument(
+        "--budget-mode",
+        choices=("tokens", "fraction"),
+        default=None,
+        help="tokens: keep --budget tokens (the default); fraction: keep --budget-fraction of the tokens seen so far",
+    )
+    parser.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="share of the tokens seen so far to keep, 0.01-1 (implies --budget-mode fraction)",
+    )
     parser.add_argument("--interval", type=int, default=1, help="compress every N steps")
-    parser.add_argument("--param", type=parse_param, action="append", default=[], metavar="KEY=VALUE",
-                        help="a policy parameter, e.g. --param recent=32, or a choice by name (repeatable; "
-                             "'python -m thinkviz policies' lists each policy's parameters, ranges and choices)")
+    parser.add_argument(
+        "--param",
+        type=parse_param,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a policy parameter, e.g. --param recent=32, or a choice by name (repeatable; "
+        "'python -m thinkviz policies' lists each policy's parameters, ranges and choices)",
+    )
     parser.add_argument("--no-protect-system", action="store_true", help="allow evicting the system prompt")
     parser.add_argument("--no-protect-question", action="store_true", help="allow evicting the question")
 
@@ -63,14 +89,27 @@ def add_kv_quant_args(parser: argparse.ArgumentParser, several: bool = False) ->
     """``--kv-quant FORMAT`` (or ``--kv-quants A,B`` when ``several``) and ``--kv-residual N``."""
     names = ", ".join(format_names())
     if several:
-        parser.add_argument("--kv-quants", default="none", metavar="FORMATS",
-                            help=f"comma-separated KV-cache formats to sweep, from: {names} (default: none)")
+        parser.add_argument(
+            "--kv-quants",
+            default="none",
+            metavar="FORMATS",
+            help=f"comma-separated KV-cache formats to sweep, from: {names} (default: none)",
+        )
     else:
-        parser.add_argument("--kv-quant", default="none", metavar="FORMAT",
-                            help=f"KV-cache storage format, one of: {names} (default: none, full precision)")
+        parser.add_argument(
+            "--kv-quant",
+            default="none",
+            metavar="FORMAT",
+            help=f"KV-cache storage format, one of: {names} (default: none, full precision)",
+        )
     low, high = RESIDUAL_RANGE
-    parser.add_argument("--kv-residual", type=int, default=32, metavar="N",
-                        help=f"KIVI: newest tokens kept at full precision until a key group fills ({low}-{high})")
+    parser.add_argument(
+        "--kv-residual",
+        type=int,
+        default=32,
+        metavar="N",
+        help=f"KIVI: newest tokens kept at full precision until a key group fills ({low}-{high})",
+    )
 
 
 def kv_quant_from_args(args: argparse.Namespace) -> KVQuant:
@@ -110,9 +149,13 @@ def load_from_args(args: argparse.Namespace):
             raise CliError(str(exc)) from None
         print(f"[    ] CUDA memory capped at {args.vram_cap:g} GiB ({cap} bytes)", file=sys.stderr)
     try:
-        return load_any(args.model, args.quant, args.device,
-                        progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr),
-                        backend=args.quant_backend)
+        return load_any(
+            args.model,
+            args.quant,
+            args.device,
+            progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr),
+            backend=args.quant_backend,
+        )
     except ModelLoadError as exc:
         raise CliError(str(exc)) from None
 

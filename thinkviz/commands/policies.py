@@ -13,15 +13,23 @@ from .common import CliError, command
 from ..policies import POLICIES, Param, policy_class
 from ..policies.base import COMMON_PARAMS
 
-COMMON_FLAGS = {"budget": "--budget N", "budget_mode": "--budget-mode", "budget_fraction": "--budget-fraction F",
-                "interval": "--interval N", "protect_system": "--no-protect-system",
-                "protect_question": "--no-protect-question"}  # how generate takes the shared knobs
+COMMON_FLAGS = {
+    "budget": "--budget N",
+    "budget_mode": "--budget-mode",
+    "budget_fraction": "--budget-fraction F",
+    "interval": "--interval N",
+    "protect_system": "--no-protect-system",
+    "protect_question": "--no-protect-question",
+}  # how generate takes the shared knobs
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", nargs="*", metavar="POLICY", help="only these policies (default: all)")
-    parser.add_argument("--markdown", action="store_true",
-                        help="print the README's policy table (policy, rule, source, own knobs) instead")
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the README's policy table (policy, rule, source, own knobs) instead",
+    )
 
 
 def _cell(text: str) -> str:
@@ -46,13 +54,16 @@ def _knob_line(flag: str, param: Param) -> str:
 def listing(names: list[str]) -> str:
     """The knobs every policy shares, then each policy's rule, source and own knobs."""
     lines = ["Every policy takes:"]
-    lines += [_knob_line(COMMON_FLAGS[p.name] if p.kind == "bool" else f"{COMMON_FLAGS[p.name]} ({p.default})", p)
-              for p in COMMON_PARAMS]
+    lines += [
+        _knob_line(COMMON_FLAGS[p.name] if p.kind == "bool" else f"{COMMON_FLAGS[p.name]} ({p.default})", p)
+        for p in COMMON_PARAMS
+    ]
     for name in names:
         cls = policy_class(name)
         lines += ["", f"{name}: {' '.join(cls.summary.split())}", f"  source: {cls.source}"]
         lines += [_knob_line(f"--param {p.name}={p.default}", p) for p in cls.params] or [
-            "  (no knobs beyond the shared ones)"]
+            "  (no knobs beyond the shared ones)"
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -35,38 +35,79 @@ LAYER_COUNT = 6  # --layers auto: how many hidden states the predictor mixes
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
-    parser.add_argument("--generate", type=int, default=DEFAULT_CORPUS, metavar="N",
-                        help="answer N prompts of the committed set with the model (the set is sampled again "
-                             "past its end; cached under the user's cache directory); 0: no corpus")
-    parser.add_argument("--corpus", default=None, metavar="FILE",
-                        help="read the generated text from FILE (a corpus cache --generate wrote, for example under "
-                             "another 4-bit backend) instead of generating; it is labelled under the loaded model")
-    parser.add_argument("--think-tokens", type=int, default=C.GenerationSettings.think_tokens, metavar="N",
-                        help="a generation that has not closed </think> after N new tokens is dropped")
-    parser.add_argument("--answer-tokens", type=int, default=C.GenerationSettings.answer_tokens, metavar="N",
-                        help="answers are cut after N tokens")
-    parser.add_argument("--add", action="append", default=[], metavar="TRACE",
-                        help="a preset name or a trace file (assistant text: thinking, </think>, answer) "
-                             "added to the training data (repeatable)")
-    parser.add_argument("--holdout", action="append", default=None, metavar="TRACE",
-                        help="shipped trace (file stem in presets/traces) kept out of training and measured on "
-                             "(repeatable; default: every shipped reasoning trace)")
-    parser.add_argument("--holdout-corpus", type=float, default=0.2, metavar="FRACTION",
-                        help="share of the answered corpus generations kept out of training and measured on "
-                             "(every k-th by index, k = 1/FRACTION; 0: none)")
-    parser.add_argument("--layers", default="-1",
-                        help="comma-separated hidden-state layers the predictor mixes (0 = embeddings, -1 = the "
-                             f"final norm; default -1: dynts gets the final hidden state), or auto: {LAYER_COUNT} "
-                             "evenly spaced from the embeddings to the final one")
+    parser.add_argument(
+        "--generate",
+        type=int,
+        default=DEFAULT_CORPUS,
+        metavar="N",
+        help="answer N prompts of the committed set with the model (the set is sampled again "
+        "past its end; cached under the user's cache directory); 0: no corpus",
+    )
+    parser.add_argument(
+        "--corpus",
+        default=None,
+        metavar="FILE",
+        help="read the generated text from FILE (a corpus cache --generate wrote, for example under "
+        "another 4-bit backend) instead of generating; it is labelled under the loaded model",
+    )
+    parser.add_argument(
+        "--think-tokens",
+        type=int,
+        default=C.GenerationSettings.think_tokens,
+        metavar="N",
+        help="a generation that has not closed </think> after N new tokens is dropped",
+    )
+    parser.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=C.GenerationSettings.answer_tokens,
+        metavar="N",
+        help="answers are cut after N tokens",
+    )
+    parser.add_argument(
+        "--add",
+        action="append",
+        default=[],
+        metavar="TRACE",
+        help="a preset name or a trace file (assistant text: thinking, </think>, answer) "
+        "added to the training data (repeatable)",
+    )
+    parser.add_argument(
+        "--holdout",
+        action="append",
+        default=None,
+        metavar="TRACE",
+        help="shipped trace (file stem in presets/traces) kept out of training and measured on "
+        "(repeatable; default: every shipped reasoning trace)",
+    )
+    parser.add_argument(
+        "--holdout-corpus",
+        type=float,
+        default=0.2,
+        metavar="FRACTION",
+        help="share of the answered corpus generations kept out of training and measured on "
+        "(every k-th by index, k = 1/FRACTION; 0: none)",
+    )
+    parser.add_argument(
+        "--layers",
+        default="-1",
+        help="comma-separated hidden-state layers the predictor mixes (0 = embeddings, -1 = the "
+        f"final norm; default -1: dynts gets the final hidden state), or auto: {LAYER_COUNT} "
+        "evenly spaced from the embeddings to the final one",
+    )
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--lr", type=float, default=LEARNING_RATE)
     parser.add_argument("--width", type=int, default=WIDTH)
     parser.add_argument("--seed", type=int, default=0, help="seed of the corpus sampler and of the fit")
-    parser.add_argument("--output", default=None,
-                        help="where to write the predictor (default: assets/dynts_<model>.safetensors)")
-    parser.add_argument("--evaluate-only", action="store_true",
-                        help="measure the predictor at --output (default: the shipped one) on the held-out traces "
-                             "with this model, quantization and backend; train and write nothing")
+    parser.add_argument(
+        "--output", default=None, help="where to write the predictor (default: assets/dynts_<model>.safetensors)"
+    )
+    parser.add_argument(
+        "--evaluate-only",
+        action="store_true",
+        help="measure the predictor at --output (default: the shipped one) on the held-out traces "
+        "with this model, quantization and backend; train and write nothing",
+    )
 
 
 def reasoning_traces() -> dict[str, Trace]:
@@ -134,6 +175,7 @@ def _corpus(args: argparse.Namespace, loaded) -> list[C.Generation]:
         return kept
     settings = C.GenerationSettings(seed=args.seed, think_tokens=args.think_tokens, answer_tokens=args.answer_tokens)
     with tqdm(total=args.generate, desc="corpus (the model answers)", unit="prompt", file=sys.stderr) as bar:
+
         def progress(done: int, kept: int) -> None:
             bar.update(done - bar.n)
             bar.set_postfix(kept=kept)
@@ -141,9 +183,12 @@ def _corpus(args: argparse.Namespace, loaded) -> list[C.Generation]:
         generations = C.build_corpus(loaded, corpus_prompts(), args.generate, settings, progress)
     kept = [g for g in generations if g.kept]
     totals, kinds = Counter(g.kind for g in generations), Counter(g.kind for g in kept)
-    print(f"corpus: {len(kept)} of {len(generations)} generations closed </think> and answered "
-          f"({len(kept) / len(generations):.0%}; " + ", ".join(f"{k} {kinds[k]}/{n}" for k, n in totals.items())
-          + f"); cached in {C.corpus_cache_path(loaded, corpus_prompts(), settings)}")
+    print(
+        f"corpus: {len(kept)} of {len(generations)} generations closed </think> and answered "
+        f"({len(kept) / len(generations):.0%}; "
+        + ", ".join(f"{k} {kinds[k]}/{n}" for k, n in totals.items())
+        + f"); cached in {C.corpus_cache_path(loaded, corpus_prompts(), settings)}"
+    )
     return kept
 
 
@@ -179,8 +224,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     generations = _corpus(args, loaded)
     every = round(1 / args.holdout_corpus) if args.holdout_corpus else 0
-    labelled = [(g, label(f"corpus #{g.index}", Trace(g.question, REASONING_SYSTEM_PROMPT, g.question, g.text)))
-                for g in tqdm(generations, desc="labelling the corpus", unit="trace", file=sys.stderr)]
+    labelled = [
+        (g, label(f"corpus #{g.index}", Trace(g.question, REASONING_SYSTEM_PROMPT, g.question, g.text)))
+        for g in tqdm(generations, desc="labelling the corpus", unit="trace", file=sys.stderr)
+    ]
     training = [e for g, e in labelled if not every or g.index % every]
     held_corpus = [e for g, e in labelled if every and not g.index % every]
     extra = {name: t for name, t in traces.items() if name not in holdout} | added
@@ -194,12 +241,12 @@ def run(args: argparse.Namespace) -> int:
     if held_corpus:
         heldout[f"corpus ({len(held_corpus)} held out)"] = held_corpus
     with tqdm(total=args.epochs, desc="training", unit="epoch", file=sys.stderr) as bar:
+
         def step(epoch: int, loss: float) -> None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}")
 
-        model = train(training, layers, epochs=args.epochs, lr=args.lr, width=args.width, seed=args.seed,
-                      progress=step)
+        model = train(training, layers, epochs=args.epochs, lr=args.lr, width=args.width, seed=args.seed, progress=step)
     table = E.scorer_table(heldout, model)
     n_tokens = sum(int(e.thinking.sum()) for e in training)
     described = f"{len(generations) - len(held_corpus)} corpus generations" + "".join(f", {name}" for name in extra)
@@ -213,8 +260,10 @@ def run(args: argparse.Namespace) -> int:
     )
     P.save(model, meta, path)
     E.write_table(table, P.eval_path(path))
-    print(f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device}); trained on {n_tokens} "
-          f"thinking tokens of {described}; layers {','.join(map(str, layers))}")
+    print(
+        f"model: {loaded.name} ({loaded.quantization}, {loaded.backend}, {loaded.device}); trained on {n_tokens} "
+        f"thinking tokens of {described}; layers {','.join(map(str, layers))}"
+    )
     print("held-out traces (Spearman with attention from the answer, precision at 30 %, thinking tokens):")
     print(E.format_table(table))
     print(f"predictor written to {path}, evaluation to {P.eval_path(path)}")

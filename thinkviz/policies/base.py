@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -108,10 +109,20 @@ class ScoreScale:
 
 COMMON_PARAMS: tuple[Param, ...] = (
     Param("budget", 256, 8, 16384, 8, "tokens kept per layer and kv-head after each compression (budget mode tokens)"),
-    Param("budget_mode", "tokens", choices=("tokens", "fraction"),
-          help="tokens: keep `budget` tokens; fraction: keep `budget_fraction` of the tokens seen so far"),
-    Param("budget_fraction", 0.25, 0.01, 1.0, 0.01,
-          "share of the tokens seen so far kept per layer and kv-head (budget mode fraction)"),
+    Param(
+        "budget_mode",
+        "tokens",
+        choices=("tokens", "fraction"),
+        help="tokens: keep `budget` tokens; fraction: keep `budget_fraction` of the tokens seen so far",
+    ),
+    Param(
+        "budget_fraction",
+        0.25,
+        0.01,
+        1.0,
+        0.01,
+        "share of the tokens seen so far kept per layer and kv-head (budget mode fraction)",
+    ),
     Param("interval", 1, 1, 512, 1, "compress every N steps; the cache oscillates between budget and budget+N"),
     Param("protect_system", True, help="never evict the system prompt"),
     Param("protect_question", True, help="never evict the user's question"),
@@ -199,8 +210,9 @@ def rank_desc(values: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(order).scatter_(-1, order, ranks)
 
 
-def keep_counts(priority: torch.Tensor, forced: torch.Tensor, counts: torch.Tensor,
-                valid: torch.Tensor | None = None) -> torch.Tensor:
+def keep_counts(
+    priority: torch.Tensor, forced: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """A ragged keep mask ``(L, H_kv, T)``: in each (layer, kv-head) every ``forced`` slot, then the
     highest ``priority``, ``max(counts, forced)`` slots in all (``counts`` ``(L, H_kv)``), never a hole
     (``valid`` False) and never more than the slots held.  NaN ranks last among held slots."""
@@ -267,8 +279,7 @@ class Policy:
         unknown = sorted(set(values) - set(declared))
         if unknown:
             raise PolicyConfigError(
-                f"policy {self.name!r} has no parameter {', '.join(unknown)} "
-                f"(it takes: {', '.join(declared)})"
+                f"policy {self.name!r} has no parameter {', '.join(unknown)} (it takes: {', '.join(declared)})"
             )
         self.config: dict[str, Any] = {
             name: param.coerce(values.get(name, param.default)) for name, param in declared.items()
@@ -282,8 +293,7 @@ class Policy:
         self.recent: int = self.config.get("recent", 0)
         if self.evicts and self.fraction is None and self.n_sink + self.recent >= self.budget:
             raise PolicyConfigError(
-                f"budget ({self.budget}) must be larger than sinks + recent window "
-                f"({self.n_sink} + {self.recent})"
+                f"budget ({self.budget}) must be larger than sinks + recent window ({self.n_sink} + {self.recent})"
             )
 
     @classmethod

@@ -26,8 +26,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..predictor import (ASSETS, ImportancePredictor, PredictorError, eval_path, find_predictor, predictor_path,
-                         relative_positions)
+from ..predictor import (
+    ASSETS,
+    ImportancePredictor,
+    PredictorError,
+    eval_path,
+    find_predictor,
+    predictor_path,
+    relative_positions,
+)
 from .base import CacheView, Param, Policy, ScoreScale
 from .registry import register
 
@@ -52,9 +59,13 @@ class DynTS(Policy):
     source = "DynTS — Dynamic Thinking-Token Selection for Efficient Reasoning in Large Reasoning Models"
     params = (
         Param("recent", 32, 0, 1024, 1, "local window: newest tokens always kept"),
-        Param("scorer", "auto", choices=("auto", "predictor", "attention"),
-              help="rank by the learned predictor, by attention received (the fallback), or auto: "
-                   "the predictor only where its held-out evaluation ranks at least as well"),
+        Param(
+            "scorer",
+            "auto",
+            choices=("auto", "predictor", "attention"),
+            help="rank by the learned predictor, by attention received (the fallback), or auto: "
+            "the predictor only where its held-out evaluation ranks at least as well",
+        ),
     )
     needs_hidden = True
     predicts_importance = True
@@ -102,8 +113,10 @@ class DynTS(Policy):
         if self.config["scorer"] == "auto":
             measured = _heldout_spearman(eval_path(path))
             if measured and measured[0] < measured[1]:
-                return None, (f"attention fallback (scorer: auto): attention ranked held-out traces better than "
-                              f"{path.name} did (Spearman {measured[1]:.2f} against {measured[0]:.2f})")
+                return None, (
+                    f"attention fallback (scorer: auto): attention ranked held-out traces better than "
+                    f"{path.name} did (Spearman {measured[1]:.2f} against {measured[0]:.2f})"
+                )
         return found, f"predicted by {path.name}"
 
     def score(self, view: CacheView) -> torch.Tensor:

@@ -72,10 +72,22 @@ class EntropyAnchors(Policy):
     )
     source = "Semantic KV-eviction by attention entropy (article: 'The Death of the Static Prompt')"
     params = (
-        Param("max_capacity_tokens", 16384, 8, 16384, 8,
-              "when over budget, cut the cache down to this many tokens (anchors may stay, up to the budget)"),
-        Param("retention_threshold", 0.3, 0.0, 1.0, 0.01,
-              "anchor: a token whose attention entropy is at most this fraction of a uniform row's"),
+        Param(
+            "max_capacity_tokens",
+            16384,
+            8,
+            16384,
+            8,
+            "when over budget, cut the cache down to this many tokens (anchors may stay, up to the budget)",
+        ),
+        Param(
+            "retention_threshold",
+            0.3,
+            0.0,
+            1.0,
+            0.01,
+            "anchor: a token whose attention entropy is at most this fraction of a uniform row's",
+        ),
     )
 
     def score(self, view: CacheView) -> torch.Tensor:

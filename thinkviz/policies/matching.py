@@ -146,8 +146,9 @@ def _group_sums(rows: torch.Tensor, kept_hot: torch.Tensor, w: torch.Tensor) -> 
     return (rows * w[:, None, :]) @ kept_hot
 
 
-def _fit_weights(p_kept: torch.Tensor, mass: torch.Tensor, blocks: list, kept_hot: torch.Tensor,
-                 ridge: float, w_max: float) -> torch.Tensor:
+def _fit_weights(
+    p_kept: torch.Tensor, mass: torch.Tensor, blocks: list, kept_hot: torch.Tensor, ridge: float, w_max: float
+) -> torch.Tensor:
     """Mass weights ``w`` ``(H, k)``: ``min Σ_g ‖Σ_{j∈S_g} w_j p_·j − mass_·g‖² + λ‖w − 1‖²`` with
     ``W_MIN ≤ w ≤ w_max`` — the ridge solution, then up to :data:`ACTIVE_SET_ROUNDS` rounds that
     fix the weights past a bound at it and solve again for the others (an active-set NNLS), then a
@@ -226,7 +227,8 @@ def fit_compaction(
     p, alive = _masses(q @ k_all.transpose(1, 2) + b_all[:, None, :], visible)  # (H, n, T)
     p = p * alive[..., None]
     mass = torch.zeros(heads, p.shape[1], n_groups, dtype=f64, device=p.device).scatter_add_(
-        2, groups[:, None, :].expand_as(p), p)  # (H, n, G): each group's share of every row's attention
+        2, groups[:, None, :].expand_as(p), p
+    )  # (H, n, G): each group's share of every row's attention
     output_parts = _group_outputs(p, v_all, groups, n_groups)  # (H, n, G, D_v)
     output = output_parts.sum(2)  # (H, n, D_v) the full cache's attention output
 
@@ -246,13 +248,20 @@ def fit_compaction(
 
     # fallbacks: the best finite candidate on the reference queries
     ones = torch.ones_like(w)
-    errors = torch.stack([
-        _output_error(_compacted(p_kept, ones), v_kept, output, alive),
-        _output_error(x, v_kept, output, alive),
-        _output_error(x, c_fit, output, alive),
-    ])  # (3, H)
-    finite = torch.stack([torch.ones_like(w[:, 0], dtype=torch.bool), w.isfinite().all(-1),
-                          w.isfinite().all(-1) & c_fit.isfinite().all(-1).all(-1)])
+    errors = torch.stack(
+        [
+            _output_error(_compacted(p_kept, ones), v_kept, output, alive),
+            _output_error(x, v_kept, output, alive),
+            _output_error(x, c_fit, output, alive),
+        ]
+    )  # (3, H)
+    finite = torch.stack(
+        [
+            torch.ones_like(w[:, 0], dtype=torch.bool),
+            w.isfinite().all(-1),
+            w.isfinite().all(-1) & c_fit.isfinite().all(-1).all(-1),
+        ]
+    )
     errors = torch.where(finite & errors.isfinite(), errors, torch.full_like(errors, float("inf")))
     choice = errors.argmin(0)  # (H,) ties keep the simpler candidate
     new_w = torch.where((choice >= 1)[:, None], w, ones)
@@ -278,8 +287,14 @@ class MatchStats:
     choices: tuple[int, int, int]
 
     def info(self) -> dict[str, float | int]:
-        return {"fit_seconds": self.seconds, "fit_error_select": self.error_select, "fit_error": self.error_fit,
-                "fits_select": self.choices[0], "fits_bias": self.choices[1], "fits_values": self.choices[2]}
+        return {
+            "fit_seconds": self.seconds,
+            "fit_error_select": self.error_select,
+            "fit_error": self.error_fit,
+            "fits_select": self.choices[0],
+            "fits_bias": self.choices[1],
+            "fits_values": self.choices[2],
+        }
 
 
 def layer_queries(view: CacheView, layer: int, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,8 +307,9 @@ def layer_queries(view: CacheView, layer: int, kv_heads: int) -> tuple[torch.Ten
     return queries.reshape(kv_heads, group * rows, dim), positions.expand(kv_heads, -1)
 
 
-def match_cache(view: CacheView, cache, keep: torch.Tensor, groups: torch.Tensor | None = None,
-                ridge: float = RIDGE) -> MatchStats:
+def match_cache(
+    view: CacheView, cache, keep: torch.Tensor, groups: torch.Tensor | None = None, ridge: float = RIDGE
+) -> MatchStats:
     """Fit every layer's kept slots ``keep`` ``(L, H_kv, k)`` against ``view``'s reference queries and
     write the fitted values and biases into ``cache`` (before the engine gathers ``keep``).
 
@@ -317,8 +333,14 @@ def match_cache(view: CacheView, cache, keep: torch.Tensor, groups: torch.Tensor
         layer_keep = keep[layer].to(device)
         bias = None if view.bias is None else view.bias[layer, :, :length].to(device)
         fit = fit_compaction(
-            queries.to(device), keys[0], values[0], layer_keep, bias=bias, visible=visible.to(device),
-            groups=None if groups is None else groups[layer, :, :length].to(device), ridge=ridge,
+            queries.to(device),
+            keys[0],
+            values[0],
+            layer_keep,
+            bias=bias,
+            visible=visible.to(device),
+            groups=None if groups is None else groups[layer, :, :length].to(device),
+            ridge=ridge,
         )
         changed = fit.choice == 2  # (H_kv,)
         if bool(changed.any()):
@@ -333,8 +355,12 @@ def match_cache(view: CacheView, cache, keep: torch.Tensor, groups: torch.Tensor
         errors_select.append(fit.error_select)
         errors_fit.append(fit.error_fit)
         choices += torch.bincount(fit.choice.cpu(), minlength=3)
-    return MatchStats(time.perf_counter() - start, float(torch.cat(errors_select).mean()),
-                      float(torch.cat(errors_fit).mean()), tuple(choices.tolist()))
+    return MatchStats(
+        time.perf_counter() - start,
+        float(torch.cat(errors_select).mean()),
+        float(torch.cat(errors_fit).mean()),
+        tuple(choices.tolist()),
+    )
 
 
 class Matching:

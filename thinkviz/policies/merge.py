@@ -37,9 +37,7 @@ from .h2o import HeavyHitters
 from .registry import register
 
 
-def fold_values(
-    keys: torch.Tensor, values: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor
-) -> torch.Tensor:
+def fold_values(keys: torch.Tensor, values: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Values ``(H_kv, T, D_v)`` after folding every slot not in ``keep`` ``(H_kv, k)`` into its most
     similar kept slot (rule in the module docstring).  ``keys`` ``(H_kv, T, D)``, ``weights``
     ``(H_kv, T)`` ≥ 0.  Slots outside ``keep`` are returned unchanged (they are about to go)."""

@@ -25,9 +25,7 @@ def policy_class(name: str) -> type[Policy]:
     try:
         return POLICIES[name]
     except KeyError:
-        raise PolicyConfigError(
-            f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}"
-        ) from None
+        raise PolicyConfigError(f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}") from None
 
 
 def make_policy(name: str, **values: Any) -> Policy:

@@ -48,8 +48,7 @@ class RedundancyAwareKV(Policy):
         "attended and unlike the rest",
     )
     summary = (
-        "Prefer tokens that are attended to AND not repeated: a key much like a newer key "
-        "is redundant and goes first."
+        "Prefer tokens that are attended to AND not repeated: a key much like a newer key is redundant and goes first."
     )
     source = "R-KV — Cai et al., 2025 (arXiv:2505.24133)"
     params = (

@@ -40,7 +40,8 @@ allocation is optimal under its convex error model.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -128,9 +129,13 @@ class ThoughtAwareMatching(Matching, Policy):
         Param("window", 16, 1, 64, 1, "R: the newest queries whose attention weighs segments and tokens"),
         Param("l_min", 16, 1, 512, 1, "segments shorter than this merge into the previous one"),
         Param("pivot_factor", 4.0, 1.0, 100.0, 0.5, "pivotal token: attention above this multiple of the mean"),
-        Param("compaction", "select", choices=("select", "match"),
-              help="select: keep the chosen keys as they are; match: also fit a bias β and new values per segment "
-                   "so the kept keys reproduce the segment's attention"),
+        Param(
+            "compaction",
+            "select",
+            choices=("select", "match"),
+            help="select: keep the chosen keys as they are; match: also fit a bias β and new values per segment "
+            "so the kept keys reproduce the segment's attention",
+        ),
         Param("ridge", RIDGE, 0.0, 10.0, 0.01, "match: how firmly the fit is pulled towards plain selection"),
     )
     window_rows = 64
@@ -164,12 +169,14 @@ class ThoughtAwareMatching(Matching, Policy):
         layers, heads, _ = attention.shape
         for layer in range(layers):
             for head in range(heads):
-                keep[layer, head] |= self.choose(attention[layer, head], forced[layer, head], segments[layer, head],
-                                                 budget)
+                keep[layer, head] |= self.choose(
+                    attention[layer, head], forced[layer, head], segments[layer, head], budget
+                )
         return keep_top(attention, keep, int(keep.sum(-1).max()))
 
-    def choose(self, attention: torch.Tensor, forced: torch.Tensor, segments: torch.Tensor,
-               budget: int) -> torch.Tensor:
+    def choose(
+        self, attention: torch.Tensor, forced: torch.Tensor, segments: torch.Tensor, budget: int
+    ) -> torch.Tensor:
         """One (layer, kv-head): ``attention``, ``forced`` and segment numbers ``segments`` per slot
         ``(T,)`` → ``(T,)`` bool, the pivotal and per-segment top slots kept besides ``forced``, for a
         ``budget`` of slots in all."""

@@ -64,8 +64,16 @@ def block_states(segments: Segmenter) -> list[dict[str, Any]]:
     blocks = []
     for span in segments.think_blocks():
         code = segments.code_after(span) if span.closed else None
-        blocks.append({"index": span.index, "turn": span.turn, "start": span.start, "end": span.end,
-                       "closed": span.closed, "code": code_state(code)})
+        blocks.append(
+            {
+                "index": span.index,
+                "turn": span.turn,
+                "start": span.start,
+                "end": span.end,
+                "closed": span.closed,
+                "code": code_state(code),
+            }
+        )
     return blocks
 
 

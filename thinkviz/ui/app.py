@@ -11,7 +11,7 @@ a :class:`ModelSlot` (:func:`.handlers.run_with_model`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import gradio as gr
 
@@ -34,9 +34,15 @@ PRESENT_JS = """(on) => {
 APP_CSS = TOKEN_CSS + LEGEND_CSS + (Path(__file__).with_name("app.css")).read_text(encoding="utf-8")
 
 
-def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bit",
-              model_loading: bool = True, recording_budget: int = RECORDING_BUDGET,
-              ray_address: str | None = None, quant_backend: str = "auto") -> gr.Blocks:
+def build_app(
+    slot: ModelSlot,
+    model: str = "embedded",
+    quantization: str = "4bit",
+    model_loading: bool = True,
+    recording_budget: int = RECORDING_BUDGET,
+    ray_address: str | None = None,
+    quant_backend: str = "auto",
+) -> gr.Blocks:
     """The whole UI.  ``slot`` holds the shared model; ``model`` starts loading when a page opens.
 
     ``model_loading=False`` leaves out the settings panel's model loader and its API endpoint,
@@ -46,25 +52,41 @@ def build_app(slot: ModelSlot, model: str = "embedded", quantization: str = "4bi
     the slot's model with ``quant_backend``.
     """
     with gr.Blocks(title="ThinkViz — KV-cache eviction, live", analytics_enabled=False) as demo:
+
         def new_session() -> Session:
             """A fresh session (the page calls it on load; a script may, to start over)."""
             return Session(shelf=Shelf(recording_budget))
 
         session = gr.State(new_session)  # a factory: one Session per browser tab
         with gr.Row(equal_height=True, elem_classes="tv-header"):
-            gr.Markdown("## ThinkViz\nWhat a KV-cache eviction policy keeps and drops, inside a real quantized model.",
-                        elem_classes="tv-title")
-            model_status = gr.Markdown(load_status_markdown(slot.status), elem_id="tv-model-status",
-                                       elem_classes="tv-status")
-            present = gr.Checkbox(False, label="Presentation mode", elem_id="tv-present", container=False,
-                                  scale=0, min_width=190)
+            gr.Markdown(
+                "## ThinkViz\nWhat a KV-cache eviction policy keeps and drops, inside a real quantized model.",
+                elem_classes="tv-title",
+            )
+            model_status = gr.Markdown(
+                load_status_markdown(slot.status), elem_id="tv-model-status", elem_classes="tv-status"
+            )
+            present = gr.Checkbox(
+                False, label="Presentation mode", elem_id="tv-present", container=False, scale=0, min_width=190
+            )
         present.change(None, present, None, js=PRESENT_JS)
         bus = gr.Textbox(visible="hidden", elem_id="tv-bus")
         bus.change(None, bus, None, js=PATCH_BUS_JS)
         resync = gr.Button(visible="hidden", elem_id=RESYNC_BUTTON_ID)
         resync.click(Session.resync, session, None, queue=False, api_visibility="private")
-        app = AppContext(demo, slot, session, bus, model_status, inputs.preset_choices(), model, quantization,
-                         model_loading, ray_address, quant_backend)
+        app = AppContext(
+            demo,
+            slot,
+            session,
+            bus,
+            model_status,
+            inputs.preset_choices(),
+            model,
+            quantization,
+            model_loading,
+            ray_address,
+            quant_backend,
+        )
         with gr.Tabs():
             with gr.Tab("Live", id="live"):
                 offer_live_runs = live.build(app)

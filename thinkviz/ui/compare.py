@@ -19,7 +19,8 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -45,8 +46,16 @@ from .stream import TokenChannel
 from .throttle import FIGURE_INTERVAL, FramePacer
 from .timing import RunTimer, with_time
 
-FIDELITY_COLUMNS = ["policy", "NLL (nats)", "ΔNLL vs full", "KL(full‖policy)", "top-1 agree", "diverges at step",
-                    "peak KV", "kept"]
+FIDELITY_COLUMNS = [
+    "policy",
+    "NLL (nats)",
+    "ΔNLL vs full",
+    "KL(full‖policy)",
+    "top-1 agree",
+    "diverges at step",
+    "peak KV",
+    "kept",
+]
 
 
 @dataclass
@@ -90,8 +99,10 @@ def check_columns(columns: Sequence[Column]) -> None:
     seen = [(c.policy.name, sorted(c.policy.config.items()), c.kv_quant) for c in columns]
     if any(seen.count(key) > 1 for key in seen):
         twice = next(c.policy.name for c, key in zip(columns, seen) if seen.count(key) > 1)
-        raise RunInputError(f"Two columns are the same {twice} with the same knobs in one KV format: each column "
-                            "can be compared once; vary a knob to compare a policy with itself.")
+        raise RunInputError(
+            f"Two columns are the same {twice} with the same knobs in one KV format: each column "
+            "can be compared once; vary a knob to compare a policy with itself."
+        )
     if len({c.policy.interval for c in columns}) > 1:
         raise RunInputError("Policies compared together must share one interval.")
 
@@ -115,20 +126,31 @@ def fidelity_row(name: str, fidelity: TokenFidelity | None, diverged: str | None
         cells = ["—"] * 4
     else:
         s = summarize(fidelity)
-        cells = [number(s["nll"], ".3f"), number(s["nll_delta"], "+.3f"), number(s["kl"], ".4f"),
-                 number(s["top1"], ".1%")]
+        cells = [
+            number(s["nll"], ".3f"),
+            number(s["nll_delta"], "+.3f"),
+            number(s["kl"], ".4f"),
+            number(s["top1"], ".1%"),
+        ]
     return [name, *cells, diverged, peak, kept]
 
 
-def column_views(mode: str, labels: Sequence[str], records: Sequence[RunRecord], views: Sequence[TokenData],
-                 fidelity: Sequence[TokenFidelity | None] = ()) -> tuple[str, list[str]]:
+def column_views(
+    mode: str,
+    labels: Sequence[str],
+    records: Sequence[RunRecord],
+    views: Sequence[TokenData],
+    fidelity: Sequence[TokenFidelity | None] = (),
+) -> tuple[str, list[str]]:
     """The legend over the columns (what the view draws besides heat) and one header per column:
     its label, its policy's heat legend (or why it has none) and its stats strip (with ΔNLL and KL
     once ``fidelity[i]`` is measured)."""
     measured = list(fidelity) + [None] * (len(records) - len(fidelity))
-    headers = [f"<div class='tv-col-title'>{label}</div>"
-               f"{view_legend(mode, record.meta['policy'], view, ('heat',), compact=True)}{stats_html(record, f)}"
-               for label, record, view, f in zip(labels, records, views, measured)]
+    headers = [
+        f"<div class='tv-col-title'>{label}</div>"
+        f"{view_legend(mode, record.meta['policy'], view, ('heat',), compact=True)}{stats_html(record, f)}"
+        for label, record, view, f in zip(labels, records, views, measured)
+    ]
     widest = max(views, key=lambda v: len(v.texts), default=None)
     return view_legend(mode, "", widest, parts=("keep", "segments", "boxes")), headers
 
@@ -161,8 +183,9 @@ def compare_frames(
         raise ValueError(f"{len(columns)} columns need as many channels, got {len(channels)}")
     prompt, trace_ids = prepare(loaded, run_input)
     try:
-        driver = Comparison(loaded, columns, prompt, trace_ids, settings, cancel,
-                            measure=measure_fidelity or run_input.replay)
+        driver = Comparison(
+            loaded, columns, prompt, trace_ids, settings, cancel, measure=measure_fidelity or run_input.replay
+        )
     except EngineError as exc:
         raise RunInputError(str(exc)) from None
     frames = _frames(driver, RunTimer(driver, speed, clock), channels, pacer or FramePacer())
@@ -173,8 +196,13 @@ def compare_frames(
         raise RunInputError(str(exc)) from None
 
 
-def playback_frames(recording: Recording, speed: float, cancel: threading.Event, channels: Sequence[TokenChannel],
-                    pacer: FramePacer | None = None) -> Iterator[CompareFrame]:
+def playback_frames(
+    recording: Recording,
+    speed: float,
+    cancel: threading.Event,
+    channels: Sequence[TokenChannel],
+    pacer: FramePacer | None = None,
+) -> Iterator[CompareFrame]:
     """:func:`compare_frames` for a preset's recorded comparison, at ``speed`` × the recorded pace (no model)."""
     playback = Playback(recording, "compare", speed, cancel)
     return _frames(playback, RunTimer(playback, None), channels, pacer or FramePacer())
@@ -182,8 +210,11 @@ def playback_frames(recording: Recording, speed: float, cancel: threading.Event,
 
 def _table(driver: Comparison | Playback) -> list[list[Any]]:
     """One fidelity row per column; in a generation, the step where its text leaves the full cache's."""
-    reference = [t for e in driver.reference.record.events for t in e.token_ids] \
-        if driver.reference is not None and not driver.replay else None
+    reference = (
+        [t for e in driver.reference.record.events for t in e.token_ids]
+        if driver.reference is not None and not driver.replay
+        else None
+    )
     rows = []
     for i, (label, run) in enumerate(zip(driver.labels, driver.runs)):
         diverged = None
@@ -195,18 +226,24 @@ def _table(driver: Comparison | Playback) -> list[list[Any]]:
 
 
 def _status(driver: Comparison | Playback, timer: RunTimer, done: bool) -> str:
-    where = f"▶ Recording at {'full speed' if driver.speed == float('inf') else f'{driver.speed:g}×'}: " \
-        if timer.playing else ""
+    where = (
+        f"▶ Recording at {'full speed' if driver.speed == float('inf') else f'{driver.speed:g}×'}: "
+        if timer.playing
+        else ""
+    )
     if done:
         if timer.playing:
             made = driver.recording.recorded
             ended = "stopped" if driver.stopped else "played to the end"
-            return (f"Done ({ended}): a recording made on {made.get('date', '?')} with {made.get('model', '?')} "
-                    f"({made.get('backend', '?')}), no model needed.")
+            return (
+                f"Done ({ended}): a recording made on {made.get('date', '?')} with {made.get('model', '?')} "
+                f"({made.get('backend', '?')}), no model needed."
+            )
         if driver.cancel.is_set():
             return "Stopped."
-        measured = "; NLL / KL / top-1 measured on the full cache's text" if driver.fidelity and not driver.replay \
-            else ""
+        measured = (
+            "; NLL / KL / top-1 measured on the full cache's text" if driver.fidelity and not driver.replay else ""
+        )
         what = f"{driver.total} trace tokens" if driver.replay else f"{len(driver.fidelity_text)} tokens"
         return f"Done: {what} through {len(driver.labels)} columns{measured}, in {timer.elapsed()}."
     if driver.phase == "prefill":
@@ -222,8 +259,9 @@ def _status(driver: Comparison | Playback, timer: RunTimer, done: bool) -> str:
     return where + with_time(line, timer.left())
 
 
-def _frames(driver: Comparison | Playback, timer: RunTimer, channels: Sequence[TokenChannel],
-            pacer: FramePacer) -> Iterator[CompareFrame]:
+def _frames(
+    driver: Comparison | Playback, timer: RunTimer, channels: Sequence[TokenChannel], pacer: FramePacer
+) -> Iterator[CompareFrame]:
     channels = list(channels[: len(driver.runs)])
     for channel in channels:
         channel.new_run()
@@ -238,14 +276,32 @@ def _frames(driver: Comparison | Playback, timer: RunTimer, channels: Sequence[T
         records = {label: run.record for label, run in zip(driver.labels, runs)}
         due = figure_pacer.due() or done
         figure = compare_memory_figure(records) if due else None
-        curves = {label: f for label, f, column in zip(driver.labels, fidelity, range(len(runs)))
-                  if f is not None and column in _evicting(driver)}
+        curves = {
+            label: f
+            for label, f, column in zip(driver.labels, fidelity, range(len(runs)))
+            if f is not None and column in _evicting(driver)
+        }
         basis = (driver.reference or runs[0]).record
-        per_token = fidelity_figure(curves, basis.segments, texts=basis.texts, styles=series_styles(driver.labels)) \
-            if due and any(len(c.positions) for c in curves.values()) else None
+        per_token = (
+            fidelity_figure(curves, basis.segments, texts=basis.texts, styles=series_styles(driver.labels))
+            if due and any(len(c.positions) for c in curves.values())
+            else None
+        )
         bus = [m for channel in channels for m in channel.recent()]
-        return CompareFrame(_status(driver, timer, done), messages, bus, headers, legend, figure, _table(driver),
-                            records, views, done, per_token, fidelity)
+        return CompareFrame(
+            _status(driver, timer, done),
+            messages,
+            bus,
+            headers,
+            legend,
+            figure,
+            _table(driver),
+            records,
+            views,
+            done,
+            per_token,
+            fidelity,
+        )
 
     yield frame()
     for _ in driver:
@@ -258,5 +314,9 @@ def _frames(driver: Comparison | Playback, timer: RunTimer, channels: Sequence[T
 
 def _evicting(driver: Comparison | Playback) -> set[int]:
     """Columns whose fidelity curve means something (not the full cache's own zeros)."""
-    return {i for i, label in enumerate(driver.labels) if driver.runs[i].record.meta["policy"] != "full"
-            or driver.runs[i].record.meta.get("kv_quant", {}).get("format", "none") != "none"}
+    return {
+        i
+        for i, label in enumerate(driver.labels)
+        if driver.runs[i].record.meta["policy"] != "full"
+        or driver.runs[i].record.meta.get("kv_quant", {}).get("format", "none") != "none"
+    }

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Sequence
 
 from ..policies import Param, PolicyConfigError, make_policy, policy_class, policy_names
 from ..policies.base import COMMON_PARAMS, Policy
@@ -162,9 +163,17 @@ def knobs_for(name: str, knobs: dict[str, Any]) -> dict[str, Any]:
     return policy_values(name, knobs)
 
 
-def build_policy(name: str, params: dict[str, Any], *, budget: Any, interval: Any,
-                 protect_system: bool, protect_question: bool, budget_mode: Any = "tokens",
-                 budget_fraction: Any = 0.25) -> Policy:
+def build_policy(
+    name: str,
+    params: dict[str, Any],
+    *,
+    budget: Any,
+    interval: Any,
+    protect_system: bool,
+    protect_question: bool,
+    budget_mode: Any = "tokens",
+    budget_fraction: Any = 0.25,
+) -> Policy:
     """The policy the controls describe; :class:`ControlError` with the policy's own reason."""
     if not name:
         raise ControlError("choose a policy")
@@ -189,9 +198,9 @@ def json_knobs(text: str | None) -> dict[str, Any]:
     try:
         knobs = json.loads(text) if (text or "").strip() else {}
     except json.JSONDecodeError as exc:
-        raise ControlError(f"knobs must be a JSON object such as {{\"budget\": 128}}: {exc}") from None
+        raise ControlError(f'knobs must be a JSON object such as {{"budget": 128}}: {exc}') from None
     if not isinstance(knobs, dict):
-        raise ControlError(f"knobs must be a JSON object such as {{\"budget\": 128}}, not {type(knobs).__name__}")
+        raise ControlError(f'knobs must be a JSON object such as {{"budget": 128}}, not {type(knobs).__name__}')
     return knobs
 
 

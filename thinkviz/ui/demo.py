@@ -16,7 +16,8 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,8 +27,19 @@ from ..engine import DecodeSettings
 from ..estimate import format_seconds
 from ..events import FORMAT_VERSION, RecordingError, RunRecord
 from ..model import EMBEDDED, LoadedModel
-from ..recordings import (BUNDLE_VERSION, LIVE_KEY, REFERENCE_KEY, Recording, Step, check, clip_segments, digest,
-                          load, machine, recording_path)
+from ..recordings import (
+    BUNDLE_VERSION,
+    LIVE_KEY,
+    REFERENCE_KEY,
+    Recording,
+    Step,
+    check,
+    clip_segments,
+    digest,
+    load,
+    machine,
+    recording_path,
+)
 from . import inputs
 from .model_slot import ModelSlot
 from .runs import RunInput, RunInputError, prepare
@@ -128,8 +140,11 @@ def preset_estimate(slot: ModelSlot, name: str | None, tab: str, measure: bool =
         request = preset_request(name)
     except RunInputError:
         return None
-    recording = "▶ Play recording opens it at once" if recording_problem(name) is None else \
-        "it has no current recording to play"
+    recording = (
+        "▶ Play recording opens it at once"
+        if recording_problem(name) is None
+        else "it has no current recording to play"
+    )
     loaded, speed = slot.loaded, slot.speed
     if loaded is None or speed is None or not slot.status.ready:
         return f"Preset ready: {recording}; the run's length is estimated once the model has loaded."
@@ -138,13 +153,21 @@ def preset_estimate(slot: ModelSlot, name: str | None, tab: str, measure: bool =
     except RunInputError as exc:
         return f"Preset ready, but it cannot run on this model: {exc}"
     columns = [request.live] if tab == "live" else request.columns
-    phases = plan(columns, len(prompt.ids), None if trace is None else len(trace), request.settings,
-                  measure=measure or (tab == "compare" and trace is not None), reference_run=tab == "compare")
+    phases = plan(
+        columns,
+        len(prompt.ids),
+        None if trace is None else len(trace),
+        request.settings,
+        measure=measure or (tab == "compare" and trace is not None),
+        reference_run=tab == "compare",
+    )
     bound = "" if trace is not None else "at most "
     runs = phases[0].runs
     what = f"{len(trace):,} trace tokens" if trace is not None else f"up to {request.settings.max_new_tokens} tokens"
-    return (f"Preset ready. Running it live takes {bound}{format_seconds(speed.estimate(phases))} on this machine "
-            f"({what}, {runs} run{'s' if runs > 1 else ''} side by side); {recording}.")
+    return (
+        f"Preset ready. Running it live takes {bound}{format_seconds(speed.estimate(phases))} on this machine "
+        f"({what}, {runs} run{'s' if runs > 1 else ''} side by side); {recording}."
+    )
 
 
 class _Tape:
@@ -160,12 +183,18 @@ class _Tape:
         for index, record in enumerate(records):
             self.segments.setdefault(index, {})[counts[index]] = [dict(s) for s in record.segments]
         shown = {keys[k]: len(f.positions) for k, f in comparison.fidelity.items() if k in keys}
-        self.steps.append(Step(self.clock() - self.start, comparison.phase, comparison.done, comparison.total,
-                               counts, shown))
+        self.steps.append(
+            Step(self.clock() - self.start, comparison.phase, comparison.done, comparison.total, counts, shown)
+        )
 
 
-def _drive(comparison: Comparison, tape: _Tape, records: Callable[[], list[RunRecord]],
-           keys: dict[int | None, str], progress: Progress | None) -> None:
+def _drive(
+    comparison: Comparison,
+    tape: _Tape,
+    records: Callable[[], list[RunRecord]],
+    keys: dict[int | None, str],
+    progress: Progress | None,
+) -> None:
     for _ in comparison:
         tape.keep(comparison, records(), keys)
         if progress is not None:
@@ -188,15 +217,20 @@ def _same_run(a: RunRecord, b: RunRecord) -> bool:
     return all(np.array_equal(a.snapshots[s], b.snapshots[s]) for s in a.snapshots)
 
 
-def record_preset(loaded: LoadedModel, name: str, progress: Progress | None = None,
-                  clock: Callable[[], float] = time.monotonic) -> Recording:
+def record_preset(
+    loaded: LoadedModel, name: str, progress: Progress | None = None, clock: Callable[[], float] = time.monotonic
+) -> Recording:
     """Run preset ``name`` as the Live tab (its policy, fidelity measured) and the Compare tab (its
     columns) would, on ``loaded``, and keep every step."""
     return record(loaded, preset_request(name), progress, clock)
 
 
-def record(loaded: LoadedModel, request: PresetRequest, progress: Progress | None = None,
-           clock: Callable[[], float] = time.monotonic) -> Recording:
+def record(
+    loaded: LoadedModel,
+    request: PresetRequest,
+    progress: Progress | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Recording:
     """:func:`record_preset` for any request."""
     name = request.name
     prompt, trace_ids = prepare(loaded, request.run_input)
@@ -224,23 +258,48 @@ def record(loaded: LoadedModel, request: PresetRequest, progress: Progress | Non
         attach_answer_attention(loaded, records[same])
     reference = compare.references[0] if compare.references else columns if apart else None
     width = len(records)
-    live_steps = [Step(s.seconds, s.phase, s.done, s.total,
-                       tuple(s.events[0] if i == same else 0 for i in range(width)), s.fidelity)
-                  for s in live_tape.steps]
-    compare_steps = [Step(s.seconds, s.phase, s.done, s.total, s.events + (0,) * (width - len(s.events)), s.fidelity)
-                     for s in compare_tape.steps]
+    live_steps = [
+        Step(
+            s.seconds,
+            s.phase,
+            s.done,
+            s.total,
+            tuple(s.events[0] if i == same else 0 for i in range(width)),
+            s.fidelity,
+        )
+        for s in live_tape.steps
+    ]
+    compare_steps = [
+        Step(s.seconds, s.phase, s.done, s.total, s.events + (0,) * (width - len(s.events)), s.fidelity)
+        for s in compare_tape.steps
+    ]
     segments = {**compare_tape.segments}
     if same >= columns:
         segments[same] = live_tape.segments.get(0, {})
     fidelity = {keys[k]: f for k, f in compare.fidelity.items() if k in keys}
     fidelity[LIVE_KEY] = live.fidelity[0]
-    recorded = {"model": loaded.name, "quantization": loaded.quantization, "backend": loaded.backend,
-                "device": str(loaded.device), "machine": machine(),
-                "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%MZ"),
-                "seconds": {"live": live_tape.steps[-1].seconds, "compare": compare_tape.steps[-1].seconds}}
-    return Recording(name, request_signature(request), request.mode, column_labels(request.columns), records, same,
-                     reference, fidelity, {"live": live_steps, "compare": compare_steps},
-                     _overrides(records, segments), recorded)
+    recorded = {
+        "model": loaded.name,
+        "quantization": loaded.quantization,
+        "backend": loaded.backend,
+        "device": str(loaded.device),
+        "machine": machine(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%MZ"),
+        "seconds": {"live": live_tape.steps[-1].seconds, "compare": compare_tape.steps[-1].seconds},
+    }
+    return Recording(
+        name,
+        request_signature(request),
+        request.mode,
+        column_labels(request.columns),
+        records,
+        same,
+        reference,
+        fidelity,
+        {"live": live_steps, "compare": compare_steps},
+        _overrides(records, segments),
+        recorded,
+    )
 
 
 def _overrides(records: list[RunRecord], seen: dict[int, dict[int, list[dict]]]) -> dict[int, dict[int, list[dict]]]:

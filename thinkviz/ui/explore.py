@@ -95,8 +95,10 @@ def token_data_at(
         if head is not None:
             mask = mask[..., head, :]
         keep = mask.reshape(-1, mask.shape[-1]).mean(axis=0)  # (T,)
-        scope = f"layer {'all' if layer is None else layer}, kv-head {'all' if head is None else head}" \
-                f" (snapshot at step {snap_step})"
+        scope = (
+            f"layer {'all' if layer is None else layer}, kv-head {'all' if head is None else head}"
+            f" (snapshot at step {snap_step})"
+        )
     event = record.events[step]
     data = token_view(record, step)
     if keep is not None:
@@ -104,8 +106,10 @@ def token_data_at(
     held = event.kept_counts(*geometry(record))
     uniform = held.size == 0 or held.min() == held.max()
     kv = f"{event.kv_tokens}" if uniform else f"{held.mean():.1f} on average ({held.min()}–{held.max()})"
-    caption = (f"Step **{event.step}** of {record.events[-1].step} · {len(data.texts)} tokens seen · cache holds {kv} "
-               f"per layer and head · shading: {scope}")
+    caption = (
+        f"Step **{event.step}** of {record.events[-1].step} · {len(data.texts)} tokens seen · cache holds {kv} "
+        f"per layer and head · shading: {scope}"
+    )
     return data, step, caption
 
 
@@ -130,22 +134,39 @@ def explore_view(record: RunRecord, step: int, layer: Any, head: Any, mode: str)
     tokens = render_tokens(data, mode)
     legend = view_legend(mode, str(record.meta.get("policy")), data)
     heatmap = keep_heatmap(record, layer_index, head_index)
-    heatmap.add_hline(y=record.events[shown].step, line_dash="dot", line_color="#1f77b4",
-                      annotation_text="this step", annotation_position="bottom right")
+    heatmap.add_hline(
+        y=record.events[shown].step,
+        line_dash="dot",
+        line_color="#1f77b4",
+        annotation_text="this step",
+        annotation_position="bottom right",
+    )
     rows = segment_table(record, record.events[shown].step)
     if data.scores is None:  # no graded score: no mean importance either
         rows = [row[:3] + [None] + row[4:] for row in rows]
-    return ExploreView(caption + _heat_note(data, mode), tokens, legend, shown, heatmap,
-                       {"headers": segment_headers(record), "data": rows}, kept_figure(record, shown))
+    return ExploreView(
+        caption + _heat_note(data, mode),
+        tokens,
+        legend,
+        shown,
+        heatmap,
+        {"headers": segment_headers(record), "data": rows},
+        kept_figure(record, shown),
+    )
 
 
 def _heat_note(data: TokenData, mode: str) -> str:
     """What the heat of a prediction mode shows, or why there is none (empty for the other modes)."""
     if mode == "predicted":
-        return (" · heat: the predictor's importance of each token when it was written" if data.predicted is not None
-                else " · this run reported no predicted importance")
+        return (
+            " · heat: the predictor's importance of each token when it was written"
+            if data.predicted is not None
+            else " · this run reported no predicted importance"
+        )
     if mode == "answer":
-        return (" · heat: attention the answer paid each earlier token (full cache, measured when the run ended)"
-                if data.answer_attention is not None
-                else " · no attention from the answer here: the answer has not begun at this step, or was not measured")
+        return (
+            " · heat: attention the answer paid each earlier token (full cache, measured when the run ended)"
+            if data.answer_attention is not None
+            else " · no attention from the answer here: the answer has not begun at this step, or was not measured"
+        )
     return ""

@@ -35,8 +35,7 @@ def _preprocess_number(slider: gr.Slider | gr.Number, payload: Any) -> float:
     if slider.minimum is not None and payload < slider.minimum:
         raise gr.Error(f"{label}: {payload:g} is less than minimum value {slider.minimum:g}", print_exception=False)
     if slider.maximum is not None and payload > slider.maximum:
-        raise gr.Error(f"{label}: {payload:g} is greater than maximum value {slider.maximum:g}",
-                       print_exception=False)
+        raise gr.Error(f"{label}: {payload:g} is greater than maximum value {slider.maximum:g}", print_exception=False)
     return type(slider).preprocess(slider, payload)
 
 

@@ -10,7 +10,8 @@ one, across all sessions.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
 
 import gradio as gr
 
@@ -79,6 +80,8 @@ def run_picker(session: Session, value: str | None = None) -> dict:
     in place of its help text when the recording budget dropped some (``value``: select it)."""
     selected = {} if value is None else {"value": value}
     return gr.update(choices=session.sources(), info=session.shelf.note or RUN_PICKER_INFO, **selected)
+
+
 def play_recording(
     load: Callable[[], Request],
     play: Callable[[Request, threading.Event], Iterator[list]],

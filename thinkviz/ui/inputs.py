@@ -58,8 +58,11 @@ def replay_choices(choices: list[tuple[str, str]]) -> tuple[list[tuple[str, str]
     (``"math_tilings · tam_math"``: the trace file, then the preset whose question and knobs come
     with it), and the one with the shortest trace (a quick default), or ``None`` when there is none."""
     loaded = {name: choose_preset(name).preset for _, name in choices}
-    replay = [(f"{PurePosixPath(loaded[name].trace_file or name).stem} · {name}", name)
-              for _, name in choices if loaded[name].mode == "replay"]
+    replay = [
+        (f"{PurePosixPath(loaded[name].trace_file or name).stem} · {name}", name)
+        for _, name in choices
+        if loaded[name].mode == "replay"
+    ]
     replay.sort()
     return replay, min((name for _, name in replay), key=lambda name: len(loaded[name].trace or ""), default=None)
 
@@ -76,15 +79,18 @@ def choose_preset(name: str) -> PresetChoice:
     return PresetChoice(preset, preset.system_prompt, preset.trace or "")
 
 
-def run_input(mode: str, system: str | None, question: str | None, trace: str | None,
-              max_tokens: Any = None) -> RunInput:
+def run_input(
+    mode: str, system: str | None, question: str | None, trace: str | None, max_tokens: Any = None
+) -> RunInput:
     """The :class:`RunInput` the controls describe (an empty system box sends no system prompt;
     ``max_tokens`` 0 or ``None``: the whole trace)."""
     if mode not in RUN_MODES:
         raise RunInputError(f"Unknown run mode {mode!r}; choose generate or replay.")
     if mode == "replay" and not (trace or "").strip():
-        raise RunInputError("Replay mode needs a trace: pick a replay preset, paste the assistant's text or a "
-                            "transcript, or upload one.")
+        raise RunInputError(
+            "Replay mode needs a trace: pick a replay preset, paste the assistant's text or a "
+            "transcript, or upload one."
+        )
     try:
         limit = int(max_tokens or 0)
     except (TypeError, ValueError):
@@ -102,8 +108,9 @@ def run_input(mode: str, system: str | None, question: str | None, trace: str | 
 def decode_settings(max_new_tokens: Any, temperature: Any, stop_at_eos: Any = True) -> DecodeSettings:
     """Validated decode settings (greedy when ``temperature`` is 0)."""
     try:
-        settings = DecodeSettings(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-                                  stop_at_eos=bool(stop_at_eos))
+        settings = DecodeSettings(
+            max_new_tokens=int(max_new_tokens), temperature=float(temperature), stop_at_eos=bool(stop_at_eos)
+        )
         settings.validate()
     except (TypeError, ValueError) as exc:  # EngineError is a ValueError
         raise RunInputError(str(exc) if isinstance(exc, EngineError) else f"Bad decode setting: {exc}") from None
@@ -145,8 +152,9 @@ def read_upload(path: str | None) -> str:
         raise RunInputError(f"cannot read {what} ({exc.strerror})") from None
 
 
-def trace_preview(loaded: LoadedModel | None, mode: str, system: str | None, question: str | None,
-                  trace: str | None) -> tuple[str, list[list]]:
+def trace_preview(
+    loaded: LoadedModel | None, mode: str, system: str | None, question: str | None, trace: str | None
+) -> tuple[str, list[list]]:
     """A caption and one row per turn (:func:`~thinkviz.viz.tables.turn_preview`) for what the
     replay would run; token counts need ``loaded`` (its tokenizer only, no forward pass).  A
     trace that cannot be replayed gets the reason as its caption, never an exception: the
@@ -165,5 +173,7 @@ def trace_preview(loaded: LoadedModel | None, mode: str, system: str | None, que
     turns = report["turns"]
     prefilled = sum(t["tokens"] for t in turns if t["prefilled"])
     total = turns[-1]["end"]
-    return (f"{len(rows)} turns ({form}): {total:,} tokens, {prefilled:,} prefilled and {total - prefilled:,} "
-            f"teacher-forced; {len(report['think_blocks'])} think blocks."), rows
+    return (
+        f"{len(rows)} turns ({form}): {total:,} tokens, {prefilled:,} prefilled and {total - prefilled:,} "
+        f"teacher-forced; {len(report['think_blocks'])} think blocks."
+    ), rows

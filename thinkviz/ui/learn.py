@@ -37,10 +37,18 @@ def policy_card(name: str) -> str:
     cls = policy_class(name)
     rule = inspect.getdoc(cls) or ""
     scale = cls.score_scale
-    heat = (f"{_escape(scale.what)}: low = {_escape(scale.low)}, high = {_escape(scale.high)}" if scale is not None
-            else "none: the rule orders tokens without a graded score, so the token views show only what it kept")
-    parts = [f"### `{cls.name}`", _escape(cls.summary), f"**Rule.** {_escape(rule)}", f"**Heat.** {heat}",
-             f"**Source.** {_escape(cls.source)}"]
+    heat = (
+        f"{_escape(scale.what)}: low = {_escape(scale.low)}, high = {_escape(scale.high)}"
+        if scale is not None
+        else "none: the rule orders tokens without a graded score, so the token views show only what it kept"
+    )
+    parts = [
+        f"### `{cls.name}`",
+        _escape(cls.summary),
+        f"**Rule.** {_escape(rule)}",
+        f"**Heat.** {heat}",
+        f"**Source.** {_escape(cls.source)}",
+    ]
     if cls.params:
         parts.append(params_table(cls.params))
     else:
@@ -53,8 +61,15 @@ def kv_format_card(name: str) -> str:
     model, KIVI with its default residual of 32), source."""
     spec = FORMATS[name]
     bits = KVQuant(name).bits_per_value(128, 2)
-    return "\n\n".join([f"### `{name}`", _escape(spec.summary), f"**Rule.** {_escape(spec.rule)}",
-                         f"**Bits per value.** {bits:.3g} (of 16)", f"**Source.** {_escape(spec.source)}"])
+    return "\n\n".join(
+        [
+            f"### `{name}`",
+            _escape(spec.summary),
+            f"**Rule.** {_escape(spec.rule)}",
+            f"**Bits per value.** {bits:.3g} (of 16)",
+            f"**Source.** {_escape(spec.source)}",
+        ]
+    )
 
 
 def kv_formats_markdown() -> str:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from ..answer_attention import attach_answer_attention
 from ..comparison import Column, Comparison
@@ -63,8 +64,11 @@ class LiveFrame:
     fidelity: Any | None = None  # the per-token ΔNLL / KL figure
 
 
-PHASE_VERBS = {"replay": "Replaying", "generate": "Generating",
-               "fidelity": "Measuring fidelity: teacher-forcing the text through the full cache"}
+PHASE_VERBS = {
+    "replay": "Replaying",
+    "generate": "Generating",
+    "fidelity": "Measuring fidelity: teacher-forcing the text through the full cache",
+}
 
 
 def status_line(driver: Comparison | Playback, timer: RunTimer, done: bool = False) -> str:
@@ -77,8 +81,10 @@ def status_line(driver: Comparison | Playback, timer: RunTimer, done: bool = Fal
         if done:
             stopped = "stopped" if driver.stopped else "played to the end"
             made = driver.recording.recorded
-            return (f"Done: {tokens} tokens {verb} ({stopped}) — a recording made on {made.get('date', '?')} "
-                    f"with {made.get('model', '?')} ({made.get('backend', '?')}), no model needed.")
+            return (
+                f"Done: {tokens} tokens {verb} ({stopped}) — a recording made on {made.get('date', '?')} "
+                f"with {made.get('model', '?')} ({made.get('backend', '?')}), no model needed."
+            )
     else:
         where = ""
         if done:
@@ -137,8 +143,16 @@ def live_frames(
     def frames() -> Iterator[LiveFrame]:  # nothing runs, not even the input's checks, before the first frame
         prompt, trace_ids = prepare(loaded, run_input)
         try:
-            driver = Comparison(loaded, [Column(policy, kv_quant)], prompt, trace_ids, settings, cancel,
-                                measure=measure, reference_run=False)
+            driver = Comparison(
+                loaded,
+                [Column(policy, kv_quant)],
+                prompt,
+                trace_ids,
+                settings,
+                cancel,
+                measure=measure,
+                reference_run=False,
+            )
         except EngineError as exc:
             raise RunInputError(str(exc)) from None
 
@@ -146,8 +160,17 @@ def live_frames(
             if policy.predicts_importance and not cancel.is_set():
                 attach_answer_attention(loaded, driver.runs[0].record)
 
-        yield from _frames(driver, RunTimer(driver, speed, clock), loaded.device, channel, projection,
-                           pacer or FramePacer(), figure_pacer or FramePacer(FIGURE_INTERVAL), show_device, ending)
+        yield from _frames(
+            driver,
+            RunTimer(driver, speed, clock),
+            loaded.device,
+            channel,
+            projection,
+            pacer or FramePacer(),
+            figure_pacer or FramePacer(FIGURE_INTERVAL),
+            show_device,
+            ending,
+        )
 
     return guard_frames(frames(), f"the {policy.name} run", loaded.device, passthrough=(RunInputError,))
 
@@ -165,12 +188,29 @@ def playback_frames(
 ) -> Iterator[LiveFrame]:
     """:func:`live_frames` for a preset's recorded Live run, at ``speed`` × the recorded pace (no model)."""
     playback = Playback(recording, "live", speed, cancel)
-    return _frames(playback, RunTimer(playback, None), None, channel, projection, pacer or FramePacer(),
-                   figure_pacer or FramePacer(FIGURE_INTERVAL), show_device)
+    return _frames(
+        playback,
+        RunTimer(playback, None),
+        None,
+        channel,
+        projection,
+        pacer or FramePacer(),
+        figure_pacer or FramePacer(FIGURE_INTERVAL),
+        show_device,
+    )
 
 
-def _frames(driver, timer, device, channel, projection, pacer, figure_pacer, show_device,
-            ending: Callable[[], None] | None = None) -> Iterator[LiveFrame]:
+def _frames(
+    driver,
+    timer,
+    device,
+    channel,
+    projection,
+    pacer,
+    figure_pacer,
+    show_device,
+    ending: Callable[[], None] | None = None,
+) -> Iterator[LiveFrame]:
     """The frames of one driver: the first before it starts, one when due after a step, a final one
     (after ``ending()``, when given)."""
     device_stats: dict[int, dict] = {}  # step -> device memory, sampled once per frame
@@ -192,7 +232,8 @@ def _frames(driver, timer, device, channel, projection, pacer, figure_pacer, sho
             message=channel.message(view, reset=done or not record.events),
             bus=channel.recent(),
             figure=memory_figure(record, projection=projection, device_stats=device_stats, show_device=show_device)
-            if due else None,
+            if due
+            else None,
             stats=stats_html(record, fidelity),
             legend=view_legend(channel.mode, policy, view),
             record=record,

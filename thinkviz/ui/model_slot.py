@@ -17,7 +17,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from ..estimate import Speed, measure_speed
 from ..model import LoadedModel, ModelLoadError, load_model
@@ -115,8 +115,15 @@ class ModelSlot:
                 self._set(LoadStatus(name, quantization, 1.0, "Loading failed", error=reason))
             else:  # keep serving the model that works
                 in_use = f"{previous.name} ({previous.quantization}, {previous.device})"
-                self._set(LoadStatus(*self._loaded_as, 1.0, f"Ready: {in_use}, still in use",
-                                     ready=True, note=f"Could not load {name}: {reason}"))
+                self._set(
+                    LoadStatus(
+                        *self._loaded_as,
+                        1.0,
+                        f"Ready: {in_use}, still in use",
+                        ready=True,
+                        note=f"Could not load {name}: {reason}",
+                    )
+                )
             return
         self._set(LoadStatus(name, quantization, 0.99, "Measuring this machine's speed (for run-time estimates)…"))
         try:
@@ -126,8 +133,11 @@ class ModelSlot:
             speed = None
         self._loaded, self._loaded_as = loaded, (name, quantization)
         self._speeds = {id(loaded): speed} if speed is not None else {}
-        self._set(LoadStatus(name, quantization, 1.0, f"Ready: {loaded.name} ({loaded.quantization}, {loaded.device})",
-                             ready=True))
+        self._set(
+            LoadStatus(
+                name, quantization, 1.0, f"Ready: {loaded.name} ({loaded.quantization}, {loaded.device})", ready=True
+            )
+        )
 
     def _set(self, status: LoadStatus) -> None:
         with self._changed:

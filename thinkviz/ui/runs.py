@@ -47,8 +47,9 @@ def prepare(loaded: LoadedModel, run_input: RunInput) -> tuple[ChatPrompt, list[
         raise RunInputError("The question is empty: type a prompt or pick a preset.")
     try:
         if run_input.replay:
-            return prepare_replay(loaded, trace_from_text(trace, run_input.system, run_input.question),
-                                  run_input.max_tokens)
+            return prepare_replay(
+                loaded, trace_from_text(trace, run_input.system, run_input.question), run_input.max_tokens
+            )
         return build_chat(loaded.tokenizer, run_input.system, run_input.question), None
     except TraceError as exc:
         raise RunInputError(str(exc)) from None

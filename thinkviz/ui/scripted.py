@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..policies import Policy
 from .controls import json_knobs, policy_from_knobs
@@ -28,8 +29,9 @@ class ScriptRequest:
     max_new_tokens: Any
 
 
-def script_request(policy: str | None, knobs: str | None, preset: str | None, chat: Sequence[Any],
-                   max_new_tokens: Any) -> ScriptRequest:
+def script_request(
+    policy: str | None, knobs: str | None, preset: str | None, chat: Sequence[Any], max_new_tokens: Any
+) -> ScriptRequest:
     """What ``/run_policy`` runs.
 
     Without ``preset``: policy ``policy`` with ``knobs`` (a JSON object by knob name) on ``chat``.
@@ -47,8 +49,11 @@ def script_request(policy: str | None, knobs: str | None, preset: str | None, ch
     chosen = choice.preset
     name = name or chosen.policy
     merged = {**chosen.params, **given} if name == chosen.policy else given
-    return ScriptRequest(policy_from_knobs(name, merged), (chosen.mode, choice.system, chosen.question, choice.trace),
-                         chosen.max_new_tokens)
+    return ScriptRequest(
+        policy_from_knobs(name, merged),
+        (chosen.mode, choice.system, chosen.question, choice.trace),
+        chosen.max_new_tokens,
+    )
 
 
 def run_summary(label: str, frame: LiveFrame) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from ..events import RunRecord
 from ..units import format_bytes
@@ -44,8 +44,13 @@ class Shelf:
     runs: dict[str, int] = field(default_factory=dict)  # how many runs each source ("Live", "Compare") kept
     note: str = ""  # what the last keep dropped, for the run picker
 
-    def keep(self, source: str, records: Iterable[RunRecord], pinned: Iterable[RunRecord] = (),
-             titles: Sequence[str] | None = None) -> list[str]:
+    def keep(
+        self,
+        source: str,
+        records: Iterable[RunRecord],
+        pinned: Iterable[RunRecord] = (),
+        titles: Sequence[str] | None = None,
+    ) -> list[str]:
         """Add ``records`` (one run of ``source``) as ``"<source> <n> · <title>"``, then :meth:`trim`;
         returns their labels.  A record's title is ``titles[i]`` (Compare's column titles, which tell
         one policy's columns apart), else its policy and its KV format when quantized."""
@@ -75,8 +80,12 @@ class Shelf:
             if not any(record is shown for shown in pinned):
                 dropped.append(label)
                 del self.records[label]
-        self.note = (f"Dropped {', '.join(dropped)}: this session keeps {format_bytes(self.budget)} of recordings, "
-                     "the oldest go first." if dropped else "")
+        self.note = (
+            f"Dropped {', '.join(dropped)}: this session keeps {format_bytes(self.budget)} of recordings, "
+            "the oldest go first."
+            if dropped
+            else ""
+        )
 
     def nbytes(self) -> int:
         return sum(record.nbytes for record in self.records.values())

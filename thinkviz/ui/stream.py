@@ -30,7 +30,8 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..viz.legend import pin_host
 from ..viz.tokens import TOKEN_PATCH_JS, TokenData, TokenViewState, token_delta
@@ -79,7 +80,7 @@ class TokenChannel:
         if patch["reset"] is not None:
             self._titles, self._titles_at = [look.title for look in looks], now
         else:
-            self._titles.extend(look.title for look in looks[len(self._titles):])  # appended with their titles
+            self._titles.extend(look.title for look in looks[len(self._titles) :])  # appended with their titles
             for pos, change in patch["update"].items():
                 kept = {k: v for k, v in change.items() if k != "title"}
                 if kept:

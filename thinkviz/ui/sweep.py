@@ -14,7 +14,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 from ..faults import RunFault, fault_message, release_device_memory
 from ..model import LoadedModel
@@ -83,9 +84,19 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> list[list[Any]]:
     def number(value: Any, fmt: str) -> str:
         return "—" if value is None or value != value else format(value, fmt)
 
-    return [[run_label(row), row["budget"], format_bytes(row["peak_kv_bytes"]), number(row["kv_fraction"], ".0%"),
-             number(row["compression"], ".1f") + "×", number(row["nll_delta"], "+.4f"), number(row["kl"], ".4f"),
-             number(row["top1"], ".1%")] for row in rows]
+    return [
+        [
+            run_label(row),
+            row["budget"],
+            format_bytes(row["peak_kv_bytes"]),
+            number(row["kv_fraction"], ".0%"),
+            number(row["compression"], ".1f") + "×",
+            number(row["nll_delta"], "+.4f"),
+            number(row["kl"], ".4f"),
+            number(row["top1"], ".1%"),
+        ]
+        for row in rows
+    ]
 
 
 def sweep_frames(
@@ -118,16 +129,31 @@ def sweep_frames(
         def progress(name: str, done: int, total: int) -> None:
             reports.put(f"Replaying {name} through {runs} runs in lockstep… {done}/{total} tokens")
 
-        outcome["rows"], _ = sweep_trace(loaded, trace, policies, budgets, interval, params, progress=progress,
-                                         max_trace_tokens=max_trace_tokens, vary=vary)
+        outcome["rows"], _ = sweep_trace(
+            loaded,
+            trace,
+            policies,
+            budgets,
+            interval,
+            params,
+            progress=progress,
+            max_trace_tokens=max_trace_tokens,
+            vary=vary,
+        )
 
     def on_ray() -> None:
         settings = SweepSettings(tuple(policies), interval, dict(params), max_trace_tokens, dict(vary or {}))
         groups = plan_groups([trace], budgets)
         with open_executor(lambda: loaded, ray.spec, len(groups), ray.address) as executor:
             reports.put(f"Replaying {trace.name} on Ray at {ray.address}: 0/{len(groups)} groups…")
-            done = run_groups(groups, settings, executor, progress=lambda finished, total, name: reports.put(
-                f"Replaying {trace.name} on Ray at {ray.address}: {finished}/{total} groups…"))
+            done = run_groups(
+                groups,
+                settings,
+                executor,
+                progress=lambda finished, total, name: reports.put(
+                    f"Replaying {trace.name} on Ray at {ray.address}: {finished}/{total} groups…"
+                ),
+            )
         if not done.results:
             raise WorkerError("; ".join(failure.reason for failure in done.failures))
         outcome["rows"], outcome["failed"] = done.rows(groups), done.failures
@@ -146,8 +172,9 @@ def sweep_frames(
     worker.start()
     where = "" if ray is None else f" — starting workers on Ray at {ray.address}"
     varied = f" in {variants} variants" if variants != len(policies) else ""
-    yield SweepFrame(f"Prefilling {runs} runs (the full cache + {len(policies)} policies{varied} × "
-                     f"{len(budgets)} budgets){where}…")
+    yield SweepFrame(
+        f"Prefilling {runs} runs (the full cache + {len(policies)} policies{varied} × {len(budgets)} budgets){where}…"
+    )
     finished = False
     while not finished:
         batch = [reports.get()]
@@ -165,17 +192,35 @@ def sweep_frames(
         raise outcome["error"]
     rows = outcome["rows"]
     failed = "".join(f" Failed twice: {failure.reason}." for failure in outcome["failed"])
-    yield SweepFrame(f"Done: {len(rows)} runs on {trace.name}.{failed}", rows, pareto_figure(rows, metric),
-                     table_rows(rows))
+    yield SweepFrame(
+        f"Done: {len(rows)} runs on {trace.name}.{failed}", rows, pareto_figure(rows, metric), table_rows(rows)
+    )
 
 
-def sweep_meta(loaded: LoadedModel, trace: Trace, policies: Sequence[str], budgets: str, interval: int,
-               max_trace_tokens: int | None, params: dict[str, Any], budget_mode: str = "tokens",
-               vary: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def sweep_meta(
+    loaded: LoadedModel,
+    trace: Trace,
+    policies: Sequence[str],
+    budgets: str,
+    interval: int,
+    max_trace_tokens: int | None,
+    params: dict[str, Any],
+    budget_mode: str = "tokens",
+    vary: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
     """What a sweep's result files say about how it was run (``budgets`` as the user wrote them)."""
-    return {"model": loaded.name, "quantization": loaded.quantization, "trace": trace.name, "interval": interval,
-            "budgets": budgets, "budget_mode": budget_mode, "policies": list(policies), "params": dict(params),
-            "max_trace_tokens": max_trace_tokens, "vary": dict(vary or {})}
+    return {
+        "model": loaded.name,
+        "quantization": loaded.quantization,
+        "trace": trace.name,
+        "interval": interval,
+        "budgets": budgets,
+        "budget_mode": budget_mode,
+        "policies": list(policies),
+        "params": dict(params),
+        "max_trace_tokens": max_trace_tokens,
+        "vary": dict(vary or {}),
+    }
 
 
 def export_sweep(rows: list[dict[str, Any]], meta: dict[str, Any], folder: str | Path) -> list[str]:

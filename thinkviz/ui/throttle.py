@@ -9,7 +9,7 @@ always render one final frame when the run ends.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 DEFAULT_FRAME_INTERVAL = 0.15  # seconds: ≈6.7 frames per second
 FIGURE_INTERVAL = 2.0  # seconds between memory-chart rebuilds while a run streams (a redraw is costly)

@@ -9,7 +9,7 @@ the next estimate.  A playback knows its own length: the recorded time over the 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..comparison import Comparison
 from ..estimate import Progress, Speed, format_seconds

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 import gradio as gr
 
@@ -30,8 +31,17 @@ from ..presets import MAX_NEW_TOKENS_RANGE, Preset
 from ..units import format_bytes
 from ..viz.tables import TURN_PREVIEW_HEADERS
 from . import inputs
-from .controls import (COMMON_NAMES, Pools, build_policy, collect_params, format_knobs, pool_bounds, pool_choices,
-                       pool_sizes, slot_specs)
+from .controls import (
+    COMMON_NAMES,
+    Pools,
+    build_policy,
+    collect_params,
+    format_knobs,
+    pool_bounds,
+    pool_choices,
+    pool_sizes,
+    slot_specs,
+)
 from .demo import recording_problem
 from .fields import numbers_only, slider
 from .handlers import MODEL_GROUP, shown, user_error
@@ -129,8 +139,14 @@ class CommonControls(Group):
     protect_question: gr.Checkbox
 
     def inputs(self) -> list:
-        return [self.budget, self.budget_mode, self.budget_fraction, self.interval, self.protect_system,
-                self.protect_question]
+        return [
+            self.budget,
+            self.budget_mode,
+            self.budget_fraction,
+            self.interval,
+            self.protect_system,
+            self.protect_question,
+        ]
 
     @staticmethod
     def knobs(values: Sequence[Any]) -> dict[str, Any]:
@@ -142,18 +158,35 @@ LOG_DRAG_JS = "(x) => Math.round(Math.pow(2, x))"  # the drag's position → the
 LOG_POSITION_JS = "(b) => Math.log2(Math.max(1, Number(b) || 1))"  # the budget → the drag's position
 
 
-def budget_control(tab: str, param: Param, elem_classes: str | None = None,
-                   visible: bool = True) -> tuple[gr.Number, gr.Group]:
+def budget_control(
+    tab: str, param: Param, elem_classes: str | None = None, visible: bool = True
+) -> tuple[gr.Number, gr.Group]:
     """The budget as an exact number and a log-scale drag under it (see :class:`CommonControls`), and
     the group holding both (what a budget mode shows or hides)."""
     with gr.Group(elem_classes=["tv-budget", *([elem_classes] if elem_classes else [])], visible=visible) as box:
-        budget = numbers_only(gr.Number(value=param.default, minimum=param.low, maximum=param.high, precision=0,
-                                        step=param.step, label="Budget (tokens per layer and kv-head)",
-                                        info=f"{param.help}; type any value, or drag (log scale)",
-                                        elem_id=f"tv-{tab}-budget"))
-        drag = gr.Slider(math.log2(param.low), math.log2(param.high), value=math.log2(param.default), step=0.01,
-                         show_label=False, container=False, buttons=[], elem_classes="tv-log-drag",
-                         elem_id=f"tv-{tab}-budget-drag")
+        budget = numbers_only(
+            gr.Number(
+                value=param.default,
+                minimum=param.low,
+                maximum=param.high,
+                precision=0,
+                step=param.step,
+                label="Budget (tokens per layer and kv-head)",
+                info=f"{param.help}; type any value, or drag (log scale)",
+                elem_id=f"tv-{tab}-budget",
+            )
+        )
+        drag = gr.Slider(
+            math.log2(param.low),
+            math.log2(param.high),
+            value=math.log2(param.default),
+            step=0.01,
+            show_label=False,
+            container=False,
+            buttons=[],
+            elem_classes="tv-log-drag",
+            elem_id=f"tv-{tab}-budget-drag",
+        )
     drag.input(None, drag, budget, js=LOG_DRAG_JS, api_visibility="private")
     budget.change(None, budget, drag, js=LOG_POSITION_JS, api_visibility="private")
     return budget, box
@@ -167,12 +200,32 @@ def common_controls(tab: str, interval: int) -> CommonControls:
     b, m, f, i = params["budget"], params["budget_mode"], params["budget_fraction"], params["interval"]
     mode = gr.Radio(list(m.choices), value=m.default, label="Budget mode", info=m.help, elem_id=f"tv-{tab}-budget-mode")
     budget, budget_box = budget_control(tab, b, "tv-bar", visible=m.default != "fraction")
-    fraction = slider(f.low, f.high, value=f.default, step=f.step, label="Budget (fraction of the tokens seen)",
-                      info=f.help, elem_id=f"tv-{tab}-budget-fraction", visible=m.default == "fraction")
-    mode.change(lambda chosen: [gr.update(visible=chosen != "fraction"), gr.update(visible=chosen == "fraction")],
-                mode, [budget_box, fraction], show_progress="hidden", api_visibility="private")
-    interval_slider = slider(i.low, i.high, value=interval, step=i.step, label="Interval (compress every N tokens)",
-                             info=i.help, elem_id=f"tv-{tab}-interval")
+    fraction = slider(
+        f.low,
+        f.high,
+        value=f.default,
+        step=f.step,
+        label="Budget (fraction of the tokens seen)",
+        info=f.help,
+        elem_id=f"tv-{tab}-budget-fraction",
+        visible=m.default == "fraction",
+    )
+    mode.change(
+        lambda chosen: [gr.update(visible=chosen != "fraction"), gr.update(visible=chosen == "fraction")],
+        mode,
+        [budget_box, fraction],
+        show_progress="hidden",
+        api_visibility="private",
+    )
+    interval_slider = slider(
+        i.low,
+        i.high,
+        value=interval,
+        step=i.step,
+        label="Interval (compress every N tokens)",
+        info=i.help,
+        elem_id=f"tv-{tab}-interval",
+    )
     with gr.Row():
         protect_system = gr.Checkbox(value=True, label="Protect system prompt", elem_id=f"tv-{tab}-protect-system")
         protect_question = gr.Checkbox(value=True, label="Protect question", elem_id=f"tv-{tab}-protect-question")
@@ -180,23 +233,35 @@ def common_controls(tab: str, interval: int) -> CommonControls:
 
 
 def follow_toggle(tab: str) -> gr.Checkbox:
-    """"Follow the newest token": the token views keep their newest token in view while on (turned
+    """ "Follow the newest token": the token views keep their newest token in view while on (turned
     on by every new run, off by scrolling up; :data:`~thinkviz.ui.stream.PATCH_BUS_JS` reads it)."""
     # interactive: no event reads it on the server, and Gradio disables such a checkbox otherwise
-    return gr.Checkbox(value=True, label="Follow the newest token", elem_id=f"tv-{tab}-follow",
-                       elem_classes="tv-follow", container=False, interactive=True)
+    return gr.Checkbox(
+        value=True,
+        label="Follow the newest token",
+        elem_id=f"tv-{tab}-follow",
+        elem_classes="tv-follow",
+        container=False,
+        interactive=True,
+    )
 
 
 def trace_limit(tab: str) -> gr.Slider:
     """The first N trace tokens to replay (0: all), as the Sweep tab has: a quick look at a long trace."""
-    return slider(0, 8192, value=0, step=32, label="Trace tokens to replay (0 = the whole trace)",
-                  info="replay mode: only the trace's first tokens, for a quick look or a tuning loop",
-                  elem_id=f"tv-{tab}-limit")
+    return slider(
+        0,
+        8192,
+        value=0,
+        step=32,
+        label="Trace tokens to replay (0 = the whole trace)",
+        info="replay mode: only the trace's first tokens, for a quick look or a tuning loop",
+        elem_id=f"tv-{tab}-limit",
+    )
 
 
 @dataclass
 class PlaybackControls(Group):
-    """"Play the recording" of the picked preset (no model needed) and its speed (the input)."""
+    """ "Play the recording" of the picked preset (no model needed) and its speed (the input)."""
 
     play: gr.Button
     speed: gr.Dropdown
@@ -210,15 +275,24 @@ class PlaybackControls(Group):
         problem = None if not name else recording_problem(name)
         if not name:
             return gr.update(interactive=False, value="▶ Play recording")
-        return gr.update(interactive=problem is None,
-                         value="▶ Play recording" if problem is None else "▶ Play recording (none for this preset)")
+        return gr.update(
+            interactive=problem is None,
+            value="▶ Play recording" if problem is None else "▶ Play recording (none for this preset)",
+        )
 
 
 def playback_controls(tab: str) -> PlaybackControls:
-    play = gr.Button("▶ Play recording", variant="secondary", interactive=False, elem_id=f"tv-{tab}-play",
-                     elem_classes="tv-bar")
-    speed = gr.Dropdown(list(SPEEDS), value=DEFAULT_SPEED, label="Playback speed", elem_id=f"tv-{tab}-speed",
-                        info="× the pace it was recorded at", min_width=120)
+    play = gr.Button(
+        "▶ Play recording", variant="secondary", interactive=False, elem_id=f"tv-{tab}-play", elem_classes="tv-bar"
+    )
+    speed = gr.Dropdown(
+        list(SPEEDS),
+        value=DEFAULT_SPEED,
+        label="Playback speed",
+        elem_id=f"tv-{tab}-speed",
+        info="× the pace it was recorded at",
+        min_width=120,
+    )
     return PlaybackControls(play, speed)
 
 
@@ -270,15 +344,31 @@ class PolicyControls(Group):
         hidden = gr.update(visible=False)
         out = []
         for spec in specs.numbers:
-            out.append(hidden if spec is None else gr.update(
-                visible=True, label=spec.label, info=spec.help, minimum=spec.low, maximum=spec.high,
-                step=spec.step, value=spec.value))
+            out.append(
+                hidden
+                if spec is None
+                else gr.update(
+                    visible=True,
+                    label=spec.label,
+                    info=spec.help,
+                    minimum=spec.low,
+                    maximum=spec.high,
+                    step=spec.step,
+                    value=spec.value,
+                )
+            )
         for spec in specs.flags:
-            out.append(hidden if spec is None else gr.update(
-                visible=True, label=spec.label, info=spec.help, value=spec.value))
+            out.append(
+                hidden if spec is None else gr.update(visible=True, label=spec.label, info=spec.help, value=spec.value)
+            )
         for spec in specs.choices:
-            out.append(hidden if spec is None else gr.update(
-                visible=True, label=spec.label, info=spec.help, choices=list(spec.choices), value=spec.value))
+            out.append(
+                hidden
+                if spec is None
+                else gr.update(
+                    visible=True, label=spec.label, info=spec.help, choices=list(spec.choices), value=spec.value
+                )
+            )
         return out
 
 
@@ -296,16 +386,37 @@ def policy_controls(default: str) -> PolicyControls:
     specs = slot_specs(default, sizes)
     policy = gr.Dropdown(policy_names(), value=default, label="Policy", elem_id="tv-live-policy", elem_classes="tv-bar")
     common = common_controls("live", interval=1)
-    numbers = [slider(low, high, value=spec.value if spec else low, visible=spec is not None,
-                      label=spec.label if spec else f"policy number knob {i + 1}", info=spec.help if spec else None)
-               for i, spec in enumerate(specs.numbers)]
-    flags = [gr.Checkbox(value=bool(spec.value) if spec else False, visible=spec is not None,
-                         label=spec.label if spec else f"policy flag knob {i + 1}", info=spec.help if spec else None)
-             for i, spec in enumerate(specs.flags)]
-    choices = [gr.Dropdown(every_choice, value=spec.value if spec else every_choice[0], visible=spec is not None,
-                           label=spec.label if spec else f"policy choice knob {i + 1}",
-                           info=spec.help if spec else None, elem_id=f"tv-live-choice-{i}")
-               for i, spec in enumerate(specs.choices)]
+    numbers = [
+        slider(
+            low,
+            high,
+            value=spec.value if spec else low,
+            visible=spec is not None,
+            label=spec.label if spec else f"policy number knob {i + 1}",
+            info=spec.help if spec else None,
+        )
+        for i, spec in enumerate(specs.numbers)
+    ]
+    flags = [
+        gr.Checkbox(
+            value=bool(spec.value) if spec else False,
+            visible=spec is not None,
+            label=spec.label if spec else f"policy flag knob {i + 1}",
+            info=spec.help if spec else None,
+        )
+        for i, spec in enumerate(specs.flags)
+    ]
+    choices = [
+        gr.Dropdown(
+            every_choice,
+            value=spec.value if spec else every_choice[0],
+            visible=spec is not None,
+            label=spec.label if spec else f"policy choice knob {i + 1}",
+            info=spec.help if spec else None,
+            elem_id=f"tv-live-choice-{i}",
+        )
+        for i, spec in enumerate(specs.choices)
+    ]
     group = PolicyControls(policy, common, Pools(numbers, flags, choices))
     if group.slots:  # a choice by hand (.input, not .change): a preset sets the policy and its own knobs at once
         policy.input(group.updates, policy, group.slots, show_progress="hidden", api_visibility="private")
@@ -315,9 +426,13 @@ def policy_controls(default: str) -> PolicyControls:
 def knob_box(tab: str, params: dict[str, Any] | None = None) -> gr.Textbox:
     """The policy knobs beyond the shared ones, as ``name=value, …`` text (a preset fills it);
     each policy run takes the knobs it declares."""
-    return gr.Textbox(format_knobs(params or {}), label="Policy knobs", placeholder="e.g. recent=64, window=32",
-                      info="name=value, comma-separated; each policy takes the knobs it declares "
-                           "(the Learn tab lists them)", elem_id=f"tv-{tab}-knobs")
+    return gr.Textbox(
+        format_knobs(params or {}),
+        label="Policy knobs",
+        placeholder="e.g. recent=64, window=32",
+        info="name=value, comma-separated; each policy takes the knobs it declares (the Learn tab lists them)",
+        elem_id=f"tv-{tab}-knobs",
+    )
 
 
 # ---- how the cache stores keys and values ------------------------------------------------------
@@ -326,14 +441,16 @@ RESIDUAL_INFO = "KIVI only: the newest tokens stay at full precision until a key
 
 
 def kv_format_dropdown(tab: str, label: str = "KV-cache format", visible: bool = True) -> gr.Dropdown:
-    return gr.Dropdown(format_names(), value="none", label=label, info=KV_FORMAT_INFO, visible=visible,
-                       elem_id=f"tv-{tab}-kv-quant")
+    return gr.Dropdown(
+        format_names(), value="none", label=label, info=KV_FORMAT_INFO, visible=visible, elem_id=f"tv-{tab}-kv-quant"
+    )
 
 
 def residual_slider(tab: str) -> gr.Slider:
     low, high = RESIDUAL_RANGE
-    return slider(low, high, value=32, step=8, label="KIVI residual (tokens)", info=RESIDUAL_INFO,
-                  elem_id=f"tv-{tab}-kv-residual")
+    return slider(
+        low, high, value=32, step=8, label="KIVI residual (tokens)", info=RESIDUAL_INFO, elem_id=f"tv-{tab}-kv-residual"
+    )
 
 
 @dataclass
@@ -393,25 +510,57 @@ class InputControls(Group):
 
 def input_controls(choices: list[tuple[str, str]], tab: str, slot: ModelSlot) -> InputControls:
     """The chat controls; the turn preview follows them, counted with ``slot``'s tokenizer once loaded."""
-    preset = gr.Dropdown(choices, value=None, label="Preset", elem_id=f"tv-{tab}-preset", elem_classes="tv-bar",
-                         info="a question, a policy and, for replay, a hand-written reasoning trace")
+    preset = gr.Dropdown(
+        choices,
+        value=None,
+        label="Preset",
+        elem_id=f"tv-{tab}-preset",
+        elem_classes="tv-bar",
+        info="a question, a policy and, for replay, a hand-written reasoning trace",
+    )
     notice = gr.Markdown("", elem_classes="tv-notice")
-    question = gr.Textbox("", label="Question", lines=2, max_lines=8, placeholder="Ask something that needs reasoning…",
-                          elem_id=f"tv-{tab}-question")
-    mode = gr.Radio(list(inputs.RUN_MODES), value="generate", label="Run mode", elem_id=f"tv-{tab}-run-mode",
-                    info="generate: the model writes; replay: teacher-force the trace")
+    question = gr.Textbox(
+        "",
+        label="Question",
+        lines=2,
+        max_lines=8,
+        placeholder="Ask something that needs reasoning…",
+        elem_id=f"tv-{tab}-question",
+    )
+    mode = gr.Radio(
+        list(inputs.RUN_MODES),
+        value="generate",
+        label="Run mode",
+        elem_id=f"tv-{tab}-run-mode",
+        info="generate: the model writes; replay: teacher-force the trace",
+    )
     with gr.Accordion("System prompt and replay trace or transcript", open=False):
         system = gr.Textbox(label="System prompt (empty: none)", lines=3, value=REASONING_SYSTEM_PROMPT)
-        trace = gr.Textbox("", label="Trace to replay: the assistant's text, or a transcript (lines starting "
-                           "SYSTEM:, USER:, ASSISTANT:, TOOL:, or JSON / JSONL messages)", lines=6, max_lines=12,
-                           elem_id=f"tv-{tab}-trace")
-        upload = gr.File(label="…or upload one (.json, .jsonl, .txt, .md)", type="filepath", height=90,
-                         file_types=[".json", ".jsonl", ".txt", ".md"], elem_id=f"tv-{tab}-upload")
+        trace = gr.Textbox(
+            "",
+            label="Trace to replay: the assistant's text, or a transcript (lines starting "
+            "SYSTEM:, USER:, ASSISTANT:, TOOL:, or JSON / JSONL messages)",
+            lines=6,
+            max_lines=12,
+            elem_id=f"tv-{tab}-trace",
+        )
+        upload = gr.File(
+            label="…or upload one (.json, .jsonl, .txt, .md)",
+            type="filepath",
+            height=90,
+            file_types=[".json", ".jsonl", ".txt", ".md"],
+            elem_id=f"tv-{tab}-upload",
+        )
         caption = gr.Markdown("", elem_id=f"tv-{tab}-turns-caption")
-        preview = gr.Dataframe(headers=TURN_PREVIEW_HEADERS, value=[],
-                               label="Turns of the replay (blocks: think blocks)",
-                               interactive=False, wrap=True, column_widths=["10%", "21%", "15%", "14%", "40%"],
-                               elem_id=f"tv-{tab}-turns")
+        preview = gr.Dataframe(
+            headers=TURN_PREVIEW_HEADERS,
+            value=[],
+            label="Turns of the replay (blocks: think blocks)",
+            interactive=False,
+            wrap=True,
+            column_widths=["10%", "21%", "15%", "14%", "40%"],
+            elem_id=f"tv-{tab}-turns",
+        )
     panel = InputControls(preset, notice, mode, system, question, trace, upload, caption, preview)
 
     def uploaded(path: str | None) -> list:
@@ -427,8 +576,14 @@ def input_controls(choices: list[tuple[str, str]], tab: str, slot: ModelSlot) ->
         return [caption_text, gr.Dataframe(value=rows, visible=bool(rows))]
 
     for control in panel.inputs():
-        control.change(preview_turns, panel.inputs(), [caption, preview], show_progress="hidden",
-                       trigger_mode="always_last", api_visibility="private")
+        control.change(
+            preview_turns,
+            panel.inputs(),
+            [caption, preview],
+            show_progress="hidden",
+            trigger_mode="always_last",
+            api_visibility="private",
+        )
     return panel
 
 
@@ -462,16 +617,19 @@ class DecodeControls(Group):
 
 def decode_controls(tab: str) -> DecodeControls:
     with gr.Row():
-        max_new = slider(*MAX_NEW_TOKENS_RANGE, value=128, step=1, label="Max new tokens",
-                         elem_id=f"tv-{tab}-max-new")
+        max_new = slider(*MAX_NEW_TOKENS_RANGE, value=128, step=1, label="Max new tokens", elem_id=f"tv-{tab}-max-new")
         temperature = slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-    stop_at_eos = gr.Checkbox(value=True, label="Stop at end of text", elem_id=f"tv-{tab}-stop-at-eos",
-                              info="off: keep decoding to the limit, to watch eviction on a long run")
+    stop_at_eos = gr.Checkbox(
+        value=True,
+        label="Stop at end of text",
+        elem_id=f"tv-{tab}-stop-at-eos",
+        info="off: keep decoding to the limit, to watch eviction on a long run",
+    )
     return DecodeControls(max_new, temperature, stop_at_eos)
 
 
 def export_controls(tab: str) -> tuple[gr.Button, gr.Button, gr.File]:
-    """"Export recording", "Export figure" and the file they produce."""
+    """ "Export recording", "Export figure" and the file they produce."""
     with gr.Row():
         recording = gr.Button("Export recording (JSON + NPZ)", size="sm", elem_id=f"tv-{tab}-export-run")
         figure = gr.Button("Export figure (HTML)", size="sm", elem_id=f"tv-{tab}-export-figure")
@@ -480,28 +638,42 @@ def export_controls(tab: str) -> tuple[gr.Button, gr.Button, gr.File]:
 
 
 # ---- the model --------------------------------------------------------------------------------
-def model_settings(slot: ModelSlot, model: str, quantization: str, model_status: gr.Markdown,
-                   model_loading: bool) -> None:
+def model_settings(
+    slot: ModelSlot, model: str, quantization: str, model_status: gr.Markdown, model_loading: bool
+) -> None:
     """The settings panel that loads another model (or says why it is off) and reports progress."""
     if not model_loading:
         with gr.Accordion("Model settings", open=False):
-            gr.Markdown("Loading another model is off: this app can be reached from other machines. "
-                        "Whoever started it can allow it with `python app.py --allow-model-loading`.",
-                        elem_id="tv-model-loading-off")
+            gr.Markdown(
+                "Loading another model is off: this app can be reached from other machines. "
+                "Whoever started it can allow it with `python app.py --allow-model-loading`.",
+                elem_id="tv-model-loading-off",
+            )
         return
     with gr.Accordion("Model settings", open=False):
-        name = gr.Textbox(value=model, label="Model", info="'embedded' (SmolLM2-135M, offline), a Hugging Face "
-                                                          "id, a local folder, or random:Qwen3-4B (that geometry "
-                                                          "with random weights: real memory and speed, no text)")
-        quant = gr.Radio(list(QUANTIZATIONS), value=quantization, label="Weights",
-                         info="4bit: bitsandbytes NF4; none: unquantized (faster on a CPU)")
+        name = gr.Textbox(
+            value=model,
+            label="Model",
+            info="'embedded' (SmolLM2-135M, offline), a Hugging Face "
+            "id, a local folder, or random:Qwen3-4B (that geometry "
+            "with random weights: real memory and speed, no text)",
+        )
+        quant = gr.Radio(
+            list(QUANTIZATIONS),
+            value=quantization,
+            label="Weights",
+            info="4bit: bitsandbytes NF4; none: unquantized (faster on a CPU)",
+        )
         load = gr.Button("Load model", size="sm")
         progress = gr.Markdown(elem_classes="tv-status")
         cap_now = vram_cap_bytes(slot.device)
         with gr.Row(equal_height=True):
-            cap = gr.Number(value=None if cap_now is None else round(cap_now / GIB, 3),
-                            label="Simulate a card of (GiB)", elem_id="tv-vram-cap",
-                            info="CUDA only: caps this process's GPU memory, weights included; empty: the whole card")
+            cap = gr.Number(
+                value=None if cap_now is None else round(cap_now / GIB, 3),
+                label="Simulate a card of (GiB)",
+                elem_id="tv-vram-cap",
+                info="CUDA only: caps this process's GPU memory, weights included; empty: the whole card",
+            )
             set_cap = gr.Button("Set VRAM cap", size="sm", elem_id="tv-vram-cap-set")
         cap_status = gr.Markdown(vram_cap_line(cap_now), elem_id="tv-vram-cap-status", elem_classes="tv-status")
 
@@ -516,20 +688,36 @@ def model_settings(slot: ModelSlot, model: str, quantization: str, model_status:
             line = load_status_markdown(status)
             yield line, line
 
-    load.click(load_model, [name, quant], [progress, model_status], concurrency_limit=1,
-               concurrency_id=MODEL_GROUP, api_name="load_model", show_progress="hidden")
+    load.click(
+        load_model,
+        [name, quant],
+        [progress, model_status],
+        concurrency_limit=1,
+        concurrency_id=MODEL_GROUP,
+        api_name="load_model",
+        show_progress="hidden",
+    )
 
     def apply_cap(vram_cap_gib: float | None) -> str:
         return vram_cap_line(shown(set_vram_cap, vram_cap_gib, slot.device))
 
     # between runs (the model group), so a run in progress keeps the card it started on
-    set_cap.click(apply_cap, cap, cap_status, concurrency_limit=1, concurrency_id=MODEL_GROUP,
-                  api_name="set_vram_cap", show_progress="hidden")
+    set_cap.click(
+        apply_cap,
+        cap,
+        cap_status,
+        concurrency_limit=1,
+        concurrency_id=MODEL_GROUP,
+        api_name="set_vram_cap",
+        show_progress="hidden",
+    )
 
 
 def vram_cap_line(cap: int | None) -> str:
     """What the settings panel says about the VRAM cap."""
     if cap is None:
         return "No VRAM cap: runs may use the whole card."
-    return (f"CUDA memory capped at {format_bytes(cap)}: the memory chart draws the cap and where a full cache "
-            "would reach it.")
+    return (
+        f"CUDA memory capped at {format_bytes(cap)}: the memory chart draws the cap and where a full cache "
+        "would reach it."
+    )

@@ -12,7 +12,8 @@ the token view's own segment colours.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go

@@ -13,7 +13,8 @@ generation (one token per step) and replay (a chunk per step) read the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -176,25 +177,36 @@ class ProjectionOutcome:
                 return [f"{first}; the policy still fits"]
             lines = [first]
         elif self.full_oom is not None:
-            lines = [f"a full cache would run out of memory at {self.full_oom:,.0f} tokens "
-                     f"(extrapolated: this run saw {self.end:,})"]
+            lines = [
+                f"a full cache would run out of memory at {self.full_oom:,.0f} tokens "
+                f"(extrapolated: this run saw {self.end:,})"
+            ]
         else:
-            lines = [f"a full cache fits {self.room:,} tokens on this card",
-                     f"(more than the model's {self.context:,}-token context)"]
+            lines = [
+                f"a full cache fits {self.room:,} tokens on this card",
+                f"(more than the model's {self.context:,}-token context)",
+            ]
         if not self.compressed:
             return lines
         if self.policy_oom is not None and self.policy_oom <= self.end:
-            lines.append(f"{self.policy} runs out too, at {self.policy_oom:,.0f} tokens: it kept {self.kept_end:,} "
-                         "tokens per layer and head")
+            lines.append(
+                f"{self.policy} runs out too, at {self.policy_oom:,.0f} tokens: it kept {self.kept_end:,} "
+                "tokens per layer and head"
+            )
         elif self.policy_oom is not None:
-            lines.append(f"{self.policy} fits to the end of the run but keeps growing ({self.growth:.2f} tokens per "
-                         f"token seen): it would run out at {self.policy_oom:,.0f} tokens (extrapolated)")
+            lines.append(
+                f"{self.policy} fits to the end of the run but keeps growing ({self.growth:.2f} tokens per "
+                f"token seen): it would run out at {self.policy_oom:,.0f} tokens (extrapolated)"
+            )
         elif self.growth > GROWTH_EPSILON:
-            lines.append(f"{self.policy} keeps growing ({self.growth:.2f} tokens per token seen) but fits within "
-                         "the model's context")
+            lines.append(
+                f"{self.policy} keeps growing ({self.growth:.2f} tokens per token seen) but fits within "
+                "the model's context"
+            )
         else:
-            lines.append(f"{self.policy} holds about {self.kept_end:,} tokens ({format_bytes(self.kept_bytes)}) "
-                         "and fits")
+            lines.append(
+                f"{self.policy} holds about {self.kept_end:,} tokens ({format_bytes(self.kept_bytes)}) and fits"
+            )
         return lines
 
 
@@ -212,7 +224,7 @@ def growth_rate(seen: np.ndarray, kept: np.ndarray) -> float:
     its budget, rising for one that does not (a fraction budget, think_drop keeping code)."""
     after_drop = np.flatnonzero(np.diff(kept) < 0) + 1
     if len(after_drop) >= 2:
-        pick = after_drop[-max(2, len(after_drop) // 2):]
+        pick = after_drop[-max(2, len(after_drop) // 2) :]
         x, y = seen[pick].astype(np.float64), kept[pick].astype(np.float64)
     else:
         half = slice(len(seen) // 2, None)
@@ -251,9 +263,22 @@ def projection_outcome(record: RunRecord, projection: Projection) -> ProjectionO
     fits = oom_step(projection.kv_bytes(seen), projection.kv_bytes(kept, fmt), projection.available_bytes) is not None
     name = str(record.meta.get("policy", "the policy")) + (f" ({fmt.label})" if fmt.spec.quantized else "")
     kept_end = int(kept[-1]) if len(kept) else 0
-    return ProjectionOutcome(name, compressed, end, kept_end, room, policy_room, projection.available_bytes > 0,
-                             growth, full_oom, policy_oom, horizon, context, int(projection.kv_bytes(kept_end, fmt)),
-                             fits)
+    return ProjectionOutcome(
+        name,
+        compressed,
+        end,
+        kept_end,
+        room,
+        policy_room,
+        projection.available_bytes > 0,
+        growth,
+        full_oom,
+        policy_oom,
+        horizon,
+        context,
+        int(projection.kv_bytes(kept_end, fmt)),
+        fits,
+    )
 
 
 def memory_figure(
@@ -282,8 +307,9 @@ def memory_figure(
         titles.append(_projection_title(projection))
         heights.append(3.0)
     rows = len(titles)
-    fig = make_subplots(rows=rows, cols=1, vertical_spacing=0.16 if rows > 1 else 0.1, subplot_titles=titles,
-                        row_heights=heights)
+    fig = make_subplots(
+        rows=rows, cols=1, vertical_spacing=0.16 if rows > 1 else 0.1, subplot_titles=titles, row_heights=heights
+    )
     x = tokens_seen(record)
     pick = _thin(len(x), MAX_POINTS)
     steps = np.array([e.step for e in record.events])[pick]
@@ -292,23 +318,60 @@ def memory_figure(
     in_format = f", {fmt.label}" if fmt.spec.quantized else ""
     hover = "tokens %{x}<br>step %{customdata}<br>%{y:.3f} MiB<extra>%{fullData.name}</extra>"
     full_name = "full cache (no eviction, full precision)" if fmt.spec.quantized else "full cache (no eviction)"
-    fig.add_trace(go.Scatter(x=x[pick], y=full[pick] / MIB, name=full_name, customdata=steps,
-                             hovertemplate=hover, line=dict(color=FULL_COLOUR, dash="dash")), row=1, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=x[pick],
+            y=full[pick] / MIB,
+            name=full_name,
+            customdata=steps,
+            hovertemplate=hover,
+            line=dict(color=FULL_COLOUR, dash="dash"),
+        ),
+        row=1,
+        col=1,
+    )
     logical = record.logical_kv_bytes_series()
     padded = bool((logical != kv).any())
-    fig.add_trace(go.Scatter(x=x[pick], y=kv[pick] / MIB, customdata=steps, hovertemplate=hover,
-                             name=f"KV cache (physical{in_format}, padding included)" if padded
-                             else f"KV cache (physical{in_format})",
-                             line=dict(color=KV_COLOUR, width=2.5)), row=1, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=x[pick],
+            y=kv[pick] / MIB,
+            customdata=steps,
+            hovertemplate=hover,
+            name=f"KV cache (physical{in_format}, padding included)" if padded else f"KV cache (physical{in_format})",
+            line=dict(color=KV_COLOUR, width=2.5),
+        ),
+        row=1,
+        col=1,
+    )
     if padded:
-        fig.add_trace(go.Scatter(x=x[pick], y=logical[pick] / MIB, name="KV cache (logical: tokens held)",
-                                 customdata=steps, hovertemplate=hover,
-                                 line=dict(color=KV_COLOUR, width=1.5, dash="dot")), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=x[pick],
+                y=logical[pick] / MIB,
+                name="KV cache (logical: tokens held)",
+                customdata=steps,
+                hovertemplate=hover,
+                line=dict(color=KV_COLOUR, width=1.5, dash="dot"),
+            ),
+            row=1,
+            col=1,
+        )
     if _policy_evicts(record) and len(x):
         budget, label = budget_series(record, x)
         ends = pick if record.meta.get("params", {}).get("budget_mode") == "fraction" else [0, len(x) - 1]
-        fig.add_trace(go.Scatter(x=x[ends], y=budget[ends] / MIB, mode="lines", hoverinfo="name", name=label,
-                                 line=dict(color=BUDGET_COLOUR, dash="dot")), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=x[ends],
+                y=budget[ends] / MIB,
+                mode="lines",
+                hoverinfo="name",
+                name=label,
+                line=dict(color=BUDGET_COLOUR, dash="dot"),
+            ),
+            row=1,
+            col=1,
+        )
     fig.update_yaxes(title_text="KV cache (MiB)", rangemode="tozero", row=1, col=1)
     if device:
         _add_device(fig, record, device_stats, cap, x, pick, steps, hover)
@@ -316,27 +379,57 @@ def memory_figure(
     if projection is not None:
         _add_projection(fig, record, projection, x, pick, rows)
     height = 330 + (170 if device else 0) + (380 if projection is not None else 0)
-    fig.update_layout(height=height, margin=dict(l=60, r=20, t=50, b=40), hovermode="x unified",
-                      legend=dict(orientation="h", yanchor="top", y=-70 / height))  # under the last x title
+    fig.update_layout(
+        height=height,
+        margin=dict(l=60, r=20, t=50, b=40),
+        hovermode="x unified",
+        legend=dict(orientation="h", yanchor="top", y=-70 / height),
+    )  # under the last x title
     return fig
 
 
-def _add_device(fig: go.Figure, record: RunRecord, device_stats: Mapping[int, Mapping[str, Any]] | None,
-                cap: int | None, x: np.ndarray, pick: np.ndarray, steps: np.ndarray, hover: str) -> None:
+def _add_device(
+    fig: go.Figure,
+    record: RunRecord,
+    device_stats: Mapping[int, Mapping[str, Any]] | None,
+    cap: int | None,
+    x: np.ndarray,
+    pick: np.ndarray,
+    steps: np.ndarray,
+    hover: str,
+) -> None:
     """Second panel (its y axis is ``y2``, its x axis follows the first): device memory, weights, the VRAM cap."""
     device = device_series(record, device_stats)
     for name, series in device.items():
-        fig.add_trace(go.Scatter(x=x[pick], y=series[pick] / MIB, name=name, customdata=steps,
-                                 hovertemplate=hover, connectgaps=True,
-                                 line=dict(color=DEVICE_COLOUR, dash="dot" if "reserved" in name else "solid")),
-                      row=2, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=x[pick],
+                y=series[pick] / MIB,
+                name=name,
+                customdata=steps,
+                hovertemplate=hover,
+                connectgaps=True,
+                line=dict(color=DEVICE_COLOUR, dash="dot" if "reserved" in name else "solid"),
+            ),
+            row=2,
+            col=1,
+        )
     if cap is not None and "GPU reserved" in device:
         _add_cap(fig, record, cap, x, device["GPU reserved"])
     weights = record.meta.get("weights_bytes")
     if weights and len(x):
-        fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[weights / MIB] * 2, mode="lines", hoverinfo="name",
-                                 name=f"weights ({record.meta.get('quantization', '?')}, {format_bytes(weights)})",
-                                 line=dict(color=DEVICE_COLOUR, width=1, dash="longdash")), row=2, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=[x[0], x[-1]],
+                y=[weights / MIB] * 2,
+                mode="lines",
+                hoverinfo="name",
+                name=f"weights ({record.meta.get('quantization', '?')}, {format_bytes(weights)})",
+                line=dict(color=DEVICE_COLOUR, width=1, dash="longdash"),
+            ),
+            row=2,
+            col=1,
+        )
     fig.update_yaxes(title_text="MiB", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(matches="x", row=2, col=1)
 
@@ -345,27 +438,46 @@ def _add_cap(fig: go.Figure, record: RunRecord, cap: int, x: np.ndarray, reserve
     """On the device panel: the VRAM cap, and where a full cache would reach it on this device."""
     cross = projected_oom_tokens(record, reserved, cap)
     end = max(x[-1], cross) if cross is not None else x[-1]
-    fig.add_trace(go.Scatter(x=[x[0], end], y=[cap / MIB] * 2, mode="lines", hoverinfo="name",
-                             name=f"VRAM cap ({format_bytes(cap)})", line=dict(color=OOM_COLOUR, width=1.5)),
-                  row=2, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=[x[0], end],
+            y=[cap / MIB] * 2,
+            mode="lines",
+            hoverinfo="name",
+            name=f"VRAM cap ({format_bytes(cap)})",
+            line=dict(color=OOM_COLOUR, width=1.5),
+        ),
+        row=2,
+        col=1,
+    )
     if cross is None or cross < x[0]:
         return
     first = int(np.flatnonzero(~np.isnan(reserved))[0])
-    fig.add_trace(go.Scatter(
-        x=[x[first], cross], y=[reserved[first] / MIB, cap / MIB], mode="lines+markers",
-        name="full cache on this device (projected)", line=dict(color=OOM_COLOUR, dash="dash", width=1),
-        marker=dict(symbol=["circle", "x"], size=[4, 13], color=OOM_COLOUR),
-        hovertemplate=f"a full cache reaches the cap at {cross:,.0f} tokens<extra></extra>"),
-        row=2, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=[x[first], cross],
+            y=[reserved[first] / MIB, cap / MIB],
+            mode="lines+markers",
+            name="full cache on this device (projected)",
+            line=dict(color=OOM_COLOUR, dash="dash", width=1),
+            marker=dict(symbol=["circle", "x"], size=[4, 13], color=OOM_COLOUR),
+            hovertemplate=f"a full cache reaches the cap at {cross:,.0f} tokens<extra></extra>",
+        ),
+        row=2,
+        col=1,
+    )
 
 
 def _projection_title(projection: Projection) -> str:
-    return (f"Projected on {projection.target.name} ({projection.weights_bits}-bit weights), "
-            f"{projection.card_gb:g} GiB card (GiB)")
+    return (
+        f"Projected on {projection.target.name} ({projection.weights_bits}-bit weights), "
+        f"{projection.card_gb:g} GiB card (GiB)"
+    )
 
 
-def _add_projection(fig: go.Figure, record: RunRecord, projection: Projection, x: np.ndarray, pick: np.ndarray,
-                    row: int) -> None:
+def _add_projection(
+    fig: go.Figure, record: RunRecord, projection: Projection, x: np.ndarray, pick: np.ndarray, row: int
+) -> None:
     """Bottom panel: the run's kept tokens priced on the target model in the run's KV format, the
     full-precision full cache, the card's room, where each cache outgrows it (extrapolated past the
     run's end, dotted), and the notes."""
@@ -375,52 +487,120 @@ def _add_projection(fig: go.Figure, record: RunRecord, projection: Projection, x
     available = projection.available_bytes
     outcome = projection_outcome(record, projection)
     target = projection.target.name
-    fig.add_trace(go.Scatter(x=x[pick], y=full[pick] / GIB, name=f"full cache on {target}",
-                             line=dict(color=FULL_COLOUR, dash="dash"), hovertemplate="%{y:.2f} GiB"), row=row, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=x[pick],
+            y=full[pick] / GIB,
+            name=f"full cache on {target}",
+            line=dict(color=FULL_COLOUR, dash="dash"),
+            hovertemplate="%{y:.2f} GiB",
+        ),
+        row=row,
+        col=1,
+    )
     in_format = f" ({fmt.label})" if fmt.spec.quantized else ""
-    fig.add_trace(go.Scatter(x=x[pick], y=policy[pick] / GIB, name=f"policy on {target}{in_format}",
-                             line=dict(color=KV_COLOUR, width=2.5), hovertemplate="%{y:.2f} GiB"), row=row, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=x[pick],
+            y=policy[pick] / GIB,
+            name=f"policy on {target}{in_format}",
+            line=dict(color=KV_COLOUR, width=2.5),
+            hovertemplate="%{y:.2f} GiB",
+        ),
+        row=row,
+        col=1,
+    )
     if not len(x):
         return
     horizon = outcome.horizon
     if outcome.extrapolated:
         ahead = np.array([outcome.end, horizon])
         growth = 1.0 if not outcome.compressed else outcome.growth
-        fig.add_trace(go.Scatter(x=ahead, y=projection.kv_bytes(ahead) / GIB, mode="lines", hoverinfo="name",
-                                 name="full cache, extrapolated", line=dict(color=FULL_COLOUR, dash="dot")),
-                      row=row, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=ahead,
+                y=projection.kv_bytes(ahead) / GIB,
+                mode="lines",
+                hoverinfo="name",
+                name="full cache, extrapolated",
+                line=dict(color=FULL_COLOUR, dash="dot"),
+            ),
+            row=row,
+            col=1,
+        )
         if outcome.compressed:
             grown = kept[-1] + growth * (ahead - outcome.end)
             how = f"grows {growth:.2f} tokens per token seen" if growth > GROWTH_EPSILON else "holds its budget"
-            fig.add_trace(go.Scatter(x=ahead, y=projection.kv_bytes(grown, fmt) / GIB, mode="lines", hoverinfo="name",
-                                     name=f"policy, extrapolated ({how})",
-                                     line=dict(color=KV_COLOUR, width=1.5, dash="dot")), row=row, col=1)
-        fig.add_vline(x=outcome.end, line=dict(color="#999", width=1, dash="dot"), row=row, col=1,
-                      annotation_text="end of this run", annotation_position="top", annotation_font_size=10)
-    fig.add_trace(go.Scatter(
-        x=[x[0], max(x[-1], horizon)], y=[available / GIB] * 2, mode="lines", hoverinfo="name",
-        name=f"{projection.card_gb:g} GiB card − weights ({format_bytes(projection.weights_bytes)})",
-        line=dict(color=OOM_COLOUR, width=1.5)), row=row, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=ahead,
+                    y=projection.kv_bytes(grown, fmt) / GIB,
+                    mode="lines",
+                    hoverinfo="name",
+                    name=f"policy, extrapolated ({how})",
+                    line=dict(color=KV_COLOUR, width=1.5, dash="dot"),
+                ),
+                row=row,
+                col=1,
+            )
+        fig.add_vline(
+            x=outcome.end,
+            line=dict(color="#999", width=1, dash="dot"),
+            row=row,
+            col=1,
+            annotation_text="end of this run",
+            annotation_position="top",
+            annotation_font_size=10,
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=[x[0], max(x[-1], horizon)],
+            y=[available / GIB] * 2,
+            mode="lines",
+            hoverinfo="name",
+            name=f"{projection.card_gb:g} GiB card − weights ({format_bytes(projection.weights_bytes)})",
+            line=dict(color=OOM_COLOUR, width=1.5),
+        ),
+        row=row,
+        col=1,
+    )
     if available <= 0:
         notes = [f"the weights alone ({format_bytes(projection.weights_bytes)}) do not fit this card"]
     else:
         notes = outcome.notes()
-        for at, who in ((outcome.full_oom, "full cache"), (outcome.policy_oom if outcome.compressed else None,
-                                                           outcome.policy)):
+        for at, who in (
+            (outcome.full_oom, "full cache"),
+            (outcome.policy_oom if outcome.compressed else None, outcome.policy),
+        ):
             if at is None:
                 continue
             late = at > outcome.end
             height = projection.kv_bytes(at) if who == "full cache" else available  # where the line meets the card
-            fig.add_trace(go.Scatter(
-                x=[at], y=[height / GIB], mode="markers",
-                name=f"{who} out of memory" + (" (extrapolated)" if late else ""),
-                marker=dict(color=OOM_COLOUR if who == "full cache" else KV_COLOUR, size=13, symbol="x"),
-                hovertemplate=f"{who} outgrows the card at {at:,.0f} tokens<extra></extra>"), row=row, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=[at],
+                    y=[height / GIB],
+                    mode="markers",
+                    name=f"{who} out of memory" + (" (extrapolated)" if late else ""),
+                    marker=dict(color=OOM_COLOUR if who == "full cache" else KV_COLOUR, size=13, symbol="x"),
+                    hovertemplate=f"{who} outgrows the card at {at:,.0f} tokens<extra></extra>",
+                ),
+                row=row,
+                col=1,
+            )
     for i, note in enumerate(notes):
-        fig.add_annotation(text=note, xref=f"x{row} domain" if row > 1 else "x domain",
-                           yref=f"y{row} domain" if row > 1 else "y domain", x=0.01, y=0.99 - 0.085 * i,
-                           showarrow=False, xanchor="left", yanchor="top", font=dict(color=OOM_COLOUR, size=12),
-                           bgcolor="rgba(255,255,255,0.85)")
+        fig.add_annotation(
+            text=note,
+            xref=f"x{row} domain" if row > 1 else "x domain",
+            yref=f"y{row} domain" if row > 1 else "y domain",
+            x=0.01,
+            y=0.99 - 0.085 * i,
+            showarrow=False,
+            xanchor="left",
+            yanchor="top",
+            font=dict(color=OOM_COLOUR, size=12),
+            bgcolor="rgba(255,255,255,0.85)",
+        )
     top = max(available, float(projection.kv_bytes(max(x[-1], horizon))), float(policy.max())) / GIB
     fig.update_xaxes(title_text="tokens seen (projection)", rangemode="tozero", row=row, col=1)
     fig.update_yaxes(title_text="KV cache (GiB)", range=[0, top * (1 + 0.12 * (len(notes) + 1))], row=row, col=1)
@@ -429,10 +609,12 @@ def _add_projection(fig: go.Figure, record: RunRecord, projection: Projection, x
 def placeholder_figure(text: str) -> go.Figure:
     """An empty chart with a hint; showing one at page load also loads plotly.js before the first run."""
     figure = go.Figure()
-    figure.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                          font=dict(size=14, color="#888"))
-    figure.update_layout(height=260, xaxis_visible=False, yaxis_visible=False, plot_bgcolor="white",
-                         margin=dict(l=20, r=20, t=20, b=20))
+    figure.add_annotation(
+        text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14, color="#888")
+    )
+    figure.update_layout(
+        height=260, xaxis_visible=False, yaxis_visible=False, plot_bgcolor="white", margin=dict(l=20, r=20, t=20, b=20)
+    )
     return figure
 
 
@@ -453,8 +635,11 @@ def series_styles(names: Sequence[str]) -> dict[str, SeriesStyle]:
     """One style per name, by its place in ``names`` (the Compare columns' order), so a policy
     looks the same in the memory chart and in the per-token fidelity curves."""
     return {
-        name: SeriesStyle(COMPARE_COLOURS[i % len(COMPARE_COLOURS)], COMPARE_DASHES[i % len(COMPARE_DASHES)],
-                          COMPARE_SYMBOLS[i % len(COMPARE_SYMBOLS)])
+        name: SeriesStyle(
+            COMPARE_COLOURS[i % len(COMPARE_COLOURS)],
+            COMPARE_DASHES[i % len(COMPARE_DASHES)],
+            COMPARE_SYMBOLS[i % len(COMPARE_SYMBOLS)],
+        )
         for i, name in enumerate(names)
     }
 
@@ -488,8 +673,14 @@ def compare_memory_figure(records: Mapping[str, RunRecord]) -> go.Figure:
         x = tokens_seen(longest)
         pick = _thin(len(x), MAX_POINTS)
         series["full cache"] = (x[pick], longest.full_kv_bytes_series()[pick] / MIB)
-        fig.add_trace(go.Scatter(x=series["full cache"][0], y=series["full cache"][1], name="full cache",
-                                 line=dict(color=FULL_COLOUR, dash="dash")))
+        fig.add_trace(
+            go.Scatter(
+                x=series["full cache"][0],
+                y=series["full cache"][1],
+                name="full cache",
+                line=dict(color=FULL_COLOUR, dash="dash"),
+            )
+        )
     for label, record in records.items():
         x = tokens_seen(record)
         pick = _thin(len(x), MAX_POINTS)
@@ -500,17 +691,38 @@ def compare_memory_figure(records: Mapping[str, RunRecord]) -> go.Figure:
         group = next((g for g in groups if label in g), [label])
         above = len(group) - 1 - group.index(label)  # lines of its group drawn after it, on top
         style = styles[label]
-        fig.add_trace(go.Scatter(
-            x=series[label][0], y=series[label][1], name=label, mode="lines+markers",
-            line=dict(color=style.colour, dash=style.dash, width=2 + 2.5 * above),
-            marker=dict(color=style.colour, symbol=style.symbol, size=7 + 3 * above, maxdisplayed=14),
-            hovertemplate="tokens %{x}<br>%{y:.3f} MiB"))
+        fig.add_trace(
+            go.Scatter(
+                x=series[label][0],
+                y=series[label][1],
+                name=label,
+                mode="lines+markers",
+                line=dict(color=style.colour, dash=style.dash, width=2 + 2.5 * above),
+                marker=dict(color=style.colour, symbol=style.symbol, size=7 + 3 * above, maxdisplayed=14),
+                hovertemplate="tokens %{x}<br>%{y:.3f} MiB",
+            )
+        )
     for i, group in enumerate(groups):
-        fig.add_annotation(text="same memory at every step: " + " = ".join(group), xref="paper", yref="paper",
-                           x=0.01, y=0.99 - 0.07 * i, showarrow=False, xanchor="left", yanchor="top",
-                           font=dict(size=12, color="#374151"), bgcolor="rgba(255,255,255,0.8)")
-    fig.update_layout(height=360, margin=dict(l=60, r=20, t=40, b=40), title="KV cache by policy",
-                      xaxis_title="tokens seen", yaxis_title="KV cache (MiB)", hovermode="x unified")
+        fig.add_annotation(
+            text="same memory at every step: " + " = ".join(group),
+            xref="paper",
+            yref="paper",
+            x=0.01,
+            y=0.99 - 0.07 * i,
+            showarrow=False,
+            xanchor="left",
+            yanchor="top",
+            font=dict(size=12, color="#374151"),
+            bgcolor="rgba(255,255,255,0.8)",
+        )
+    fig.update_layout(
+        height=360,
+        margin=dict(l=60, r=20, t=40, b=40),
+        title="KV cache by policy",
+        xaxis_title="tokens seen",
+        yaxis_title="KV cache (MiB)",
+        hovermode="x unified",
+    )
     fig.update_yaxes(rangemode="tozero")
     return fig
 
@@ -593,29 +805,59 @@ def keep_heatmap(record: RunRecord, layer: int | None = None, head: int | None =
     matrix = keep_matrix(record, layer, head)
     z, rows, cols = _downsample(matrix, MAX_ROWS, MAX_COLS)
     steps = np.array([e.step for e in record.events], dtype=np.int64)[rows]
-    scope = "all layers and heads" if layer is None and head is None else (
-        f"layer {'all' if layer is None else layer}, kv-head {'all' if head is None else head}")
-    fig = go.Figure(go.Heatmap(
-        z=z, x=cols, y=steps, zmin=0.0, zmax=1.0, colorscale=[[0.0, "#303030"], [0.5, "#f2a541"], [1.0, "#7fb3e0"]],
-        colorbar=dict(title="kept", tickformat=".0%"),
-        hovertemplate="step %{y}<br>position %{x}<br>kept %{z:.0%}<extra></extra>",
-    ))
+    scope = (
+        "all layers and heads"
+        if layer is None and head is None
+        else (f"layer {'all' if layer is None else layer}, kv-head {'all' if head is None else head}")
+    )
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=cols,
+            y=steps,
+            zmin=0.0,
+            zmax=1.0,
+            colorscale=[[0.0, "#303030"], [0.5, "#f2a541"], [1.0, "#7fb3e0"]],
+            colorbar=dict(title="kept", tickformat=".0%"),
+            hovertemplate="step %{y}<br>position %{x}<br>kept %{z:.0%}<extra></extra>",
+        )
+    )
     for span in record.segments:
         if span.get("kind") == "think":
-            fig.add_vrect(x0=span["start"] - 0.5, x1=span["end"] - 0.5, line=dict(color="#e0a100", width=1),
-                          annotation_text=f"think {int(span.get('index', 0)) + 1}", annotation_position="top left",
-                          annotation_font_size=10)
+            fig.add_vrect(
+                x0=span["start"] - 0.5,
+                x1=span["end"] - 0.5,
+                line=dict(color="#e0a100", width=1),
+                annotation_text=f"think {int(span.get('index', 0)) + 1}",
+                annotation_position="top left",
+                annotation_font_size=10,
+            )
     bounds = [(start, role) for start, role in turn_starts(record.segments) if start > 0]
     if bounds and len(steps):
         xs = [x for start, _ in bounds for x in (start - 0.5, start - 0.5, None)]
         ys = [y for _ in bounds for y in (steps[-1], steps[0], None)]
-        fig.add_trace(go.Scatter(
-            x=xs, y=ys, mode="lines+text", text=[t for _, role in bounds for t in ("", role, "")],
-            textposition="bottom right", textfont=dict(size=9, color="#3b4ba8"), hoverinfo="skip",
-            line=dict(color="#3b4ba8", width=1, dash="dot"), showlegend=False, name="turns",
-        ))
-    fig.update_layout(height=420, margin=dict(l=60, r=20, t=50, b=40), title=f"Keep / evict — {scope}",
-                      xaxis_title="position", yaxis_title="step", plot_bgcolor="white")  # white: not seen yet
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines+text",
+                text=[t for _, role in bounds for t in ("", role, "")],
+                textposition="bottom right",
+                textfont=dict(size=9, color="#3b4ba8"),
+                hoverinfo="skip",
+                line=dict(color="#3b4ba8", width=1, dash="dot"),
+                showlegend=False,
+                name="turns",
+            )
+        )
+    fig.update_layout(
+        height=420,
+        margin=dict(l=60, r=20, t=50, b=40),
+        title=f"Keep / evict — {scope}",
+        xaxis_title="position",
+        yaxis_title="step",
+        plot_bgcolor="white",
+    )  # white: not seen yet
     fig.update_yaxes(autorange="reversed")
     return fig
 
@@ -630,13 +872,25 @@ def kept_figure(record: RunRecord, index: int) -> go.Figure:
     if counts.size == 0:
         return placeholder_figure("this recording has no layer geometry")
     layers, heads = counts.shape
-    fig = go.Figure(go.Heatmap(
-        z=counts, x=[f"head {h}" for h in range(heads)], y=list(range(layers)), text=counts,
-        texttemplate="%{text}" if counts.size <= 256 else None, colorscale="Blues", zmin=0,
-        colorbar=dict(title="tokens"), hovertemplate="layer %{y}, %{x}: %{z} tokens<extra></extra>",
-    ))
-    fig.update_layout(height=max(260, 18 * layers + 120), margin=dict(l=60, r=20, t=50, b=40),
-                      title=f"Tokens held per layer and kv-head — step {event.step} "
-                            f"(mean {counts.mean():.1f}, total {int(counts.sum())})",
-                      xaxis_title="kv-head", yaxis_title="layer")
+    fig = go.Figure(
+        go.Heatmap(
+            z=counts,
+            x=[f"head {h}" for h in range(heads)],
+            y=list(range(layers)),
+            text=counts,
+            texttemplate="%{text}" if counts.size <= 256 else None,
+            colorscale="Blues",
+            zmin=0,
+            colorbar=dict(title="tokens"),
+            hovertemplate="layer %{y}, %{x}: %{z} tokens<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        height=max(260, 18 * layers + 120),
+        margin=dict(l=60, r=20, t=50, b=40),
+        title=f"Tokens held per layer and kv-head — step {event.step} "
+        f"(mean {counts.mean():.1f}, total {int(counts.sum())})",
+        xaxis_title="kv-head",
+        yaxis_title="layer",
+    )
     return fig

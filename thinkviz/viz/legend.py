@@ -13,7 +13,8 @@ and an ``aria-label``).  A click on a token pins its details (:data:`PIN_JS`) in
 from __future__ import annotations
 
 import html
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from ..policies import ScoreScale, score_scale
 from .tokens import HEAT_LEVELS, MODE_PARTS, PREDICTION_MODES, SEGMENT_KINDS, TokenData
@@ -32,14 +33,21 @@ SEGMENT_NAMES = {
     "code": "code",
 }
 # What the mass view's heat shows (any policy: one that fits no biases has no mass, so no heat).
-MASS_SCALE = ScoreScale("e^β, how many tokens a kept token stands for (attention matching)",
-                        "stands for itself or less", "stands for the most dropped tokens")
+MASS_SCALE = ScoreScale(
+    "e^β, how many tokens a kept token stands for (attention matching)",
+    "stands for itself or less",
+    "stands for the most dropped tokens",
+)
 # What the heat of a prediction mode (:data:`~thinkviz.viz.tokens.PREDICTION_MODES`) grades.
 PREDICTION_SCALES = {
-    "predicted": ScoreScale("the predictor's importance of each token, as it was written", "predicted unimportant",
-                            "predicted important for the answer"),
-    "answer": ScoreScale("attention the answer paid each earlier token (full cache)", "unused by the answer",
-                         "used most by the answer"),
+    "predicted": ScoreScale(
+        "the predictor's importance of each token, as it was written",
+        "predicted unimportant",
+        "predicted important for the answer",
+    ),
+    "answer": ScoreScale(
+        "attention the answer paid each earlier token (full cache)", "unused by the answer", "used most by the answer"
+    ),
 }
 
 

@@ -11,7 +11,7 @@ less memory *and* better fidelity.  Pure: rows in, figure out.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import plotly.graph_objects as go
 from plotly.colors import qualitative

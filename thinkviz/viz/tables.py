@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -161,6 +162,7 @@ def _stats(record: RunRecord) -> dict[str, str]:
         "compression": f"{last.full_kv_bytes / last.kv_bytes:.1f}×" if last.kv_bytes else "—",
     }
 
+
 def fidelity_table(by_kind: Mapping[str, Mapping[str, float]]) -> list[list]:
     """Rows ``[segment, tokens, NLL Δ, KL, top-1 %]`` from :func:`thinkviz.metrics.summarize_by_kind`.
 
@@ -170,13 +172,15 @@ def fidelity_table(by_kind: Mapping[str, Mapping[str, float]]) -> list[list]:
     for kind, summary in by_kind.items():
         if not summary.get("tokens"):
             continue
-        rows.append([
-            "all tokens" if kind == "all" else kind,
-            int(summary["tokens"]),
-            _round(float(summary["nll_delta"]), 4),
-            _round(float(summary["kl"]), 4),
-            _round(100 * float(summary["top1"]), 1),
-        ])
+        rows.append(
+            [
+                "all tokens" if kind == "all" else kind,
+                int(summary["tokens"]),
+                _round(float(summary["nll_delta"]), 4),
+                _round(float(summary["kl"]), 4),
+                _round(100 * float(summary["top1"]), 1),
+            ]
+        )
     return rows
 
 

@@ -35,7 +35,8 @@ import html
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -50,8 +51,18 @@ HEAT_LEVELS = 10  # tv-h0 … tv-h9
 # Lower edges of bands 1 … 9 as a share of the frame's scores (the square roots of 0.1 … 0.9): most
 # tokens stay light, the hottest colour marks the top ~5 %.
 HEAT_BANDS = np.sqrt(np.arange(1, HEAT_LEVELS) / HEAT_LEVELS)
-HEAT_PALETTE = ("#fffaf0", "#fff1c2", "#ffe495", "#ffd26b", "#ffbd52",
-                "#ffa547", "#ff8c42", "#fb7544", "#f5604a", "#ee5050")  # black text stays readable on each
+HEAT_PALETTE = (
+    "#fffaf0",
+    "#fff1c2",
+    "#ffe495",
+    "#ffd26b",
+    "#ffbd52",
+    "#ffa547",
+    "#ff8c42",
+    "#fb7544",
+    "#f5604a",
+    "#ee5050",
+)  # black text stays readable on each
 KEEP_LEVELS = 10  # tv-k1 … tv-k9 for partial keeps
 
 # Which covering span names a token's colour: the most specific one.
@@ -94,8 +105,16 @@ def segment_colour(kind: str, index: int = 0) -> str | None:
 
 # What each view mode draws, in the order a legend explains it: heat, keep/evict, segment colours, think boxes.
 MODE_PARTS: dict[str, tuple[str, ...]] = {
-    mode: tuple(part for part, modes in (("heat", _HEAT_MODES), ("keep", _KEEP_MODES), ("segments", _SEGMENT_MODES),
-                                         ("boxes", _BOX_MODES)) if mode in modes)
+    mode: tuple(
+        part
+        for part, modes in (
+            ("heat", _HEAT_MODES),
+            ("keep", _KEEP_MODES),
+            ("segments", _SEGMENT_MODES),
+            ("boxes", _BOX_MODES),
+        )
+        if mode in modes
+    )
     for mode in (*MODES, *PREDICTION_MODES)
 }
 # Every segment kind the view colours (the think blocks and steps take the box palette).
@@ -153,9 +172,17 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
     policy = lookup(str(record.meta.get("policy")))
     graded = last is not None and policy.score_scale is not None
     ranked = outside_recent(len(texts), record.meta.get("params", {})) if policy.evicts else None
-    return TokenData(texts, last.scores if graded else None, None if last is None else last.keep_fraction,
-                     labels, record.segments, ranked=ranked, mass=None if last is None else last.mass,
-                     predicted=_predicted(events, len(texts)), answer_attention=_answer_attention(record, len(texts)))
+    return TokenData(
+        texts,
+        last.scores if graded else None,
+        None if last is None else last.keep_fraction,
+        labels,
+        record.segments,
+        ranked=ranked,
+        mass=None if last is None else last.mass,
+        predicted=_predicted(events, len(texts)),
+        answer_attention=_answer_attention(record, len(texts)),
+    )
 
 
 def outside_recent(n: int, params: dict[str, Any]) -> np.ndarray | None:
@@ -228,8 +255,9 @@ class _Segment:
 
 
 # ---- quantisation ------------------------------------------------------------------
-def heat_levels(scores: Sequence[float] | np.ndarray | None, n: int,
-                ranked: Sequence[bool] | np.ndarray | None = None) -> np.ndarray:
+def heat_levels(
+    scores: Sequence[float] | np.ndarray | None, n: int, ranked: Sequence[bool] | np.ndarray | None = None
+) -> np.ndarray:
     """``(n,)`` int: importance level ``0 … HEAT_LEVELS-1``, ``-1`` where there is no finite score
     or the token is not among ``ranked`` (``(n,)`` bool; ``None``: all are).
 
@@ -289,16 +317,28 @@ def segment_facts(n: int, spans: Sequence[Any], labels: Sequence[str] | None, st
         a, b = max(lo, start) - start, min(hi, start + n) - start
         if b > a:
             painted[_RANK[kind], a:b] = len(table)
-            table.append((kind, int(_field(span, "index", 0)), lo, hi, bool(_field(span, "closed", False)),
-                          bool(_field(span, "protected", False))))
+            table.append(
+                (
+                    kind,
+                    int(_field(span, "index", 0)),
+                    lo,
+                    hi,
+                    bool(_field(span, "closed", False)),
+                    bool(_field(span, "protected", False)),
+                )
+            )
     shared: dict[tuple, _Segment] = {}
     facts = []
     for i, ids in enumerate(zip(*painted.tolist())):
         pos = start + i
         cover = [table[j] for j in ids if j >= 0]  # outer to inner
         think = next((c for c in cover if c[0] == "think"), None)
-        key = (ids, labels is not None and labels[i] == "template",
-               think is not None and pos == think[2], think is not None and think[4] and pos == think[3] - 1)
+        key = (
+            ids,
+            labels is not None and labels[i] == "template",
+            think is not None and pos == think[2],
+            think is not None and think[4] and pos == think[3] - 1,
+        )
         if key not in shared:
             shared[key] = _segment(cover, *key[1:])
         facts.append(shared[key])
@@ -384,8 +424,7 @@ def token_looks(data: TokenData, mode: str) -> list[Look]:
     texts, keep_fraction, start = data.texts, data.keep_fraction, data.start
     scores = {"predicted": data.predicted, "answer": data.answer_attention}.get(mode, data.scores)
     ranked = None if mode in PREDICTION_MODES else data.ranked  # a prediction ranks every token
-    _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=data.labels, ranked=ranked,
-           mass=data.mass)
+    _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=data.labels, ranked=ranked, mass=data.mass)
     n = len(texts)
     # mass: every kept token is ranked (new tokens carry e^0 = 1, below any token that stands for more)
     heat = (heat_levels(data.mass, n) if mode == "mass" else heat_levels(scores, n, ranked)).tolist()
@@ -401,9 +440,11 @@ def token_looks(data: TokenData, mode: str) -> list[Look]:
         cls, style = segment_looks[id(segment)]
         score = score_list[i]
         score_text = f"{score:.3g}" if score is not None and math.isfinite(score) else "—"
-        title = (f"{json.dumps(texts[i], ensure_ascii=False)}  pos {start + i}\n"
-                 f"score {score_text} · {_keep_text(keep_list[i])}{_mass_text(mass_list[i])}\n"
-                 f"{segment.path or '—'}")
+        title = (
+            f"{json.dumps(texts[i], ensure_ascii=False)}  pos {start + i}\n"
+            f"score {score_text} · {_keep_text(keep_list[i])}{_mass_text(mass_list[i])}\n"
+            f"{segment.path or '—'}"
+        )
         looks.append(Look(cls + _value_classes(mode, heat[i], kept[i]), style, title))
     return looks
 
@@ -500,8 +541,7 @@ def _stylesheet() -> str:
         rules.append(f".tv-h{level} {{ background-color: {heat_colour(level)}; color: #000; }}")
     rules += [
         ".tv-gone { color: #a0a0a0; text-decoration: line-through; background-color: #f1f1f1; }",
-        ".tv-part { background-image: repeating-linear-gradient(45deg, rgba(0,0,0,.16) 0 1px,"
-        " transparent 1px 4px); }",
+        ".tv-part { background-image: repeating-linear-gradient(45deg, rgba(0,0,0,.16) 0 1px, transparent 1px 4px); }",
     ]
     for level in range(1, KEEP_LEVELS):
         rules.append(f".tv-k{level} {{ opacity: {0.45 + 0.4 * level / KEEP_LEVELS:.2f}; }}")  # legible when faded
@@ -523,8 +563,10 @@ def _stylesheet() -> str:
     for i, (fill, border) in enumerate(zip(_THINK_PALETTE, _THINK_BORDER)):
         rules.append(f".tv-tb{i} {{ border-color: {border}; }}")
         rules.append(f".tv-tb{i}.tv-think-start::before {{ color: {border}; }}")
-        rules.append(f".tv-mode-segments .tv-seg-think.tv-tb{i}, .tv-mode-segments .tv-seg-step.tv-tb{i}"
-                     f" {{ background-color: {fill}; }}")
+        rules.append(
+            f".tv-mode-segments .tv-seg-think.tv-tb{i}, .tv-mode-segments .tv-seg-step.tv-tb{i}"
+            f" {{ background-color: {fill}; }}"
+        )
     return "\n".join(rules)
 
 

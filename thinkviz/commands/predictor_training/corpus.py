@@ -22,7 +22,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -209,6 +209,7 @@ def _read_batches(path: Path) -> list[list[Generation]]:
     lines = path.read_text(encoding="utf-8").splitlines()
     batches = _parse(lines)
     if len(batches) < len(lines):
-        path.write_text("".join(json.dumps([asdict(g) for g in b], ensure_ascii=False) + "\n" for b in batches),
-                        encoding="utf-8")
+        path.write_text(
+            "".join(json.dumps([asdict(g) for g in b], ensure_ascii=False) + "\n" for b in batches), encoding="utf-8"
+        )
     return batches

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -43,8 +43,9 @@ def spearman(a: Sequence[float] | torch.Tensor, b: Sequence[float] | torch.Tenso
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def precision_at(score: Sequence[float] | torch.Tensor, truth: Sequence[float] | torch.Tensor,
-                 fraction: float = TOP_FRACTION) -> float:
+def precision_at(
+    score: Sequence[float] | torch.Tensor, truth: Sequence[float] | torch.Tensor, fraction: float = TOP_FRACTION
+) -> float:
     """Share of the top ``fraction`` of ``truth`` that is also in the top ``fraction`` of ``score``
     (``k = ceil(fraction · n)``; ties broken by position)."""
     score, truth = np.asarray(score, dtype=np.float64), np.asarray(truth, dtype=np.float64)
@@ -78,8 +79,10 @@ MEASURES = ("spearman", "precision_at_30")
 def measures(examples: Examples, predict: Predict) -> dict[str, dict[str, float]]:
     """``{scorer: {"spearman", "precision_at_30"}}`` on the thinking tokens of one trace."""
     truth = examples.labels[examples.thinking]
-    return {name: {"spearman": spearman(score, truth), "precision_at_30": precision_at(score, truth)}
-            for name, score in scores_of(examples, predict).items()}
+    return {
+        name: {"spearman": spearman(score, truth), "precision_at_30": precision_at(score, truth)}
+        for name, score in scores_of(examples, predict).items()
+    }
 
 
 def scorer_table(heldout: Mapping[str, Sequence[Examples]], predict: Predict) -> dict:
@@ -109,8 +112,10 @@ def format_table(table: dict) -> str:
     for name in SCORERS:
         cells = [table["per_trace"][t][name] for t in traces] + [table["scorers"][name]]
         widths = [24] * len(traces) + [16]
-        lines.append(f"{name:<10}" + "".join(
-            f"{c['spearman']:>{w - 6}.3f}{c['precision_at_30']:>6.2f}" for c, w in zip(cells, widths)))
+        lines.append(
+            f"{name:<10}"
+            + "".join(f"{c['spearman']:>{w - 6}.3f}{c['precision_at_30']:>6.2f}" for c, w in zip(cells, widths))
+        )
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ error; inputs are standardised per layer with the training set's mean and spread
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -101,8 +101,9 @@ def label_transcript(
     return _examples(loaded, name, chat.ids, thinking, layers, recent)
 
 
-def _examples(loaded: LoadedModel, name: str, ids: Sequence[int], thinking: torch.Tensor, layers: Sequence[int],
-              recent: int) -> Examples:
+def _examples(
+    loaded: LoadedModel, name: str, ids: Sequence[int], thinking: torch.Tensor, layers: Sequence[int], recent: int
+) -> Examples:
     """The examples of positions ``0 .. n-1`` (``n = len(thinking)``) of ``ids``, whose rest is the answer."""
     n = len(thinking)
     maps, features = attention_maps(loaded, ids, layers)

@@ -10,7 +10,8 @@ Explore tab's :class:`ExploreLink` once that tab exists.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import gradio as gr
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections import namedtuple
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import gradio as gr
 
@@ -27,24 +28,48 @@ from .. import inputs
 from ..compare import FIDELITY_COLUMNS, check_columns, column_views, compare_frames, playback_frames
 from ..controls import ControlError, build_policy, default_view, format_knobs, knobs_for, parse_knobs
 from ..demo import load_preset_recording, preset_estimate
-from ..handlers import (MODEL_GROUP, PLAYBACK_GROUP, USER_ERRORS, WAITING, figure_file, play_recording, run_picker,
-                        run_with_model)
+from ..handlers import (
+    MODEL_GROUP,
+    PLAYBACK_GROUP,
+    USER_ERRORS,
+    WAITING,
+    figure_file,
+    play_recording,
+    run_picker,
+    run_with_model,
+)
 from ..session import COMPARE_TOKENS_IDS, Session
 from ..stream import bus_payload, container_html
 from ..text import plain_markdown
-from ..widgets import (CommonControls, Group, InputControls, PlaybackControls, common_controls, decode_controls,
-                       follow_toggle, input_controls, knob_box, kv_format_dropdown, named, playback_controls,
-                       preset_knobs, preset_values, residual_slider, split, trace_limit)
+from ..widgets import (
+    CommonControls,
+    Group,
+    InputControls,
+    PlaybackControls,
+    common_controls,
+    decode_controls,
+    follow_toggle,
+    input_controls,
+    knob_box,
+    kv_format_dropdown,
+    named,
+    playback_controls,
+    preset_knobs,
+    preset_values,
+    residual_slider,
+    split,
+    trace_limit,
+)
 from . import AppContext, ExploreLink
 
 DEFAULT_POLICIES = [REFERENCE_POLICY, "window", "h2o"]
-
 
 
 def column_view_choices(policies: Sequence[Policy]) -> list[tuple[str, str]]:
     """The token views Compare offers for these columns: ``mass`` when one of them fits attention
     biases (the others then show no heat in it)."""
     return view_mode_choices(False, any(policy.fits_bias for policy in policies))
+
 
 @dataclass
 class PolicySetControls(Group):
@@ -88,13 +113,20 @@ class PolicySetControls(Group):
 
 
 def policy_set_controls() -> PolicySetControls:
-    policies = gr.CheckboxGroup(policy_names(), value=DEFAULT_POLICIES,
-                                label=f"Policies ({MIN_COLUMNS}–{MAX_COLUMNS} columns)", elem_id="tv-compare-policies",
-                                elem_classes="tv-bar")
+    policies = gr.CheckboxGroup(
+        policy_names(),
+        value=DEFAULT_POLICIES,
+        label=f"Policies ({MIN_COLUMNS}–{MAX_COLUMNS} columns)",
+        elem_id="tv-compare-policies",
+        elem_classes="tv-bar",
+    )
     common = common_controls("compare", interval=8)
     knobs = knob_box("compare")
-    measure = gr.Checkbox(value=True, label="Measure NLL / KL / top-1 against the full cache",
-                          info="full precision; generate mode: afterwards, teacher-force the full cache's text")
+    measure = gr.Checkbox(
+        value=True,
+        label="Measure NLL / KL / top-1 against the full cache",
+        info="full precision; generate mode: afterwards, teacher-force the full cache's text",
+    )
     return PolicySetControls(policies, common, knobs, measure)
 
 
@@ -128,16 +160,18 @@ class ColumnFormats(Group):
         """Values for :meth:`inputs` that store the columns ``known`` in ``formats`` (one each)."""
         residual = next((f.residual for f in formats if f.spec.grouped), preset.kv_quant.residual)
         chosen = dict(zip(known, (f.format for f in formats)))
-        return [*(gr.update(value=chosen.get(name, "none"), visible=name in known) for name in self.policies),
-                residual]
+        return [*(gr.update(value=chosen.get(name, "none"), visible=name in known) for name in self.policies), residual]
 
 
 def column_formats() -> ColumnFormats:
     names = policy_names()
     with gr.Accordion("KV-cache format of each column", open=False, elem_id="tv-compare-kv"):
         formats = namedtuple("ColumnFormat", [f"kv_{name}" for name in names])(
-            *(kv_format_dropdown(f"compare-{name}", f"{name}: KV format", visible=name in DEFAULT_POLICIES)
-              for name in names))
+            *(
+                kv_format_dropdown(f"compare-{name}", f"{name}: KV format", visible=name in DEFAULT_POLICIES)
+                for name in names
+            )
+        )
         residual = residual_slider("compare")
     return ColumnFormats(formats, residual)
 
@@ -156,10 +190,14 @@ class CompareOptions(Group):
 
 def compare_options() -> CompareOptions:
     limit = trace_limit("compare")
-    vary = gr.Textbox("", label="Vary a knob across columns", placeholder="e.g. recent=32,128",
-                      info="KNOB=V1,V2,…: each checked policy that takes the knob gets one column per value "
-                           "(h2o · recent 32 beside h2o · recent 128); several knobs: separate with ;",
-                      elem_id="tv-compare-vary")
+    vary = gr.Textbox(
+        "",
+        label="Vary a knob across columns",
+        placeholder="e.g. recent=32,128",
+        info="KNOB=V1,V2,…: each checked policy that takes the knob gets one column per value "
+        "(h2o · recent 32 beside h2o · recent 128); several knobs: separate with ;",
+        elem_id="tv-compare-vary",
+    )
     return CompareOptions(limit, vary)
 
 
@@ -177,15 +215,21 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             options = compare_options()
             decode = decode_controls("compare")
         with gr.Column(scale=5, min_width=600, elem_classes="tv-outputs"):
-            status = gr.Markdown("Pick 2–6 policies and press Compare.", elem_id="tv-compare-status",
-                                 elem_classes="tv-status")
+            status = gr.Markdown(
+                "Pick 2–6 policies and press Compare.", elem_id="tv-compare-status", elem_classes="tv-status"
+            )
             with gr.Row(equal_height=True):
-                view_mode = gr.Radio(column_view_choices([make_policy(name) for name in DEFAULT_POLICIES]),
-                                     value="combined", label="Token view", elem_id="tv-compare-mode",
-                                     scale=4)
+                view_mode = gr.Radio(
+                    column_view_choices([make_policy(name) for name in DEFAULT_POLICIES]),
+                    value="combined",
+                    label="Token view",
+                    elem_id="tv-compare-mode",
+                    scale=4,
+                )
                 follow_toggle("compare")
-            legend = gr.HTML(view_legend("combined", "", None, parts=("keep", "segments", "boxes")),
-                             elem_id="tv-compare-legend")
+            legend = gr.HTML(
+                view_legend("combined", "", None, parts=("keep", "segments", "boxes")), elem_id="tv-compare-legend"
+            )
             headers, columns = [], []
             with gr.Row(elem_classes="tv-compare"):
                 for i, target_id in enumerate(COMPARE_TOKENS_IDS):
@@ -193,16 +237,31 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                         headers.append(gr.HTML("", elem_id=f"tv-compare-head-{i}"))
                         gr.HTML(container_html(target_id, follow="tv-compare-follow"))
                     columns.append(column)
-            overlay = gr.Plot(placeholder_figure("Each policy's KV cache appears here"),
-                              label="KV-cache memory, all policies", elem_id="tv-compare-memory")
-            table = gr.Dataframe(headers=FIDELITY_COLUMNS, label="Fidelity against the full cache",
-                                 interactive=False, elem_id="tv-compare-table", wrap=True)
-            per_token = gr.Plot(placeholder_figure("ΔNLL and KL per token appear here once fidelity is measured"),
-                                label="Per-token fidelity against the full cache", elem_id="tv-compare-fidelity")
+            overlay = gr.Plot(
+                placeholder_figure("Each policy's KV cache appears here"),
+                label="KV-cache memory, all policies",
+                elem_id="tv-compare-memory",
+            )
+            table = gr.Dataframe(
+                headers=FIDELITY_COLUMNS,
+                label="Fidelity against the full cache",
+                interactive=False,
+                elem_id="tv-compare-table",
+                wrap=True,
+            )
+            per_token = gr.Plot(
+                placeholder_figure("ΔNLL and KL per token appear here once fidelity is measured"),
+                label="Per-token fidelity against the full cache",
+                elem_id="tv-compare-fidelity",
+            )
             with gr.Row():
                 export_fig = gr.Button("Export figure (HTML)", size="sm", elem_id="tv-compare-export-figure")
-            exported = gr.File(label="Download (open a column in Explore to export its recording)",
-                               interactive=False, elem_id="tv-compare-export", elem_classes="tv-download")
+            exported = gr.File(
+                label="Download (open a column in Explore to export its recording)",
+                interactive=False,
+                elem_id="tv-compare-export",
+                elem_classes="tv-download",
+            )
     session = app.session
 
     def pick_preset(name: str | None) -> list:
@@ -213,8 +272,12 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         if left_out:
             values[0] += f"\n\n_Showing {', '.join(known)}; also listed: {plain_markdown(', '.join(left_out))}._"
         view = "combined" if "combined" in map(default_view, known) else "evicted"  # heat if any column has it
-        return values + [*chosen.preset_values(choice.preset, known), choice.preset.max_new_tokens, view,
-                         *kv.preset_values(choice.preset, known, formats)]
+        return values + [
+            *chosen.preset_values(choice.preset, known),
+            choice.preset.max_new_tokens,
+            view,
+            *kv.preset_values(choice.preset, known, formats),
+        ]
 
     def clear_results(s: Session, mode: str) -> list:
         """A new preset: the last comparison's columns, table and charts go (Explore keeps its runs)."""
@@ -222,33 +285,63 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             return [gr.skip()] * (6 + len(headers))
         s.compare_views = []
         empty = [c.message(TokenData([]), reset=True) for c in s.compare_channels]
-        return [bus_payload(empty), *[""] * len(headers), {"headers": FIDELITY_COLUMNS, "data": []},
-                placeholder_figure("Each policy's KV cache appears here"),
-                placeholder_figure("ΔNLL and KL per token appear here once fidelity is measured"),
-                view_legend(mode, "", None, parts=("keep", "segments", "boxes"))]
+        return [
+            bus_payload(empty),
+            *[""] * len(headers),
+            {"headers": FIDELITY_COLUMNS, "data": []},
+            placeholder_figure("Each policy's KV cache appears here"),
+            placeholder_figure("ΔNLL and KL per token appear here once fidelity is measured"),
+            view_legend(mode, "", None, parts=("keep", "segments", "boxes")),
+        ]
 
-    panel.preset.change(pick_preset, panel.preset,
-                        panel.preset_outputs() + chosen.inputs()[:-1] + [decode.max_new_tokens, view_mode]
-                        + kv.inputs(),
-                        show_progress="hidden", api_visibility="private"
-                        ).then(clear_results, [session, view_mode],
-                               [app.bus, *headers, table, overlay, per_token, legend], show_progress="hidden",
-                               api_visibility="private"
-                        ).then(lambda name, measure: [PlaybackControls.offer(name),
-                                                      preset_estimate(app.slot, name, "compare", measure) or gr.skip()],
-                               [panel.preset, chosen.measure_fidelity], [playback.play, status], show_progress="hidden",
-                               api_visibility="private")
+    panel.preset.change(
+        pick_preset,
+        panel.preset,
+        panel.preset_outputs() + chosen.inputs()[:-1] + [decode.max_new_tokens, view_mode] + kv.inputs(),
+        show_progress="hidden",
+        api_visibility="private",
+    ).then(
+        clear_results,
+        [session, view_mode],
+        [app.bus, *headers, table, overlay, per_token, legend],
+        show_progress="hidden",
+        api_visibility="private",
+    ).then(
+        lambda name, measure: [
+            PlaybackControls.offer(name),
+            preset_estimate(app.slot, name, "compare", measure) or gr.skip(),
+        ],
+        [panel.preset, chosen.measure_fidelity],
+        [playback.play, status],
+        show_progress="hidden",
+        api_visibility="private",
+    )
     stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
     export_fig.click(
-        lambda s: figure_file(bool(s.compare_records),
-                              lambda: {"KV cache by policy": compare_memory_figure(s.compare_records)},
-                              stem="thinkviz-compare", what="comparison"),
-        session, exported, api_name="export_compare_figure")
-    chosen.policies.change(lambda names: [gr.update(visible=i < max(MIN_COLUMNS, len(names or [])))
-                                   for i in range(len(columns))],
-                    chosen.policies, columns, show_progress="hidden", api_visibility="private")
-    chosen.policies.change(lambda names: kv.shown(names or []), chosen.policies, list(kv.formats),
-                           show_progress="hidden", api_visibility="private")
+        lambda s: figure_file(
+            bool(s.compare_records),
+            lambda: {"KV cache by policy": compare_memory_figure(s.compare_records)},
+            stem="thinkviz-compare",
+            what="comparison",
+        ),
+        session,
+        exported,
+        api_name="export_compare_figure",
+    )
+    chosen.policies.change(
+        lambda names: [gr.update(visible=i < max(MIN_COLUMNS, len(names or []))) for i in range(len(columns))],
+        chosen.policies,
+        columns,
+        show_progress="hidden",
+        api_visibility="private",
+    )
+    chosen.policies.change(
+        lambda names: kv.shown(names or []),
+        chosen.policies,
+        list(kv.formats),
+        show_progress="hidden",
+        api_visibility="private",
+    )
 
     def offer_views(names: list[str] | None, knob_text: str, mode: str):
         """The token views the checked policies offer (:func:`column_view_choices`), keeping ``mode`` if offered."""
@@ -261,8 +354,13 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         return gr.update(choices=choices, value=mode if mode in {m for _, m in choices} else "combined")
 
     for control in (chosen.policies, chosen.knobs):
-        control.change(offer_views, [chosen.policies, chosen.knobs, view_mode], view_mode, show_progress="hidden",
-                       api_visibility="private")
+        control.change(
+            offer_views,
+            [chosen.policies, chosen.knobs, view_mode],
+            view_mode,
+            show_progress="hidden",
+            api_visibility="private",
+        )
 
     def switch_mode(s: Session, mode: str):
         for channel in s.compare_channels:
@@ -272,19 +370,26 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         heads += [gr.skip()] * (len(headers) - len(heads))
         if s.running or not s.compare_views:
             return [gr.skip(), shared, *([gr.skip()] * len(headers) if s.running else heads)]
-        return [bus_payload([c.message(v, reset=True) for c, v in zip(s.compare_channels, s.compare_views)]),
-                shared, *heads]
+        return [
+            bus_payload([c.message(v, reset=True) for c, v in zip(s.compare_channels, s.compare_views)]),
+            shared,
+            *heads,
+        ]
 
-    view_mode.change(switch_mode, [session, view_mode], [app.bus, legend, *headers], show_progress="hidden",
-                     api_visibility="private")
+    view_mode.change(
+        switch_mode, [session, view_mode], [app.bus, legend, *headers], show_progress="hidden", api_visibility="private"
+    )
 
     def run_compare(s: Session, view_mode: str, **values):
         def prepare():
             chat, policy_values, decode_values, format_values, (limit, vary) = split(
-                values, panel, chosen, decode, kv, options)
+                values, panel, chosen, decode, kv, options
+            )
             policies, measure_fidelity = chosen.make(policy_values, vary)
-            columns_ = [Column(policy, fmt)
-                        for policy, fmt in zip(policies, kv.kv_quants(format_values, [p.name for p in policies]))]
+            columns_ = [
+                Column(policy, fmt)
+                for policy, fmt in zip(policies, kv.kv_quants(format_values, [p.name for p in policies]))
+            ]
             request = columns_, InputControls.request(chat, limit), decode.settings(decode_values), measure_fidelity
             for channel in s.compare_channels[: len(columns_)]:
                 channel.set_mode(view_mode)
@@ -294,14 +399,25 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             return [gr.update(visible=i < len(request[0])) for i in range(len(columns))]
 
         def waiting(request) -> list:
-            return [WAITING, *[gr.skip()] * 4, *[gr.skip()] * len(headers), *shown_columns(request), gr.skip(),
-                    gr.skip()]
+            return [
+                WAITING,
+                *[gr.skip()] * 4,
+                *[gr.skip()] * len(headers),
+                *shown_columns(request),
+                gr.skip(),
+                gr.skip(),
+            ]
 
         def frames(loaded, request, cancel):
             columns_, run_input, settings, measure_fidelity = request
             channels = s.compare_channels[: len(columns_)]
-            yield from placed(s, compare_frames(loaded, columns_, run_input, settings, cancel, channels,
-                                                measure_fidelity, speed=app.slot.speed), len(columns_))
+            yield from placed(
+                s,
+                compare_frames(
+                    loaded, columns_, run_input, settings, cancel, channels, measure_fidelity, speed=app.slot.speed
+                ),
+                len(columns_),
+            )
 
         yield from run_with_model(app.slot, prepare, frames, waiting, s)
 
@@ -321,8 +437,17 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             head = frame.headers + [""] * (len(headers) - len(frame.headers))
             figure = gr.skip() if frame.figure is None else frame.figure
             fidelity = gr.skip() if frame.fidelity is None else frame.fidelity
-            yield [frame.status, bus_payload(frame.bus), figure, frame.shown_table, source, *head, *shown,
-                   frame.legend, fidelity]
+            yield [
+                frame.status,
+                bus_payload(frame.bus),
+                figure,
+                frame.shown_table,
+                source,
+                *head,
+                *shown,
+                frame.legend,
+                fidelity,
+            ]
 
     def play_compare(s: Session, view_mode: str, preset: str | None, speed: str):
         def load():
@@ -343,12 +468,22 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         outputs = [status, app.bus, overlay, table, explore.source, *headers, *columns, legend, per_token]
         run.click(
             run_compare,
-            [session, view_mode], outputs, inputs_kwargs=named(panel, chosen, decode, kv, options),
-            concurrency_limit=1, concurrency_id=MODEL_GROUP, api_name="compare", show_progress="hidden",
+            [session, view_mode],
+            outputs,
+            inputs_kwargs=named(panel, chosen, decode, kv, options),
+            concurrency_limit=1,
+            concurrency_id=MODEL_GROUP,
+            api_name="compare",
+            show_progress="hidden",
         ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
         playback.play.click(
-            play_compare, [session, view_mode, panel.preset, playback.speed], outputs, concurrency_limit=4,
-            concurrency_id=PLAYBACK_GROUP, api_name="play_compare", show_progress="hidden",
+            play_compare,
+            [session, view_mode, panel.preset, playback.speed],
+            outputs,
+            concurrency_limit=4,
+            concurrency_id=PLAYBACK_GROUP,
+            api_name="play_compare",
+            show_progress="hidden",
         ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
 
     return connect

@@ -29,19 +29,27 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
     and the refresh they run after a run ends."""
     with gr.Row():
         with gr.Column(scale=2):
-            source = gr.Dropdown([], value=None, label="Run to explore", info=RUN_PICKER_INFO,
-                                 elem_id="tv-explore-source")
+            source = gr.Dropdown(
+                [], value=None, label="Run to explore", info=RUN_PICKER_INFO, elem_id="tv-explore-source"
+            )
             open_source = gr.Button("Open", size="sm", elem_id="tv-explore-open")
-        upload = gr.File(label="…or open a recording (.zip, or .json + .npz)", file_count="multiple",
-                         file_types=[".zip", ".json", ".npz"], elem_id="tv-explore-upload", scale=3, height=140)
-    caption = gr.Markdown("Nothing to explore yet: run something, or open a recording.",
-                          elem_id="tv-explore-caption")
+        upload = gr.File(
+            label="…or open a recording (.zip, or .json + .npz)",
+            file_count="multiple",
+            file_types=[".zip", ".json", ".npz"],
+            elem_id="tv-explore-upload",
+            scale=3,
+            height=140,
+        )
+    caption = gr.Markdown("Nothing to explore yet: run something, or open a recording.", elem_id="tv-explore-caption")
     with gr.Row():
         step = slider(0, 1, value=0, step=1, label="Step (timeline)", elem_id="tv-explore-step", scale=3)
-        layer = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="Layer", scale=1,
-                            elem_id="tv-explore-layer")
-        head = gr.Dropdown([explore.AVERAGE], value=explore.AVERAGE, label="KV head", scale=1,
-                           elem_id="tv-explore-head")
+        layer = gr.Dropdown(
+            [explore.AVERAGE], value=explore.AVERAGE, label="Layer", scale=1, elem_id="tv-explore-layer"
+        )
+        head = gr.Dropdown(
+            [explore.AVERAGE], value=explore.AVERAGE, label="KV head", scale=1, elem_id="tv-explore-head"
+        )
     mode = gr.Radio(view_mode_choices(False, False), value="combined", label="Token view", elem_id="tv-explore-mode")
     tokens = gr.HTML("", elem_id="tv-explore-tokens")
     with gr.Row():
@@ -58,8 +66,9 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
         try:
             number = int(step_value)
         except (TypeError, ValueError):
-            raise gr.Error(f"Step must be a whole number, got {no_markup(repr(step_value)[:40])}",
-                           print_exception=False) from None
+            raise gr.Error(
+                f"Step must be a whole number, got {no_markup(repr(step_value)[:40])}", print_exception=False
+            ) from None
         return shown(explore.explore_view, s.explore_record, number, layer_value, head_value, mode_value)
 
     def rendered(s: Session, *view_values) -> tuple[list, int | None]:
@@ -68,8 +77,13 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
             return [gr.skip()] * len(view_outputs), None
         shown_view = view(s, *view_values)
         tokens_html = pin_host("explore", f"<div class='tv-container'>{shown_view.tokens_html}</div>")
-        return [shown_view.caption, shown_view.legend + tokens_html, shown_view.heatmap, shown_view.segments,
-                shown_view.kept], shown_view.step
+        return [
+            shown_view.caption,
+            shown_view.legend + tokens_html,
+            shown_view.heatmap,
+            shown_view.segments,
+            shown_view.kept,
+        ], shown_view.step
 
     def show(s: Session, *view_values) -> list:
         values, at = rendered(s, *view_values)
@@ -112,13 +126,16 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
         record = shown(import_recording, files if isinstance(files, list) else [files])
         return open_record(s, record, view_mode)
 
-    export_run.click(lambda s: recording_file(s.explore_record), session, exported,
-                     api_name="export_explored_recording")
+    export_run.click(
+        lambda s: recording_file(s.explore_record), session, exported, api_name="export_explored_recording"
+    )
 
     def keep_figure(s: Session, step: float, layer: str, kv_head: str, view_mode: str) -> str:
-        return figure_file(s.explore_record is not None,
-                           lambda: {"Keep / evict": view(s, step, layer, kv_head, view_mode).heatmap},
-                           stem="thinkviz-keep")
+        return figure_file(
+            s.explore_record is not None,
+            lambda: {"Keep / evict": view(s, step, layer, kv_head, view_mode).heatmap},
+            stem="thinkviz-keep",
+        )
 
     export_fig.click(keep_figure, view_inputs, exported, api_name="export_keep_figure")
 
@@ -129,18 +146,33 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
         choices = view_mode_choices(explore.predicts_importance(record), explore.fits_bias(record))
         return gr.update(choices=choices, value=mode_value if mode_value in {m for _, m in choices} else "combined")
 
-    modes = {"fn": offer_modes, "inputs": [session, mode], "outputs": mode, "show_progress": "hidden",
-             "api_visibility": "private"}
-    open_source.click(from_source, [session, source, mode], pickers + view_outputs, show_progress="hidden",
-                      api_visibility="private").then(**modes)
-    tab.select(on_select, [session, mode], [source, *pickers, *view_outputs], show_progress="hidden",
-               api_visibility="private").then(**modes)
-    upload.upload(from_upload, [session, upload, mode], pickers + view_outputs, show_progress="hidden",
-                  api_name="open_recording").then(**modes)
+    modes = {
+        "fn": offer_modes,
+        "inputs": [session, mode],
+        "outputs": mode,
+        "show_progress": "hidden",
+        "api_visibility": "private",
+    }
+    open_source.click(
+        from_source, [session, source, mode], pickers + view_outputs, show_progress="hidden", api_visibility="private"
+    ).then(**modes)
+    tab.select(
+        on_select, [session, mode], [source, *pickers, *view_outputs], show_progress="hidden", api_visibility="private"
+    ).then(**modes)
+    upload.upload(
+        from_upload, [session, upload, mode], pickers + view_outputs, show_progress="hidden", api_name="open_recording"
+    ).then(**modes)
     for control in (step, layer, head, mode):
         # preprocess=False: Gradio's own range check would answer a step past the end with its bare message and a
         # traceback (and a slider rebuilt by an update loses fields.numbers_only); explore_view checks every value
-        control.change(show, view_inputs, [*view_outputs, step], show_progress="hidden", trigger_mode="always_last",
-                       api_visibility="private", preprocess=False)
+        control.change(
+            show,
+            view_inputs,
+            [*view_outputs, step],
+            show_progress="hidden",
+            trigger_mode="always_last",
+            api_visibility="private",
+            preprocess=False,
+        )
     tokens.change(None, None, None, js=SCROLL_TO_NEWEST_JS, api_visibility="private")
     return ExploreLink(source, refresh, [session, mode], pickers + view_outputs)
