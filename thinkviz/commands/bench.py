@@ -814,19 +814,7 @@ def _tune(args: argparse.Namespace, settings: list[tuple[str, int]]) -> int:
             if args.url:
                 cycles = measure_tune(args.url, args.tune_preset, args.tune_tokens, knob, values)
             else:
-                device = ["--device", args.device] if args.device else []
-                app_args = [
-                    "--model",
-                    args.model,
-                    "--quant",
-                    args.quant,
-                    "--quant-backend",
-                    args.quant_backend,
-                    *device,
-                    "--threads",
-                    str(threads),
-                ]
-                with launched_app(app_args) as url:
+                with launched_app(_app_args(args, threads)) as url:
                     cycles = measure_tune(url, args.tune_preset, args.tune_tokens, knob, values)
         except BenchError as exc:
             raise CliError(str(exc)) from None
@@ -868,6 +856,22 @@ def _play(args: argparse.Namespace) -> int:
     return 0
 
 
+def _app_args(args: argparse.Namespace, threads: int) -> list[str]:
+    """``app.py``'s arguments for a bench browser run: the model as asked for, torch on ``threads``."""
+    device = ["--device", args.device] if args.device else []
+    return [
+        "--model",
+        args.model,
+        "--quant",
+        args.quant,
+        "--quant-backend",
+        args.quant_backend,
+        *device,
+        "--threads",
+        str(threads),
+    ]
+
+
 @bench_kind("browser", _browser_args)
 def browser(args: argparse.Namespace) -> int:
     """Headless Chromium: click → first painted token, frames per second and long tasks during a long Live run."""
@@ -889,19 +893,7 @@ def browser(args: argparse.Namespace) -> int:
             if args.url:
                 results.append((label, None, measure(args.url, args.tokens, trace=args.profile)))
                 continue
-            device = ["--device", args.device] if args.device else []
-            app_args = [
-                "--model",
-                args.model,
-                "--quant",
-                args.quant,
-                "--quant-backend",
-                args.quant_backend,
-                *device,
-                "--threads",
-                str(threads),
-            ]
-            with launched_app(app_args) as url:
+            with launched_app(_app_args(args, threads)) as url:
                 results.append((label, threads, measure(url, args.tokens, trace=args.profile)))
     except BenchError as exc:
         raise CliError(str(exc)) from None
