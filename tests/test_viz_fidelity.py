@@ -73,6 +73,12 @@ def test_the_figure_draws_each_policy_in_both_panels_over_segment_bands():
     assert {"think 1", "answer"} <= set(labels) and labels.count("think 1") == 1 and "new text" not in labels
 
 
+def test_the_figure_is_cheap_to_redraw_while_a_run_streams():
+    fig = fidelity_figure({"window": fidelity(np.arange(10), np.zeros(10), np.zeros(10))})
+    assert fig.layout.xaxis.ticklabeloverflow == fig.layout.yaxis2.ticklabeloverflow == "allow"
+    assert not fig.layout.template.data.heatmap  # only the scatter defaults of the default template
+
+
 def test_compare_draws_per_token_curves_and_leaves_divergence_out_of_a_replay():
     tiny = tiny_model("llama")
     policies = [

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
 import pytest
 
 from thinkviz.events import RunRecord, StepEvent
@@ -28,6 +30,7 @@ from thinkviz.viz.figures import (
     oom_step,
     projection_outcome,
     placeholder_figure,
+    streamed,
     tokens_seen,
 )
 from viz_records import generated, replayed
@@ -363,6 +366,29 @@ def test_figures_before_the_first_step():
     assert all(len(t.x) == 0 for t in fig.data)
     assert keep_heatmap(record).data[0].z.shape == (0, 2)
     assert len(compare_memory_figure({"h2o": record}).data[0].x) == 0
+
+
+def test_charts_a_run_redraws_are_cheap_to_redraw_and_look_the_same(h2o_run, loaded):
+    window = generated(loaded, "window")
+    figures = [
+        memory_figure(h2o_run.record, projection=Projection.named("Qwen3-4B", 8), show_device=True),
+        compare_memory_figure({"h2o": h2o_run.record, "window": window.record}),
+    ]
+    default = pio.templates[pio.templates.default]
+    for fig in figures:
+        axes = [fig.layout[name] for name in fig.layout if name.startswith(("xaxis", "yaxis"))]
+        assert len(axes) >= 2 and all(axis.ticklabeloverflow == "allow" for axis in axes)
+        template = fig.layout.template
+        assert template.layout == default.layout  # the look: colours, grid, fonts
+        assert [t for t in template.data.to_plotly_json() if template.data[t]] == ["scatter"]
+        assert {trace.type for trace in fig.data} == {"scatter"}
+
+
+def test_streamed_makes_any_figure_cheap_to_redraw():
+    fig = streamed(go.Figure(go.Scatter(x=[1, 2], y=[3, 4])))
+    assert fig.layout.xaxis.ticklabeloverflow == "allow" and fig.layout.yaxis.ticklabeloverflow == "allow"
+    assert fig.layout.template.data.scatter == pio.templates[pio.templates.default].data.scatter
+    assert not fig.layout.template.data.heatmap  # the default template has defaults for every trace type
 
 
 def test_placeholder_figure_shows_only_its_hint():

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..metrics import TokenFidelity
-from .figures import SeriesStyle, series_styles
+from .figures import SeriesStyle, series_styles, streamed
 from .tokens import segment_colour
 
 DEFAULT_WINDOW = 32
@@ -112,7 +112,7 @@ def fidelity_figure(
         legend=dict(orientation="h", yanchor="top", y=-0.14),
         plot_bgcolor="white",
     )
-    return fig
+    return streamed(fig)
 
 
 def _bands(fig: go.Figure, segments: Sequence[Any], lo: int, hi: int) -> None:

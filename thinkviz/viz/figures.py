@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from ..events import RunRecord
@@ -32,6 +33,23 @@ MAX_ROWS = 256
 MAX_COLS = 1024
 
 KV_COLOUR, FULL_COLOUR, BUDGET_COLOUR, DEVICE_COLOUR, OOM_COLOUR = "#1f77b4", "#7f7f7f", "#2ca02c", "#9467bd", "#d62728"
+
+
+def streamed(fig: go.Figure) -> go.Figure:
+    """``fig`` made cheap to redraw, for the charts a run redraws while it streams (#11: a redraw is
+    a main-thread task in the browser); it looks the same.
+
+    Its tick labels may overflow the chart's edge (``ticklabeloverflow="allow"``; plotly.js's default
+    hides those that would, measuring every label against the edge once per label, a quadratic
+    number of bounding-box reads per redraw), and its template keeps only the default template's
+    layout and scatter defaults (plotly.js applies the defaults of every trace type a template
+    holds on each redraw, and these charts draw only scatter traces).
+    """
+    default = pio.templates[pio.templates.default]
+    fig.update_layout(template=go.layout.Template(layout=default.layout, data={"scatter": default.data.scatter}))
+    fig.update_xaxes(ticklabeloverflow="allow")
+    fig.update_yaxes(ticklabeloverflow="allow")
+    return fig
 
 
 # ---- series from a record ----------------------------------------------------------
@@ -385,7 +403,7 @@ def memory_figure(
         hovermode="x unified",
         legend=dict(orientation="h", yanchor="top", y=-70 / height),
     )  # under the last x title
-    return fig
+    return streamed(fig)
 
 
 def _add_device(
@@ -724,7 +742,7 @@ def compare_memory_figure(records: Mapping[str, RunRecord]) -> go.Figure:
         hovermode="x unified",
     )
     fig.update_yaxes(rangemode="tozero")
-    return fig
+    return streamed(fig)
 
 
 # ---- keep / evict heatmap ------------------------------------------------------------
