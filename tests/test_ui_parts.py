@@ -5,7 +5,10 @@ from __future__ import annotations
 import threading
 import zipfile
 
+import json
+
 import numpy as np
+import plotly.graph_objects as go
 import pytest
 
 from thinkviz.engine import DecodeSettings, Run
@@ -17,6 +20,7 @@ from thinkviz.export import export_figures, export_recording, import_recording
 from thinkviz.ui.learn import kv_format_card, learn_markdown, policy_card
 from thinkviz.ui.model_slot import ModelSlot, ModelUnavailable
 from thinkviz.ui.runs import RunInputError
+from thinkviz.ui.stream import chart_frame
 from thinkviz.ui.throttle import FramePacer
 from tiny_models import tiny_model
 
@@ -46,6 +50,20 @@ def test_pacer_lets_through_one_frame_per_interval_whatever_the_step_rate():
         slow_due.append(slow.due())
         clock.now += 1.0
     assert all(slow_due)
+
+
+def test_charts_ride_the_bus_while_a_run_streams_and_set_the_plots_at_its_end():
+    token = {"target": "view", "run": "r1", "seq": 3, "patch": {}}
+    memory, curve = go.Figure(go.Scatter(x=[1], y=[2])), go.Figure(go.Scatter(x=[3], y=[4]))
+    payload, plots = chart_frame([token], {"tv-memory": memory, "tv-curve": None}, False, "r1")
+    messages = json.loads(payload)
+    assert plots == [None, None]  # the gr.Plot values stay while it streams
+    assert [m["chart"] for m in messages[:-1]] == ["tv-memory"] and messages[-1] == token  # the patch last
+    sent = json.loads(messages[0]["figure"])
+    assert sent["data"][0]["x"] == [1] and sent["layout"]["uirevision"] == "r1"  # the user's zoom stays
+    payload, plots = chart_frame([token], {"tv-memory": memory, "tv-curve": curve}, True, "r2")
+    assert json.loads(payload) == [token] and plots == [memory, curve]  # the last frame sets them
+    assert memory.layout.uirevision == curve.layout.uirevision == "r2"  # unlike an identical earlier run's
 
 
 @pytest.mark.parametrize("name", policy_names())

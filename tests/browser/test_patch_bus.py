@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
+import plotly
 import pytest
 
 from thinkviz.engine import DecodeSettings
 from thinkviz.policies import make_policy
 from thinkviz.ui.live import live_frames
 from thinkviz.ui.runs import RunInput
-from thinkviz.ui.stream import PATCH_BUS_JS, RESYNC_BUTTON_ID, TokenChannel, bus_payload, container_html
+from thinkviz.ui.stream import (
+    PATCH_BUS_JS,
+    RESYNC_BUTTON_ID,
+    TokenChannel,
+    bus_payload,
+    chart_frame,
+    container_html,
+)
 from thinkviz.ui.throttle import FramePacer
 from thinkviz.viz.tokens import TOKEN_CSS
 from tiny_models import tiny_model
 
 pytestmark = pytest.mark.browser
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
 @pytest.fixture
@@ -100,3 +110,45 @@ def test_a_longer_gap_than_the_history_asks_for_a_reset(bus_page, frames):
     send(bus_page, frames[0].bus)
     send(bus_page, frames[BACKLOG + 2].bus)
     assert view(bus_page)["resyncs"] == 1
+
+
+DRAWN_POINTS_JS = "() => document.querySelector('#shown [data-testid=plotly]')._fullData?.map(t => t.x.length)"
+
+
+def test_a_chart_message_redraws_the_shown_chart_in_place(bus_page, frames):
+    bus_page.add_script_tag(path=str(PLOTLY_JS))
+    bus_page.evaluate("""() => {  // as gr.Plot leaves them: a chart shown, one on a hidden tab
+        document.body.insertAdjacentHTML('beforeend', `<div id="shown"><div data-testid="plotly"></div></div>
+            <div id="away" style="display: none"><div data-testid="plotly"></div></div>`);
+        const chart = document.querySelector('#shown [data-testid=plotly]');
+        chart.dataset.mark = 'placeholder';
+        Plotly.newPlot(chart, [], {height: 260});
+    }""")
+    for frame in (frames[0], frames[-1]):  # the first and the last figure of the run, sent while it streams
+        payload, plots = chart_frame(frame.bus, {"shown": frame.figure, "away": frame.figure}, False, "run")
+        bus_page.evaluate("payload => window.bus(payload)", payload)
+        points = len(frame.figure.data[1].x)
+        bus_page.wait_for_function(f"({DRAWN_POINTS_JS})()?.[1] === {points}")
+        assert plots == [None, None]
+    assert bus_page.evaluate(DRAWN_POINTS_JS)[:2] == [len(frames[-1].record.events)] * 2  # full cache, KV cache
+    chart = bus_page.locator("#shown [data-testid=plotly]")
+    assert chart.get_attribute("data-mark") == "placeholder"  # the same chart, redrawn
+    assert chart.locator(".scatterlayer .trace").count() >= 3
+    assert bus_page.locator("#away .main-svg").count() == 0  # drawn when shown, by a later frame
+    assert view(bus_page)["tokens"]  # the token patches of the same payloads applied
+
+
+def test_a_chart_message_never_draws_over_a_chart_redrawn_meanwhile(bus_page, frames):
+    bus_page.add_script_tag(path=str(PLOTLY_JS))
+    bus_page.evaluate("""() => document.body.insertAdjacentHTML('beforeend',
+        '<div id="shown"><div data-testid="plotly" class="old"></div></div>')""")
+    payload, _ = chart_frame([], {"shown": frames[-1].figure}, False, "run")
+    bus_page.evaluate(
+        """payload => {  // gr.Plot draws the run's last figure into a new chart before the message's turn
+            window.bus(payload);
+            document.querySelector('#shown').innerHTML = '<div data-testid="plotly" class="new"></div>';
+        }""",
+        payload,
+    )
+    bus_page.wait_for_timeout(200)
+    assert bus_page.locator("#shown .main-svg").count() == 0

@@ -21,6 +21,14 @@ Following: a view with a "follow the newest token" checkbox (``data-follow``) ke
 in view while the box is ticked; every new run (a new run id, :meth:`TokenChannel.new_run`) ticks
 it, scrolling up (wheel, ArrowUp, PageUp, Home) unticks it, and the view scrolls to its end again
 when it is shown after a tab switch or resized.  A view without one follows while scrolled to its end.
+
+Charts ride the bus too while a run streams (:func:`chart_frame`): a ``gr.Plot`` given a new
+figure draws it into a new chart from scratch (Gradio re-creates its plotly.js chart on every
+change, and draws it twice), a main-thread task of 100 ms and more each time on a small machine
+(#11); a chart message (``{"chart": elem_id, "figure": plotly JSON}``) has :data:`PATCH_BUS_JS`
+redraw the chart the ``gr.Plot`` shows in place instead (``Plotly.react``: plotly.js changes what
+changed).  The run's last frame gives the ``gr.Plot`` its final figure, so what it holds after
+a run is complete whatever messages the page merged.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+import plotly.graph_objects as go
 
 from ..viz.legend import pin_host
 from ..viz.tokens import TOKEN_PATCH_JS, TokenData, TokenViewState, token_delta
@@ -140,6 +150,27 @@ def bus_payload(messages: dict[str, Any] | list[dict[str, Any]]) -> str:
     return json.dumps(messages, ensure_ascii=False, separators=(",", ":"))
 
 
+def chart_frame(
+    messages: list[dict[str, Any]], charts: Mapping[str, go.Figure | None], done: bool, revision: str
+) -> tuple[str, list[go.Figure | None]]:
+    """One frame's bus payload and the figures for its ``gr.Plot`` outputs (``None``: leave it).
+
+    ``charts`` maps a ``gr.Plot``'s elem_id to the frame's new figure for it (``None``: none due).
+    While the run streams, the new figures travel on the bus before ``messages`` (a payload still
+    ends with the token views' newest patches) and the ``gr.Plot`` values stay; the last frame
+    (``done``) sets them instead.  ``revision`` (one per run) becomes each figure's
+    ``layout.uirevision``: plotly.js keeps what the user changed in a chart (a zoom, a series
+    hidden from its legend) across the redraws of one run, and a run's last figure differs from
+    the one an identical earlier run left in the ``gr.Plot``, so the ``gr.Plot`` draws it."""
+    for figure in charts.values():
+        if figure is not None:
+            figure.update_layout(uirevision=revision)
+    if done:
+        return bus_payload(messages), list(charts.values())
+    moving = [{"chart": target, "figure": figure.to_json()} for target, figure in charts.items() if figure is not None]
+    return bus_payload([*moving, *messages]), [None] * len(charts)
+
+
 RESYNC_BUTTON_ID = "tv-resync"
 
 PATCH_BUS_JS = (
@@ -149,6 +180,21 @@ PATCH_BUS_JS = (
     """  if (!payload) return [];
   const messages = JSON.parse(payload);
   for (const m of (Array.isArray(messages) ? messages : [messages])) {
+    if (m && m.chart) {
+      // Redrawn in place as gr.Plot draws a figure (under a label), in a task of its own after the token
+      // patches. Not once gr.Plot has drawn anew (the run's last frame: the chart found now is gone by then),
+      // nor while hidden (a tab away): the next one, or the last frame, draws it then.
+      const chart = document.querySelector(`#${m.chart} [data-testid=plotly]`);
+      setTimeout(() => {
+        if (!window.Plotly || !chart || !chart.getClientRects().length) return;
+        const figure = JSON.parse(m.figure), layout = figure.layout || {};
+        layout.autosize = true;
+        layout.margin = {...layout.margin, autoexpand: true};
+        if (layout.title) layout.margin.t = Math.max(100, layout.margin.t || 0);
+        window.Plotly.react(chart, figure.data, layout, {...figure.config, responsive: true});
+      });
+      continue;
+    }
     if (!m || !m.patch) continue;
     const root = document.getElementById(m.target);
     if (!root) continue;

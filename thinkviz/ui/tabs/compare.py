@@ -39,7 +39,7 @@ from ..handlers import (
     run_with_model,
 )
 from ..session import COMPARE_TOKENS_IDS, Session
-from ..stream import bus_payload, container_html
+from ..stream import bus_payload, chart_frame, container_html
 from ..text import plain_markdown
 from ..widgets import (
     CommonControls,
@@ -63,6 +63,7 @@ from ..widgets import (
 from . import AppContext, ExploreLink
 
 DEFAULT_POLICIES = [REFERENCE_POLICY, "window", "h2o"]
+MEMORY_ID, FIDELITY_ID = "tv-compare-memory", "tv-compare-fidelity"  # the charts a run redraws in place
 
 
 def column_view_choices(policies: Sequence[Policy]) -> list[tuple[str, str]]:
@@ -240,7 +241,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             overlay = gr.Plot(
                 placeholder_figure("Each policy's KV cache appears here"),
                 label="KV-cache memory, all policies",
-                elem_id="tv-compare-memory",
+                elem_id=MEMORY_ID,
             )
             table = gr.Dataframe(
                 headers=FIDELITY_COLUMNS,
@@ -252,7 +253,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
             per_token = gr.Plot(
                 placeholder_figure("ΔNLL and KL per token appear here once fidelity is measured"),
                 label="Per-token fidelity against the full cache",
-                elem_id="tv-compare-fidelity",
+                elem_id=FIDELITY_ID,
             )
             with gr.Row():
                 export_fig = gr.Button("Export figure (HTML)", size="sm", elem_id="tv-compare-export-figure")
@@ -435,11 +436,16 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                 s.trim()
                 source = run_picker(s)
             head = frame.headers + [""] * (len(headers) - len(frame.headers))
-            figure = gr.skip() if frame.figure is None else frame.figure
-            fidelity = gr.skip() if frame.fidelity is None else frame.fidelity
+            bus, charts = chart_frame(
+                frame.bus,
+                {MEMORY_ID: frame.figure, FIDELITY_ID: frame.fidelity},
+                frame.done,
+                s.compare_channels[0].run,  # the run's id (each column's channel has one)
+            )
+            figure, fidelity = (gr.skip() if chart is None else chart for chart in charts)
             yield [
                 frame.status,
-                bus_payload(frame.bus),
+                bus,
                 figure,
                 frame.shown_table,
                 source,

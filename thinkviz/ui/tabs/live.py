@@ -40,7 +40,7 @@ from ..handlers import (
 from ..live import live_frames, playback_frames
 from ..scripted import run_summary, script_request
 from ..session import LIVE_TOKENS_ID, Session
-from ..stream import TokenChannel, bus_payload, container_html
+from ..stream import TokenChannel, bus_payload, chart_frame, container_html
 from ..throttle import FramePacer
 from ..widgets import (
     Group,
@@ -64,6 +64,7 @@ from ..widgets import (
 from . import AppContext, ExploreLink
 
 DEFAULT_POLICY = "h2o"
+MEMORY_ID, FIDELITY_ID = "tv-live-memory", "tv-live-fidelity"  # the charts a run redraws in place
 
 
 def view_choices(policy: Policy) -> list[tuple[str, str]]:
@@ -175,11 +176,11 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                     memory = gr.Plot(
                         placeholder_figure("The KV cache's size appears here while a run streams"),
                         label="KV-cache memory",
-                        elem_id="tv-live-memory",
+                        elem_id=MEMORY_ID,
                     )
             fidelity = gr.Plot(
                 placeholder_figure(FIDELITY_PLACEHOLDER),
-                elem_id="tv-live-fidelity",
+                elem_id=FIDELITY_ID,
                 label="Per-token fidelity against the full cache",
             )
             export_run, export_fig, exported = export_controls("live")
@@ -298,10 +299,12 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                 elif frame.done:
                     s.trim()
                     source = run_picker(s)
-                figure = gr.skip() if frame.figure is None else frame.figure
-                curve = gr.skip() if frame.fidelity is None else frame.fidelity
+                bus, charts = chart_frame(
+                    frame.bus, {MEMORY_ID: frame.figure, FIDELITY_ID: frame.fidelity}, frame.done, s.live_channel.run
+                )
+                figure, curve = (gr.skip() if chart is None else chart for chart in charts)
                 legend_now, sent = (gr.skip() if frame.legend == sent else frame.legend), frame.legend
-                yield [frame.status, bus_payload(frame.bus), figure, frame.stats, source, legend_now, curve]
+                yield [frame.status, bus, figure, frame.stats, source, legend_now, curve]
         except RunFault as fault:  # the chart up to the failure stays: an out-of-memory shows where it hit
             if frame is not None:
                 figure = memory_figure(
