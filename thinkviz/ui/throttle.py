@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 DEFAULT_FRAME_INTERVAL = 0.15  # seconds: ≈6.7 frames per second
-FIGURE_INTERVAL = 2.0  # seconds between memory-chart rebuilds while a run streams (a redraw is costly)
+FIGURE_INTERVAL = 5.0  # seconds between chart redraws while a run streams (each is a long main-thread task)
 
 
 class FramePacer:
