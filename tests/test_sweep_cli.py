@@ -277,7 +277,10 @@ def test_cli_sweep_and_replay_cost_on_a_transcript_file(tmp_path):
         str(out),
     )
     assert result.returncode == 0, result.stderr
-    rows = json.loads((out / "sweep.json").read_text(encoding="utf-8"))["rows"]
+    doc = json.loads((out / "sweep.json").read_text(encoding="utf-8"))
+    rows = doc["rows"]
+    # the meta says who held the 4-bit weights: NF4 and torch-int4 give different numbers
+    assert doc["meta"]["quantization"] == "4bit" and doc["meta"]["backend"] in ("bitsandbytes", "torch-int4")
     assert [(r["trace"], r["policy"], r["trace_tokens"]) for r in rows] == [
         ("agent", "full", 96),
         ("agent", "window", 96),

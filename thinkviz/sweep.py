@@ -343,7 +343,12 @@ def run_group(
         else:
             label, tokens = budget.label, budget.tokens(total)
         rows.append(_row(base, spec, label, group.kv_quant, knob_text(combo), tokens, run.record))
-    model = {"model": loaded.name, "quantization": loaded.quantization, "device": str(loaded.device)}
+    model = {
+        "model": loaded.name,
+        "quantization": loaded.quantization,
+        "backend": loaded.backend,
+        "device": str(loaded.device),
+    }
     return GroupResult(group.name, rows, seconds, model), replay
 
 

@@ -212,6 +212,7 @@ def sweep_meta(
     return {
         "model": loaded.name,
         "quantization": loaded.quantization,
+        "backend": loaded.backend,
         "trace": trace.name,
         "interval": interval,
         "budgets": budgets,
