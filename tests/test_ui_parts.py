@@ -21,7 +21,7 @@ from thinkviz.ui.learn import kv_format_card, learn_markdown, policy_card
 from thinkviz.ui.model_slot import ModelSlot, ModelUnavailable
 from thinkviz.ui.runs import RunInputError
 from thinkviz.ui.stream import chart_frame
-from thinkviz.ui.throttle import FramePacer
+from thinkviz.ui.throttle import FIGURE_INTERVAL, FramePacer, chart_pacer
 from tiny_models import tiny_model
 
 
@@ -62,8 +62,30 @@ def test_charts_ride_the_bus_while_a_run_streams_and_set_the_plots_at_its_end():
     sent = json.loads(messages[0]["figure"])
     assert sent["data"][0]["x"] == [1] and sent["layout"]["uirevision"] == "r1"  # the user's zoom stays
     payload, plots = chart_frame([token], {"tv-memory": memory, "tv-curve": curve}, True, "r2")
-    assert json.loads(payload) == [token] and plots == [memory, curve]  # the last frame sets them
+    undim = [{"chart": "tv-memory", "dim": False}, {"chart": "tv-curve", "dim": False}]
+    assert json.loads(payload) == [*undim, token] and plots == [memory, curve]  # the last frame sets them
     assert memory.layout.uirevision == curve.layout.uirevision == "r2"  # unlike an identical earlier run's
+
+
+def test_a_runs_first_frame_dims_the_charts_instead_of_drawing_them():
+    token = {"target": "view", "run": "r1", "seq": 1, "patch": {"reset": ""}}
+    payload, plots = chart_frame([token], {"tv-memory": None, "tv-curve": None}, False, "r1", first=True)
+    assert json.loads(payload) == [{"chart": "tv-memory", "dim": True}, {"chart": "tv-curve", "dim": True}, token]
+    assert plots == [None, None]
+    payload, _ = chart_frame([token], {"tv-memory": None, "tv-curve": None}, False, "r1")
+    assert json.loads(payload) == [token]  # a later frame with no chart due sends nothing for them
+
+
+def test_the_chart_pacer_waits_an_interval_before_its_first_redraw():
+    clock = FakeClock()
+    pacer = chart_pacer(clock)
+    due = []
+    for _ in range(12):  # a step a second
+        due.append(pacer.due())
+        clock.now += 1.0
+    assert not due[0] and due.count(True) == 12 // FIGURE_INTERVAL
+    plain = FramePacer(FIGURE_INTERVAL, clock)
+    assert plain.due() and not plain.due()  # without wait_first the first call is due
 
 
 @pytest.mark.parametrize("name", policy_names())

@@ -93,7 +93,9 @@ def test_three_policy_comparison_returns_three_columns_and_a_fidelity_table(clie
     messages = json.loads(bus)
     headers = frames[-1][5:11]  # the six column headers (the columns and the legend follow)
     assert status.startswith("Done"), status
-    assert [m["target"] for m in messages] == ["tv-compare-tokens-0", "tv-compare-tokens-1", "tv-compare-tokens-2"]
+    assert [m["chart"] for m in messages if "chart" in m] == ["tv-compare-memory", "tv-compare-fidelity"]  # undimmed
+    patches = [m["target"] for m in messages if "patch" in m]
+    assert patches == ["tv-compare-tokens-0", "tv-compare-tokens-1", "tv-compare-tokens-2"]
     assert sum(bool(h) for h in headers) == 3 and "window" in headers[1]
     rows = table["data"]
     assert [r[0] for r in rows] == ["full", "window", "h2o"]

@@ -62,6 +62,7 @@ def frames():
         threading.Event(),
         TokenChannel("view", title_refresh=0.0),
         pacer=FramePacer(0.0),
+        figure_pacer=FramePacer(0.0),  # a chart in every frame, the first too
     )
     return list(run)
 
@@ -152,3 +153,26 @@ def test_a_chart_message_never_draws_over_a_chart_redrawn_meanwhile(bus_page, fr
     )
     bus_page.wait_for_timeout(200)
     assert bus_page.locator("#shown .main-svg").count() == 0
+
+
+OPACITY_JS = "() => document.querySelector('#shown [data-testid=plotly]').style.opacity"
+
+
+def test_a_runs_first_frame_dims_the_last_runs_chart_until_a_figure_comes(bus_page, frames):
+    bus_page.add_script_tag(path=str(PLOTLY_JS))
+    bus_page.evaluate("""() => {
+        document.body.insertAdjacentHTML('beforeend', '<div id="shown"><div data-testid="plotly"></div></div>');
+        Plotly.newPlot(document.querySelector('#shown [data-testid=plotly]'), [{x: [1], y: [1]}], {height: 260});
+    }""")
+    payload, _ = chart_frame(frames[0].bus, {"shown": None}, False, "run", first=True)
+    bus_page.evaluate("payload => window.bus(payload)", payload)
+    assert bus_page.evaluate(OPACITY_JS) == "0.35"  # no redraw: the old chart, dimmed
+    payload, _ = chart_frame(frames[1].bus, {"shown": frames[1].figure}, False, "run")
+    bus_page.evaluate("payload => window.bus(payload)", payload)
+    bus_page.wait_for_function(f"({OPACITY_JS})() === ''")  # this run's first figure: shown in full
+    payload, _ = chart_frame(frames[0].bus, {"shown": None}, False, "run2", first=True)
+    bus_page.evaluate("payload => window.bus(payload)", payload)
+    assert bus_page.evaluate(OPACITY_JS) == "0.35"
+    payload, _ = chart_frame(frames[-1].bus, {"shown": frames[-1].figure}, True, "run2")
+    bus_page.evaluate("payload => window.bus(payload)", payload)
+    assert bus_page.evaluate(OPACITY_JS) == ""  # the last frame undims whatever gr.Plot draws

@@ -43,7 +43,7 @@ from ..viz.tables import stats_html
 from ..viz.tokens import TokenData, token_view
 from .runs import RunInput, RunInputError, prepare
 from .stream import TokenChannel
-from .throttle import FIGURE_INTERVAL, FramePacer
+from .throttle import FramePacer, chart_pacer
 from .timing import RunTimer, with_time
 
 FIDELITY_COLUMNS = [
@@ -265,7 +265,7 @@ def _frames(
     channels = list(channels[: len(driver.runs)])
     for channel in channels:
         channel.new_run()
-    figure_pacer = FramePacer(FIGURE_INTERVAL)
+    figure_pacer = chart_pacer()
 
     def frame(done: bool = False) -> CompareFrame:
         runs = driver.runs

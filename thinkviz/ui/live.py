@@ -43,7 +43,7 @@ from ..viz.tables import stats_html
 from ..viz.tokens import TokenData, token_view
 from .runs import RunInput, RunInputError, prepare
 from .stream import TokenChannel
-from .throttle import FIGURE_INTERVAL, FramePacer
+from .throttle import FramePacer, chart_pacer
 from .timing import RunTimer, with_time
 
 
@@ -132,10 +132,11 @@ def live_frames(
     ``speed`` (the machine's, :func:`~thinkviz.estimate.measure_speed`) prices the run for the
     status line, and learns from it when it ends.
 
-    The figures are rebuilt only when ``figure_pacer`` allows (default: every two seconds; ``None``
-    in the frames between) and in the first and last frames: a plotly figure costs far more to
-    build and redraw than a token patch.  ``channel`` may be switched to another view mode from
-    outside while the run streams; the next frame then resets the view.  Raises
+    The figures are rebuilt only when ``figure_pacer`` allows (default :func:`~.throttle.chart_pacer`:
+    every five seconds, not in the first frame; ``None`` in the frames between) and in the last
+    frame: a plotly figure costs far more to build and redraw than a token patch.  ``channel`` may
+    be switched to another view mode from outside while the run streams; the next frame then
+    resets the view.  Raises
     :class:`RunInputError` for input the model cannot run and :class:`~thinkviz.faults.RunFault`
     when the model or the policy fails mid-run (the run is dropped and device memory released first).
     """
@@ -167,7 +168,7 @@ def live_frames(
             channel,
             projection,
             pacer or FramePacer(),
-            figure_pacer or FramePacer(FIGURE_INTERVAL),
+            figure_pacer or chart_pacer(),
             show_device,
             ending,
         )
@@ -195,7 +196,7 @@ def playback_frames(
         channel,
         projection,
         pacer or FramePacer(),
-        figure_pacer or FramePacer(FIGURE_INTERVAL),
+        figure_pacer or chart_pacer(),
         show_device,
     )
 

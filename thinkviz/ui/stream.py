@@ -28,7 +28,9 @@ change, and draws it twice), a main-thread task of 100 ms and more each time on 
 (#11); a chart message (``{"chart": elem_id, "figure": plotly JSON}``) has :data:`PATCH_BUS_JS`
 redraw the chart the ``gr.Plot`` shows in place instead (``Plotly.react``: plotly.js changes what
 changed).  The run's last frame gives the ``gr.Plot`` its final figure, so what it holds after
-a run is complete whatever messages the page merged.
+a run is complete whatever messages the page merged.  A run's first frame draws no chart (it
+would show no step yet): ``{"chart": elem_id, "dim": true}`` dims the previous run's chart until
+the new run's first figure (or its last frame, ``"dim": false``) shows.
 """
 
 from __future__ import annotations
@@ -151,11 +153,17 @@ def bus_payload(messages: dict[str, Any] | list[dict[str, Any]]) -> str:
 
 
 def chart_frame(
-    messages: list[dict[str, Any]], charts: Mapping[str, go.Figure | None], done: bool, revision: str
+    messages: list[dict[str, Any]],
+    charts: Mapping[str, go.Figure | None],
+    done: bool,
+    revision: str,
+    first: bool = False,
 ) -> tuple[str, list[go.Figure | None]]:
     """One frame's bus payload and the figures for its ``gr.Plot`` outputs (``None``: leave it).
 
-    ``charts`` maps a ``gr.Plot``'s elem_id to the frame's new figure for it (``None``: none due).
+    ``charts`` maps a ``gr.Plot``'s elem_id to the frame's new figure for it (``None``: none due;
+    in a run's ``first`` frame such a chart is dimmed, since it still shows the previous run, and
+    the last frame undims them all).
     While the run streams, the new figures travel on the bus before ``messages`` (a payload still
     ends with the token views' newest patches) and the ``gr.Plot`` values stay; the last frame
     (``done``) sets them instead.  ``revision`` (one per run) becomes each figure's
@@ -166,8 +174,12 @@ def chart_frame(
         if figure is not None:
             figure.update_layout(uirevision=revision)
     if done:
-        return bus_payload(messages), list(charts.values())
-    moving = [{"chart": target, "figure": figure.to_json()} for target, figure in charts.items() if figure is not None]
+        return bus_payload([*({"chart": target, "dim": False} for target in charts), *messages]), list(charts.values())
+    moving = [
+        {"chart": target, "figure": figure.to_json()} if figure is not None else {"chart": target, "dim": True}
+        for target, figure in charts.items()
+        if figure is not None or first
+    ]
     return bus_payload([*moving, *messages]), [None] * len(charts)
 
 
@@ -185,8 +197,13 @@ PATCH_BUS_JS = (
       // patches. Not once gr.Plot has drawn anew (the run's last frame: the chart found now is gone by then),
       // nor while hidden (a tab away): the next one, or the last frame, draws it then.
       const chart = document.querySelector(`#${m.chart} [data-testid=plotly]`);
+      if (m.dim != null) {  // the previous run's chart, until this run's first figure (opacity: no redraw)
+        if (chart) chart.style.opacity = m.dim ? '0.35' : '';
+        continue;
+      }
       setTimeout(() => {
         if (!window.Plotly || !chart || !chart.getClientRects().length) return;
+        chart.style.opacity = '';
         const figure = JSON.parse(m.figure), layout = figure.layout || {};
         layout.autosize = true;
         layout.margin = {...layout.margin, autoexpand: true};

@@ -441,6 +441,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                 {MEMORY_ID: frame.figure, FIDELITY_ID: frame.fidelity},
                 frame.done,
                 s.compare_channels[0].run,  # the run's id (each column's channel has one)
+                first=not any(record.events for record in frame.records.values()),
             )
             figure, fidelity = (gr.skip() if chart is None else chart for chart in charts)
             yield [

@@ -300,7 +300,11 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                     s.trim()
                     source = run_picker(s)
                 bus, charts = chart_frame(
-                    frame.bus, {MEMORY_ID: frame.figure, FIDELITY_ID: frame.fidelity}, frame.done, s.live_channel.run
+                    frame.bus,
+                    {MEMORY_ID: frame.figure, FIDELITY_ID: frame.fidelity},
+                    frame.done,
+                    s.live_channel.run,
+                    first=not frame.record.events,
                 )
                 figure, curve = (gr.skip() if chart is None else chart for chart in charts)
                 legend_now, sent = (gr.skip() if frame.legend == sent else frame.legend), frame.legend
