@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .base import CacheView
 
@@ -75,16 +76,44 @@ class MatchFit:
     choice: torch.Tensor
 
 
-def effective_groups(groups: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``(H, T)`` group of every slot after orphan groups (no kept slot in that head) joined the
-    nearest earlier group with one, else the first later one.  ``groups`` ``(H, T)`` non-negative
-    ints, ``keep`` ``(H, k)``; the result numbers groups ``0 ..`` densely per head."""
-    out = torch.empty_like(groups)
+def join_orphans(groups: torch.Tensor, keep: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``(H, m)`` the effective group of every group number in ``labels`` ``(H, m)``: an orphan
+    group (no kept slot in that head) joins the nearest earlier group with one, else the first
+    later one.  ``groups`` ``(H, T)`` non-negative ints, ``keep`` ``(H, k)``; effective groups are
+    numbered ``0 ..`` densely per head."""
+    out = torch.empty_like(labels)
     for head in range(groups.shape[0]):
         kept = torch.unique(groups[head, keep[head]])  # sorted
-        slot = torch.searchsorted(kept, groups[head], right=True) - 1  # index of the last kept group ≤ g
+        slot = torch.searchsorted(kept, labels[head], right=True) - 1  # index of the last kept group ≤ g
         out[head] = slot.clamp(min=0)
     return out
+
+
+def effective_groups(groups: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``(H, T)`` group of every slot after orphan groups joined a neighbour (:func:`join_orphans`)."""
+    return join_orphans(groups, keep, groups)
+
+
+@dataclass
+class RowSets:
+    """Which reference rows each group's fit uses, when not all of them: ``index`` ``(H, G, m)``
+    the rows of every group (padded), ``present`` ``(H, G, m)`` which entries are real rows, and
+    ``seen`` ``(H, n, k)`` float 1 where row ``r`` takes part in the fit of kept slot ``j``'s group."""
+
+    index: torch.Tensor
+    present: torch.Tensor
+    seen: torch.Tensor
+
+    @classmethod
+    def of(cls, member: torch.Tensor, kept_hot: torch.Tensor) -> RowSets:
+        """From ``member`` ``(H, n, G)`` bool (row ``r`` joins group ``g``'s fit) and the kept
+        slots' groups one-hot ``kept_hot`` ``(H, k, G)``."""
+        counts = member.sum(1)  # (H, G)
+        width = int(counts.max())
+        order = member.to(torch.int8).argsort(dim=1, descending=True, stable=True)  # members first
+        index = order[:, :width, :].transpose(1, 2)  # (H, G, m)
+        present = torch.arange(width, device=member.device) < counts[..., None]
+        return cls(index, present, member.to(kept_hot.dtype) @ kept_hot.transpose(1, 2))
 
 
 def _masses(logits: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,19 +139,29 @@ def _blocks(kept_groups: torch.Tensor) -> list[list[tuple[int, torch.Tensor]]]:
     return blocks
 
 
-def _dual_solve(rows: torch.Tensor, blocks: list, targets: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+def _dual_solve(
+    rows: torch.Tensor, blocks: list, targets: torch.Tensor, lam: torch.Tensor, row_sets: RowSets | None = None
+) -> torch.Tensor:
     """``argmin_u Σ_g ‖R_g u_g − t_g‖² + λ‖u‖²`` for ``rows`` ``(H, n, k)`` split into the column
-    blocks ``R_g`` of :func:`_blocks`, ``targets`` ``(H, n, G, m)``: ``u`` ``(H, k, m)``.
+    blocks ``R_g`` of :func:`_blocks`, ``targets`` ``(H, n, G, m)``: ``u`` ``(H, k, m)``.  With
+    ``row_sets`` the block of group ``g`` has only that group's rows.
 
     In the dual, ``u_g = R_gᵀ (R_g R_gᵀ + λI)⁻¹ t_g``: one ``n × n`` system per group instead of a
-    ``k × k`` one (there are far fewer reference queries than kept slots)."""
+    ``k × k`` one (there are far fewer reference queries than kept slots); padding rows of a
+    shorter row set are zero and get a zero dual variable."""
     heads, n, k = rows.shape
-    eye = torch.eye(n, dtype=rows.dtype, device=rows.device)
     out = torch.zeros(heads, k, targets.shape[-1], dtype=rows.dtype, device=rows.device)
     for head, head_blocks in enumerate(blocks):
-        pieces = [rows[head][:, index] for _, index in head_blocks]  # (n, k_g) each
+        if row_sets is None:
+            pieces = [rows[head][:, index] for _, index in head_blocks]  # (n, k_g) each
+            rhs = [targets[head, :, g] for g, _ in head_blocks]  # (n, m) each
+        else:
+            picks = [(row_sets.index[head, g], row_sets.present[head, g, :, None]) for g, _ in head_blocks]
+            pieces = [rows[head][at][:, index] * real for (at, real), (_, index) in zip(picks, head_blocks)]
+            rhs = [targets[head, at, g] * real for (at, real), (g, _) in zip(picks, head_blocks)]
+        eye = torch.eye(pieces[0].shape[0], dtype=rows.dtype, device=rows.device)
         system = torch.stack([piece @ piece.T for piece in pieces]) + lam[head] * eye  # (G', n, n)
-        dual = _solve_spd(system, torch.stack([targets[head, :, g] for g, _ in head_blocks]))  # (G', n, m)
+        dual = _solve_spd(system, torch.stack(rhs))  # (G', n, m)
         for piece, (_, index), z in zip(pieces, head_blocks, dual):
             out[head, index] = piece.T @ z
     return out
@@ -136,9 +175,11 @@ def _solve_spd(matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     return torch.linalg.lstsq(matrix, rhs).solution
 
 
-def _ridge(rows: torch.Tensor, ridge: float) -> torch.Tensor:
-    """``λ`` ``(H,)`` = ``ridge · trace(RᵀR) / k + 1e-12``: relative to the data's own scale."""
-    return ridge * rows.pow(2).sum((1, 2)) / rows.shape[-1] + 1e-12
+def _ridge(rows: torch.Tensor, ridge: float, row_sets: RowSets | None = None) -> torch.Tensor:
+    """``λ`` ``(H,)`` = ``ridge · trace(RᵀR) / k + 1e-12``: relative to the data's own scale (with
+    ``row_sets``, of the rows the fits use)."""
+    used = rows if row_sets is None else rows * row_sets.seen
+    return ridge * used.pow(2).sum((1, 2)) / rows.shape[-1] + 1e-12
 
 
 def _group_sums(rows: torch.Tensor, kept_hot: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -147,19 +188,25 @@ def _group_sums(rows: torch.Tensor, kept_hot: torch.Tensor, w: torch.Tensor) -> 
 
 
 def _fit_weights(
-    p_kept: torch.Tensor, mass: torch.Tensor, blocks: list, kept_hot: torch.Tensor, ridge: float, w_max: float
+    p_kept: torch.Tensor,
+    mass: torch.Tensor,
+    blocks: list,
+    kept_hot: torch.Tensor,
+    ridge: float,
+    w_max: float,
+    row_sets: RowSets | None = None,
 ) -> torch.Tensor:
     """Mass weights ``w`` ``(H, k)``: ``min Σ_g ‖Σ_{j∈S_g} w_j p_·j − mass_·g‖² + λ‖w − 1‖²`` with
     ``W_MIN ≤ w ≤ w_max`` — the ridge solution, then up to :data:`ACTIVE_SET_ROUNDS` rounds that
     fix the weights past a bound at it and solve again for the others (an active-set NNLS), then a
     final clamp."""
-    lam = _ridge(p_kept, ridge)
+    lam = _ridge(p_kept, ridge, row_sets)
     free = torch.ones_like(p_kept[:, 0, :], dtype=torch.bool)  # (H, k)
     base = torch.ones_like(p_kept[:, 0, :])  # 1 where free, the bound where fixed
     for _ in range(ACTIVE_SET_ROUNDS):
         residual = mass - _group_sums(p_kept, kept_hot, base)  # (H, n, G)
         rows = p_kept * free[:, None, :]
-        w = base + _dual_solve(rows, blocks, residual[..., None], lam)[..., 0] * free
+        w = base + _dual_solve(rows, blocks, residual[..., None], lam, row_sets)[..., 0] * free
         low, high = free & (w < W_MIN), free & (w > w_max)
         if not bool((low | high).any()):
             return w
@@ -204,6 +251,7 @@ def fit_compaction(
     visible: torch.Tensor | None = None,
     groups: torch.Tensor | None = None,
     ridge: float = RIDGE,
+    query_groups: torch.Tensor | None = None,
 ) -> MatchFit:
     """Fit ``β`` and values for the kept slots of one layer (module docstring).
 
@@ -211,7 +259,10 @@ def fit_compaction(
     ``keys`` ``(H, T, D)``, ``values`` ``(H, T, D_v)`` as attention reads them; ``keep`` ``(H, k)``
     kept slot indices; ``bias`` ``(H, T)`` the slots' current bias (default 0); ``visible``
     ``(H, n, T)`` bool, which slots each reference query may attend to (default all);
-    ``groups`` ``(H, T)`` int, the group of every slot (default one group).
+    ``groups`` ``(H, T)`` int, the group of every slot (default one group); ``query_groups``
+    ``(H, n)`` int, the one group (of ``groups``' numbering) whose fit a reference query joins,
+    ``-1`` for a query every group's fit uses (default: all ``-1``).  The fallbacks score the
+    output error over all reference queries.
     """
     heads, total, _ = keys.shape
     f64 = torch.float64
@@ -221,6 +272,8 @@ def fit_compaction(
         visible = torch.ones(heads, q.shape[1], total, dtype=torch.bool, device=keys.device)
     if groups is None:
         groups = torch.zeros(heads, total, dtype=torch.long, device=keys.device)
+    own_rows = query_groups is not None and bool((query_groups >= 0).any())
+    joined = join_orphans(groups.long(), keep, query_groups.long().clamp(min=0)) if own_rows else None
     groups = effective_groups(groups.long(), keep)
     n_groups = int(groups.max()) + 1
 
@@ -235,16 +288,20 @@ def fit_compaction(
     p_kept = p.gather(2, keep[:, None, :].expand(-1, p.shape[1], -1))  # (H, n, k)
     g_kept = groups.gather(1, keep)  # (H, k)
     kept_hot = torch.nn.functional.one_hot(g_kept, n_groups).to(f64)  # (H, k, G)
+    row_sets = None
+    if own_rows:
+        shared = (query_groups < 0).to(keys.device)[..., None]  # (H, n, 1)
+        row_sets = RowSets.of(shared | torch.nn.functional.one_hot(joined, n_groups).bool(), kept_hot)
     v_kept = v_all.gather(1, keep[..., None].expand(-1, -1, v_all.shape[-1]))  # (H, k, D_v)
 
     # mass: Σ_{j∈S_g} w_j p_rj ≈ mass_rg, one block per group
     blocks = _blocks(g_kept)
-    w = _fit_weights(p_kept, mass, blocks, kept_hot, ridge, float(max(total, 1)))
+    w = _fit_weights(p_kept, mass, blocks, kept_hot, ridge, float(max(total, 1)), row_sets)
 
     # values: Σ_{j∈S_g} x_rj C_j ≈ output_rg, ridge towards the selected values
     x = _compacted(p_kept, w)  # (H, n, k)
     residual = output_parts - _group_outputs(x, v_kept, g_kept, n_groups)  # (H, n, G, D_v)
-    c_fit = v_kept + _dual_solve(x, blocks, residual, _ridge(x, ridge))
+    c_fit = v_kept + _dual_solve(x, blocks, residual, _ridge(x, ridge, row_sets), row_sets)
 
     # fallbacks: the best finite candidate on the reference queries
     ones = torch.ones_like(w)
@@ -297,25 +354,42 @@ class MatchStats:
         }
 
 
-def layer_queries(view: CacheView, layer: int, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference queries of one layer grouped by kv-head, ``(H_kv, G·R, D)``, and their positions
-    ``(H_kv, G·R)`` (a GQA group's query heads stacked, as :func:`fit_compaction` takes them)."""
-    queries = view.queries[layer]  # (H, R, D)
+def layer_queries(queries: torch.Tensor, positions: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's reference queries ``(H, R, D)`` at ``positions`` ``(R,)`` grouped by kv-head,
+    ``(H_kv, G·R, D)``, and their positions ``(H_kv, G·R)`` (a GQA group's query heads stacked, as
+    :func:`fit_compaction` takes them)."""
     heads, rows, dim = queries.shape
     group = heads // kv_heads
-    positions = view.query_positions.repeat(group)  # (G·R,), head-major like the reshape
-    return queries.reshape(kv_heads, group * rows, dim), positions.expand(kv_heads, -1)
+    stacked = positions.repeat(group)  # (G·R,), head-major like the reshape
+    return queries.reshape(kv_heads, group * rows, dim), stacked.expand(kv_heads, -1)
+
+
+@dataclass
+class GroupQueries:
+    """Reference queries that each join one group's fit only (tam's segments' own queries):
+    ``queries`` ``(L, H, M, D)`` scaled and with RoPE applied like ``CacheView.queries``, their
+    ``positions`` ``(M,)`` and ``groups`` ``(M,)`` (the numbering of :func:`match_cache`'s ``groups``)."""
+
+    queries: torch.Tensor
+    positions: torch.Tensor
+    groups: torch.Tensor
 
 
 def match_cache(
-    view: CacheView, cache, keep: torch.Tensor, groups: torch.Tensor | None = None, ridge: float = RIDGE
+    view: CacheView,
+    cache,
+    keep: torch.Tensor,
+    groups: torch.Tensor | None = None,
+    ridge: float = RIDGE,
+    own: GroupQueries | None = None,
 ) -> MatchStats:
     """Fit every layer's kept slots ``keep`` ``(L, H_kv, k)`` against ``view``'s reference queries and
     write the fitted values and biases into ``cache`` (before the engine gathers ``keep``).
 
-    ``groups`` ``(L, H_kv, T)`` the group of every slot (default one group).  Keys and values are
-    read as attention reads them; only the kept rows whose values changed are written back (a
-    quantized store re-encodes just those).  A cache without reference queries yet is left alone.
+    ``groups`` ``(L, H_kv, T)`` the group of every slot (default one group); ``own`` more reference
+    queries, each used by its own group's fit only.  Keys and values are read as attention reads
+    them; only the kept rows whose values changed are written back (a quantized store re-encodes
+    just those).  A cache without reference queries yet is left alone.
     """
     start = time.perf_counter()
     if view.queries is None or view.query_positions is None or len(view.query_positions) == 0:
@@ -324,7 +398,13 @@ def match_cache(
     for layer in range(len(cache.layers)):
         keys, values = cache.layer_kv(layer)  # (1, H_kv, T_l, D)
         kv_heads, length = keys.shape[1], keys.shape[2]
-        queries, positions = layer_queries(view, layer, kv_heads)
+        queries, positions = layer_queries(view.queries[layer], view.query_positions, kv_heads)
+        query_groups = None
+        if own is not None and len(own.positions):
+            more, at = layer_queries(own.queries[layer], own.positions, kv_heads)
+            queries, positions = torch.cat([queries, more.to(queries.device)], 1), torch.cat([positions, at], 1)
+            labels = own.groups.repeat(own.queries.shape[1] // kv_heads)  # (G·M,) like the positions
+            query_groups = F.pad(labels, (queries.shape[1] - len(labels), 0), value=-1).expand(kv_heads, -1)
         slots = view.positions[layer, :, :length]  # (H_kv, T_l)
         visible = slots[:, None, :] <= positions[:, :, None]  # (H_kv, n, T_l)
         if view.valid is not None:
@@ -341,6 +421,7 @@ def match_cache(
             visible=visible.to(device),
             groups=None if groups is None else groups[layer, :, :length].to(device),
             ridge=ridge,
+            query_groups=None if query_groups is None else query_groups.to(device),
         )
         changed = fit.choice == 2  # (H_kv,)
         if bool(changed.any()):
@@ -375,8 +456,15 @@ class Matching:
     def query_rows(self) -> int:
         return self.config["window"] if self.fits_bias else 0
 
-    def match(self, view: CacheView, cache, keep: torch.Tensor, groups: torch.Tensor | None = None) -> None:
-        self.last_fit = match_cache(view, cache, keep, groups, ridge=self.config["ridge"])
+    def match(
+        self,
+        view: CacheView,
+        cache,
+        keep: torch.Tensor,
+        groups: torch.Tensor | None = None,
+        own: GroupQueries | None = None,
+    ) -> None:
+        self.last_fit = match_cache(view, cache, keep, groups, ridge=self.config["ridge"], own=own)
 
     def take_fit_info(self) -> dict[str, float | int]:
         fit, self.last_fit = self.last_fit, None

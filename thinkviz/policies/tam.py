@@ -40,6 +40,7 @@ allocation is optimal under its convex error model.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 from collections.abc import Sequence
 
@@ -47,8 +48,10 @@ import numpy as np
 import torch
 
 from .base import CacheView, Param, Policy, ScoreScale, keep_top
-from .matching import RIDGE, Matching
+from .matching import RIDGE, GroupQueries, Matching
 from .registry import register
+
+GOLDEN = (5**0.5 - 1) / 2  # own-query sample: a position's priority is frac(position · GOLDEN)
 
 
 def allocate_budgets(weights: Sequence[float], sizes: Sequence[int], budget: int) -> list[int]:
@@ -107,6 +110,23 @@ def merge_short(bounds: Sequence[int], l_min: int) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in segments]
 
 
+def own_sample(positions: torch.Tensor, segments: torch.Tensor, rows: int) -> torch.Tensor:
+    """Sorted indices of the query rows at ``positions`` ``(M,)`` to keep, at most ``rows`` of each
+    segment (``segments`` ``(M,)``): those whose priority ``frac(position · GOLDEN)`` is lowest.
+
+    A bottom-k sample on a fixed hash: deterministic, spread evenly along a segment (the golden
+    ratio's multiples fill ``[0, 1)`` evenly, so the positions below any threshold are nearly evenly
+    spaced), and the same whichever batches the rows arrived in: thinning the union of two samples
+    gives the sample of the union."""
+    priority = torch.frac(positions.double() * GOLDEN)
+    order = priority.argsort(stable=True)
+    order = order[segments[order].argsort(stable=True)]  # by segment, lowest priority first
+    seg = segments[order]
+    sizes = torch.bincount(seg)
+    rank = torch.arange(len(order)) - (torch.cumsum(sizes, 0) - sizes)[seg]
+    return order[rank < rows].sort().values
+
+
 @register
 class ThoughtAwareMatching(Matching, Policy):
     """Score ``(L, H_kv, T)`` = mean attention from the last ``window`` queries; selection by
@@ -137,12 +157,43 @@ class ThoughtAwareMatching(Matching, Policy):
             "so the kept keys reproduce the segment's attention",
         ),
         Param("ridge", RIDGE, 0.0, 10.0, 0.01, "match: how firmly the fit is pulled towards plain selection"),
+        Param(
+            "reference",
+            "window",
+            choices=("window", "window+own"),
+            help="match: the queries each segment's fit reproduces — the newest `window` queries, or those plus "
+            "a sample of the segment's own queries",
+        ),
+        Param("own_rows", 8, 1, 64, 1, "match, reference window+own: the most own queries kept per segment"),
     )
     window_rows = 64
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        self._own_queries: torch.Tensor | None = None  # (L, H, M, D) the own-query samples of all segments
+        self._own_positions = torch.zeros(0, dtype=torch.long)  # (M,)
+        self._collected = -1  # the newest position whose query has been offered to the sample
 
     @property
     def fits_bias(self) -> bool:
         return self.config["compaction"] == "match"
+
+    @property
+    def own_queries(self) -> bool:
+        """Whether the fit also uses the segments' own queries (``reference=window+own``)."""
+        return self.fits_bias and self.config["reference"] == "window+own"
+
+    @property
+    def own_positions(self) -> torch.Tensor:
+        """``(M,)`` the positions of the own queries held (every segment's sample), ascending."""
+        return self._own_positions
+
+    @property
+    def query_rows(self) -> int:
+        # with own queries, a replayed chunk of `interval` tokens passes all its queries (up to 64)
+        if self.own_queries:
+            return min(max(self.config["window"], self.interval), self.window_rows)
+        return super().query_rows
 
     def score(self, view: CacheView) -> torch.Tensor:
         return view.window[:, :, -self.config["window"] :, :].mean(dim=2)  # (L, H_kv, T)
@@ -205,13 +256,48 @@ class ThoughtAwareMatching(Matching, Policy):
         chosen[candidates[order[rank < budgets[seg[order]]]]] = True
         return chosen
 
+    def collect(self, view: CacheView) -> None:
+        """Offer the queries in ``view`` not offered yet to the own-query samples, then keep at most
+        ``own_rows`` per segment (:func:`own_sample`; segments as they are now)."""
+        if view.queries is None or view.query_positions is None or len(view.query_positions) == 0:
+            return
+        new = view.query_positions > self._collected
+        if not bool(new.any()):
+            return
+        self._collected = int(view.query_positions.max())
+        fresh = view.queries[:, :, new.to(view.queries.device)]
+        queries = fresh if self._own_queries is None else torch.cat([self._own_queries, fresh], dim=2)
+        positions = torch.cat([self._own_positions, view.query_positions[new].cpu()])
+        kept = own_sample(positions, self.segment_ids(view)[positions], self.config["own_rows"])
+        self._own_queries = queries[:, :, kept.to(queries.device)].clone()
+        self._own_positions = positions[kept]
+
     def compress(self, view: CacheView, cache) -> torch.Tensor:
         keep = self.select(view)
         if self.fits_bias:
-            groups = view.by_position(self.segment_ids(view))  # (L, H_kv, T)
-            self.match(view, cache, keep, groups)
+            ids = self.segment_ids(view)
+            groups = view.by_position(ids)  # (L, H_kv, T)
+            own = None
+            if self.own_queries and view.query_positions is not None and len(view.query_positions):
+                self.collect(view)
+                rows = self.config["window"]
+                view = dataclasses.replace(
+                    view, queries=view.queries[:, :, -rows:], query_positions=view.query_positions[-rows:]
+                )
+                older = self._own_positions < int(view.query_positions.min())  # not already a window row
+                device = self._own_queries.device
+                own = GroupQueries(
+                    self._own_queries[:, :, older.to(device)],
+                    self._own_positions[older],
+                    ids[self._own_positions[older]],
+                )
+            self.match(view, cache, keep, groups, own)
         return keep
 
     def step_info(self, view: CacheView) -> dict[str, Any]:
         segments = int(self.segment_ids(view).max()) + 1 if len(view.protected) else 0
-        return {"segments": segments, **self.take_fit_info()}
+        info = {"segments": segments, **self.take_fit_info()}
+        if self.own_queries:
+            self.collect(view)  # every step: rows that pass between compressions are offered too
+            info["own_queries"] = len(self._own_positions)
+        return info
