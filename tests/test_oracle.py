@@ -270,7 +270,12 @@ def _substitute(full_layer, mask, positions, bias, values, group):
 # Attention matching (am; tam with compaction=match) adds a fitted bias to every kept slot and
 # rewrites kept values: a step on the compacted cache equals the full cache with the same kept
 # keys, the biases added through the mask and the refit values substituted by position.
-MATCHING = [("am", {"recent": 4, "window": 8}), ("tam", {"compaction": "match", "recent": 4, "window": 8, "l_min": 4})]
+TAM_MATCH = {"compaction": "match", "recent": 4, "window": 8, "l_min": 4}
+MATCHING = [
+    ("am", {"recent": 4, "window": 8}),
+    ("tam", TAM_MATCH),
+    ("tam", {**TAM_MATCH, "reference": "window+own"}),
+]
 
 
 def _replay_compacted(loaded, policy, prompt, trace):

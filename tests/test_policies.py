@@ -26,7 +26,10 @@ def _own_params(name):
 
 
 # policies whose choice knobs change what they do run through the matrix in each mode too
-VARIANTS = [(name, {}) for name in policy_names()] + [("tam", {"compaction": "match"})]
+VARIANTS = [(name, {}) for name in policy_names()] + [
+    ("tam", {"compaction": "match"}),
+    ("tam", {"compaction": "match", "reference": "window+own", "own_rows": 2}),
+]
 VARIANT_IDS = [name + "".join(f"-{v}" for v in knobs.values()) for name, knobs in VARIANTS]
 
 

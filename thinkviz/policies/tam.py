@@ -179,19 +179,20 @@ class ThoughtAwareMatching(Matching, Policy):
         return self.config["compaction"] == "match"
 
     @property
-    def own_queries(self) -> bool:
+    def uses_own_queries(self) -> bool:
         """Whether the fit also uses the segments' own queries (``reference=window+own``)."""
         return self.fits_bias and self.config["reference"] == "window+own"
 
     @property
-    def own_positions(self) -> torch.Tensor:
-        """``(M,)`` the positions of the own queries held (every segment's sample), ascending."""
-        return self._own_positions
+    def own_queries(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The own queries held, every segment's sample: ``(L, H, M, D)`` (``None`` before the first)
+        and their positions ``(M,)``, ascending."""
+        return self._own_queries, self._own_positions
 
     @property
     def query_rows(self) -> int:
         # with own queries, a replayed chunk of `interval` tokens passes all its queries (up to 64)
-        if self.own_queries:
+        if self.uses_own_queries:
             return min(max(self.config["window"], self.interval), self.window_rows)
         return super().query_rows
 
@@ -278,7 +279,7 @@ class ThoughtAwareMatching(Matching, Policy):
             ids = self.segment_ids(view)
             groups = view.by_position(ids)  # (L, H_kv, T)
             own = None
-            if self.own_queries and view.query_positions is not None and len(view.query_positions):
+            if self.uses_own_queries and view.query_positions is not None and len(view.query_positions):
                 self.collect(view)
                 rows = self.config["window"]
                 view = dataclasses.replace(
@@ -297,7 +298,7 @@ class ThoughtAwareMatching(Matching, Policy):
     def step_info(self, view: CacheView) -> dict[str, Any]:
         segments = int(self.segment_ids(view).max()) + 1 if len(view.protected) else 0
         info = {"segments": segments, **self.take_fit_info()}
-        if self.own_queries:
+        if self.uses_own_queries:
             self.collect(view)  # every step: rows that pass between compressions are offered too
             info["own_queries"] = len(self._own_positions)
         return info
