@@ -19,7 +19,9 @@ block-wise: each group's kept slots match that group's own mass and its own shar
 output, ``Σ_{j∈S_g} w_j p_rj ≈ Σ_{j∈g} p_rj`` and ``Σ_{j∈S_g} x_rj C_j ≈ Σ_{j∈g} p_rj V_j``
 (the paper's chunked compaction: per-chunk mass and output add up to the whole).  A group with
 no kept slot in a head joins the nearest earlier group that has one (else the first later one),
-so no mass is left without a slot to carry it.
+so no mass is left without a slot to carry it.  A reference query may also belong to one group
+only (``query_groups``; tam's segments' own queries): it then takes part in that group's two
+problems and in no other's.
 
 Numerics, per (kv-head), in float64 whatever the input dtype:
 

@@ -29,13 +29,36 @@ allocation is optimal under its convex error model.
    attention output for the reference queries (Zweiger et al., arXiv:2602.16284, per segment
    instead of per fixed-size chunk); a segment left with no kept slot in a head is matched
    together with the nearest earlier one.  A kept token then stands for ``≈ e^β`` tokens of its
-   step.  Reference queries are the last ``window`` queries of every query head — the same
-   rows that weigh segments and tokens, so the fit matches what the newest tokens attend to,
-   the best cheap guess of what the next ones will (a segment nobody attends to keeps its
-   selection: the ridge holds ``w = 1`` and its values where its rows carry no mass).  The
-   segment's *own* queries (seed 003's other candidate) are not used: the engine would have to
-   keep every token's queries, ``H / H_kv`` times the keys' size, for the whole run, and what a
-   step's tokens asked while it was written says little about what later tokens ask of it.
+   step.
+
+5. *Reference queries* (``reference``).  ``window``: the last ``window`` queries of every query
+   head — the same rows that weigh segments and tokens, so the fit matches what the newest
+   tokens attend to, the best cheap guess of what the next ones will (a segment nobody attends
+   to keeps its selection: the ridge holds ``w = 1`` and its values where its rows carry no
+   mass).  ``window+own`` (seed 003's other candidate): each segment's fit also matches a sample
+   of that segment's *own* queries, what its tokens asked while it was written (attending, at
+   its position, only to what came before; a fit of an orphan segment's slots joined to a
+   neighbour takes its sample along).  The sample is at most ``own_rows`` rows per segment,
+   chosen by :func:`own_sample` (deterministic, evenly spread); every query passes through
+   ``CacheView.queries`` once — the engine then keeps ``max(window, interval)`` rows (at most
+   64), so a replayed chunk's every query is offered, and :meth:`collect` runs at every step
+   (``step_info``) and compression — except the prompt's, of which only a prefill chunk's last
+   rows pass: its segments' samples are only what is available.  Samples are drawn over the
+   segments as they are at each step; a short segment written into its predecessor and split
+   off later keeps only the rows that survived the joint sample.  A row weighs as much as a
+   window row (both are one query each).  Memory: at most ``own_rows × S × L × H × D × 4`` bytes
+   (``S`` segments so far; float32) besides the cache — on SmolLM2-135M (30 layers, 9 query
+   heads, 64 wide) 67.5 KiB a row, 540 KiB a segment at ``own_rows = 8``, the KV of 24 tokens
+   (the peak KV of a sweep does not count it).
+
+   The default is ``window``, by what the sweep measured (docs/benchmarks.md, "Reference
+   queries", NF4, interval 32): ``window+own`` was worse on every budget that selects among
+   the thinking — math at 10 / 25 / 50 %: ΔNLL 0.529 / 0.148 / 0.064 against 0.374 / 0.112 /
+   0.051; the rate limiter's first 2,048 trace tokens at 25 / 50 %: 0.363 / 0.193 against
+   0.313 / 0.187; three coding traces' first 1,024 at 50 %: 0.042 / 0.041 / 0.048 against
+   0.039 / 0.022 / 0.035 — and better only where the budget was below the protected prompt
+   (the cache then holds no key of any thought step: 0.243–0.364 against 0.293–0.431), while
+   its fit took 4–14× as long per compression (math: 4.1–6.4 s against 0.3–0.8 s).
 """
 
 from __future__ import annotations
