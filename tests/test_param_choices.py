@@ -100,7 +100,7 @@ def test_the_cli_lists_each_policys_choices(choosy, capsys):
 
 def test_the_control_pool_has_a_dropdown_slot_for_a_choice(choosy):
     sizes = controls.pool_sizes()
-    assert sizes.choices == 1
+    assert sizes.choices == 2  # as many as the policy with the most choice knobs: tam's compaction and reference
     assert controls.pool_choices(["choosy"]) == ["newest", "oldest"]
     assert {"newest", "oldest"} <= set(controls.pool_choices())  # beside the registered policies' choices
     specs = controls.slot_specs("choosy", sizes, {"keep": "oldest"})
@@ -113,7 +113,7 @@ def test_the_control_pool_has_a_dropdown_slot_for_a_choice(choosy):
     )
     assert [s.name for s in specs.numbers if s is not None] == ["recent"]
     h2o = controls.slot_specs("h2o", sizes)
-    assert h2o.choices == [None]  # hidden for a policy without choices
+    assert h2o.choices == [None, None]  # hidden for a policy without choices
     values = controls.collect_params("choosy", controls.Pools([9], [], ["oldest"]))
     assert values == {"recent": 9, "keep": "oldest"}
     policy = controls.build_policy("choosy", values, budget=64, interval=1, protect_system=True, protect_question=True)
@@ -151,4 +151,4 @@ def test_a_preset_sets_a_choice_by_name_and_the_slots_show_it(choosy, tmp_path):
     assert preset.params == {"budget": 64, "keep": "oldest"}
     assert make_policy(preset.policy, **preset.params).config["keep"] == "oldest"
     specs = controls.slot_specs(preset.policy, controls.pool_sizes(), preset.params)
-    assert [s.value for s in specs.choices] == ["oldest"]
+    assert [s.value if s else None for s in specs.choices] == ["oldest", None]  # the second slot hidden

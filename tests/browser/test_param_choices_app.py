@@ -53,10 +53,14 @@ def test_the_choice_dropdown_shows_the_policys_choices_and_its_value_reaches_the
 
 def test_api_callers_pass_a_choice_by_name_and_get_a_message_for_any_other(app_url):
     client = Client(app_url, verbose=False)
+    from thinkviz.ui.controls import pool_sizes, slot_specs
+
     args = _live_args(policy="choosy", budget=16, max_new_tokens=4)
-    assert args[-7] == "newest"  # the choice slot, after the number and checkbox slots (and 6 values after it)
-    args[-7] = "oldest"
+    choices = slot_specs("choosy", pool_sizes())[2]  # the choice slots: as many as any policy has choice knobs
+    slot = len(args) - 6 - len(choices)  # the first, after the number and checkbox slots (6 values after them)
+    assert args[slot] == "newest"
+    args[slot] = "oldest"
     assert client.predict(*args, api_name="/generate")[0].startswith("Done: 4 tokens generated")
-    args[-7] = "sideways"
+    args[slot] = "sideways"
     with pytest.raises(AppError, match="sideways"):
         client.predict(*args, api_name="/generate")
