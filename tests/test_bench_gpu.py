@@ -17,23 +17,8 @@ from thinkviz.bench.gpu import (
     peak_bytes,
     write_report,
 )
-from thinkviz.memory import TargetModel
+from tiny_models import SMALL
 from thinkviz.random_model import random_model
-
-SMALL = TargetModel(
-    "small-qwen3",
-    layers=2,
-    q_heads=4,
-    kv_heads=2,
-    head_dim=16,
-    hidden=64,
-    intermediate=128,
-    vocab=50_000,
-    tied_embeddings=True,
-    qk_norm=True,
-    family="qwen3",
-    max_context=4096,
-)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import torch
 from thinkviz.engine import DecodeSettings, Run
 from thinkviz.memory import TARGETS, TargetModel
 from thinkviz.model import ModelLoadError
+from tiny_models import SMALL
 from thinkviz.policies import make_policy
 from thinkviz.random_model import (
     label,
@@ -17,22 +18,6 @@ from thinkviz.random_model import (
     random_config,
     random_model,
     random_names,
-)
-
-# A Qwen3 small enough for CI; the vocabulary is larger than the SmolLM2 tokenizer's, as Qwen3's is.
-SMALL = TargetModel(
-    "small-qwen3",
-    layers=2,
-    q_heads=4,
-    kv_heads=2,
-    head_dim=16,
-    hidden=64,
-    intermediate=128,
-    vocab=50_000,
-    tied_embeddings=True,
-    qk_norm=True,
-    family="qwen3",
-    max_context=4096,
 )
 
 

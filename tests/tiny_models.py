@@ -8,6 +8,7 @@ import torch
 import transformers
 
 from thinkviz import cpu_int4
+from thinkviz.memory import TargetModel
 from thinkviz.model import LoadedModel, embedded_tokenizer
 
 ARCHS = {
@@ -73,3 +74,20 @@ def save_tiny_model(folder: Path, arch: str = "llama", seed: int = 7, hidden: in
     loaded.model.save_pretrained(folder)
     loaded.tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+# A Qwen3 small enough for CI; the vocabulary is larger than the SmolLM2 tokenizer's, as Qwen3's is.
+SMALL = TargetModel(
+    "small-qwen3",
+    layers=2,
+    q_heads=4,
+    kv_heads=2,
+    head_dim=16,
+    hidden=64,
+    intermediate=128,
+    vocab=50_000,
+    tied_embeddings=True,
+    qk_norm=True,
+    family="qwen3",
+    max_context=4096,
+)

@@ -68,26 +68,7 @@ def test_generation_streams_updates_from_the_embedded_model(client):
 
 
 def test_three_policy_comparison_returns_three_columns_and_a_fidelity_table(client):
-    job = client.submit(
-        "combined",
-        "generate",
-        None,
-        QUESTION,
-        "",
-        ["full", "window", "h2o"],
-        64,
-        "tokens",
-        0.25,
-        4,
-        True,
-        False,
-        "",
-        True,
-        8,
-        0.0,
-        False,
-        api_name="/compare",
-    )
+    job = client.submit(*_compare_args(QUESTION, ["full", "window", "h2o"], 8), api_name="/compare")
     frames = list(job)
     status, bus, figure, table = frames[-1][:4]
     messages = json.loads(bus)
@@ -165,15 +146,18 @@ def _compare_formats(**chosen: str) -> list[str]:
     return [chosen.get(name, "none") for name in policy_names()]
 
 
-def test_comparison_of_a_policy_at_full_precision_and_the_full_cache_in_q4_0(client):
-    formats = _compare_formats(full="q4_0")
-    job = client.submit(
+def _compare_args(question: str, policies, max_new_tokens: int, formats: list[str] | None = None) -> list:
+    """Positional values of /compare: view mode, run mode, system, question, trace, the policies, budget
+    (64 tokens), interval 4, protections, vary, fidelity on, decode settings; with ``formats``, one KV
+    format per registered policy and KIVI's residual (32) after them."""
+    kv = [] if formats is None else [*formats, 32]
+    return [
         "combined",
         "generate",
         None,
-        QUESTION,
+        question,
         "",
-        ["h2o", "full"],
+        policies,
         64,
         "tokens",
         0.25,
@@ -182,13 +166,16 @@ def test_comparison_of_a_policy_at_full_precision_and_the_full_cache_in_q4_0(cli
         False,
         "",
         True,
-        8,
+        max_new_tokens,
         0.0,
         False,
-        *formats,
-        32,
-        api_name="/compare",
-    )
+        *kv,
+    ]
+
+
+def test_comparison_of_a_policy_at_full_precision_and_the_full_cache_in_q4_0(client):
+    formats = _compare_formats(full="q4_0")
+    job = client.submit(*_compare_args(QUESTION, ["h2o", "full"], 8, formats), api_name="/compare")
     status, _, _, table = list(job)[-1][:4]
     assert status.startswith("Done"), status
     assert [r[0] for r in table["data"]] == ["h2o", "full · q4_0"]

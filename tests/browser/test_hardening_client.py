@@ -12,7 +12,7 @@ import re
 import threading
 
 import pytest
-from test_app_client import _compare_formats, _live_args  # the /generate and /compare argument layouts
+from test_app_client import _compare_args, _compare_formats, _live_args  # the /generate and /compare argument layouts
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -119,26 +119,7 @@ def test_compare_refuses_bad_policy_lists(client, policies):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError):
-        client.predict(
-            "combined",
-            "generate",
-            None,
-            "Hi",
-            "",
-            policies,
-            64,
-            "tokens",
-            0.25,
-            4,
-            True,
-            False,
-            "",
-            True,
-            2,
-            0.0,
-            False,
-            api_name="/compare",
-        )
+        client.predict(*_compare_args("Hi", policies, 2), api_name="/compare")
 
 
 # the dropdown and the slider refuse what they do not offer (Gradio checks choices and ranges)
@@ -156,28 +137,7 @@ def test_compare_refuses_a_bad_kv_format_with_a_message(client):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError, match="q9 is not in the list of choices"):
-        client.predict(
-            "combined",
-            "generate",
-            None,
-            "Hi",
-            "",
-            ["full", "h2o"],
-            64,
-            "tokens",
-            0.25,
-            4,
-            True,
-            False,
-            "",
-            True,
-            2,
-            0.0,
-            False,
-            *_compare_formats(h2o="q9"),
-            32,
-            api_name="/compare",
-        )
+        client.predict(*_compare_args("Hi", ["full", "h2o"], 2, _compare_formats(h2o="q9")), api_name="/compare")
 
 
 def test_sweep_takes_only_listed_presets(client):
