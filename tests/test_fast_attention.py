@@ -90,7 +90,7 @@ def test_the_kernel_switch_writes_what_set_attn_implementation_writes_and_restor
 
 def test_a_capture_that_needs_no_weights_installs_no_hooks(tiny_llama):
     model = tiny_llama.model
-    capture = AttentionCapture(model, tiny_llama.geometry.kv_heads, capture_hidden=True)
+    capture = AttentionCapture(model, tiny_llama.geometry.kv_heads, hidden_layers=(0, 1, -1))
     capture.enabled = False
     with capture:
         assert not any(module._forward_hooks for module in model.modules())

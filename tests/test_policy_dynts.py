@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from thinkviz import predictor as P
+from thinkviz.answer_attention import attention_maps
 from thinkviz.cli import main
 from thinkviz.engine import DecodeSettings, Run
 from thinkviz.policies import make_policy
@@ -129,7 +130,7 @@ def test_save_load_round_trip(tmp_path):
     assert torch.equal(loaded(x, where), predictor(x, where))
 
 
-def test_a_mix_of_layers_round_trips_and_dynts_refuses_what_it_cannot_feed(tiny_llama, tmp_path, monkeypatch):
+def test_a_mix_of_layers_round_trips_and_dynts_ranks_with_the_layers_it_reads(tiny_llama, tmp_path, monkeypatch):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(5)
         predictor = P.ImportancePredictor(64, width=8, layers=(0, 1, -1))
@@ -141,10 +142,21 @@ def test_a_mix_of_layers_round_trips_and_dynts_refuses_what_it_cannot_feed(tiny_
     x, where = torch.randn(5, 3, 64), torch.rand(5)
     assert torch.equal(loaded(x, where), predictor(x, where))
     monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
-    _, events = _replay(tiny_llama, budget=100)
-    assert events[-1].info["importance"] == (
-        f"attention fallback: {path.name} reads layers (0, 1, -1); dynts gets the final hidden state"
-    )
+    # nothing evicted: the engine hands dynts the embeddings, the first layer's output and the
+    # final norm's, the hidden states the predictor is trained on (one teacher-forced pass)
+    whole, _ = _replay(tiny_llama, budget=4096)
+    _, features = attention_maps(tiny_llama, whole.ids[: len(whole.hidden)], (0, 1, -1))
+    assert whole.hidden.shape == features.shape == (len(whole.hidden), 3, 64)
+    assert torch.allclose(whole.hidden, features, atol=1e-4)
+    assert not torch.allclose(whole.hidden[:, 0], whole.hidden[:, 1], atol=1e-2)
+    run, events = _replay(tiny_llama, budget=100)
+    assert any(e.evicted for e in events)
+    assert events[-1].info["importance"] == f"predicted by {path.name}"
+    last = events[-1]
+    held = np.flatnonzero(last.keep_fraction > 0)
+    with torch.inference_mode():
+        want = predictor(run.hidden, P.relative_positions(len(run.hidden))).exp().numpy()
+    assert np.allclose(last.scores[held], want[held], rtol=1e-5)
 
 
 def test_unreadable_files_give_one_line_reasons(tmp_path):

@@ -12,8 +12,10 @@ layer at once), so the full matrices of all layers of a long forward never exist
   row, averaged over layers and query heads (seed 001's "focus" of a token).
 
 GQA: query heads are grouped ``H = H_kv * G``; a kv-head's score is the mean over its group.
-Optionally the final hidden states ``(q, d)`` are captured from the model's last norm
-(the DynTS predictor reads them).  When layers hold different numbers of slots (a ragged
+Optionally the hidden states ``(q, k, d)`` of ``k`` chosen layers are captured (the DynTS
+predictor reads them), indexed as transformers' ``hidden_states``: ``0`` the input of the first
+decoder layer (the embeddings), ``i`` the output of decoder layer ``i - 1``, the last (``-1``)
+the final norm's output.  When layers hold different numbers of slots (a ragged
 cache), each layer's rows are padded with zeros on the right to the longest layer's ``T``, so
 column ``t`` is physical slot ``t`` of every layer.
 
@@ -33,11 +35,12 @@ Only policies that fit biases run it; every other run keeps the model's own kern
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import weakref
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +64,7 @@ class ForwardScores:
     received: torch.Tensor
     tail: torch.Tensor
     row_entropy: torch.Tensor
-    hidden: torch.Tensor | None
+    hidden: torch.Tensor | None  # (q, k, d) the hidden states of the capture's ``hidden_layers``
     queries: torch.Tensor | None = None  # (L, H, r, D) the last r = min(q, query_rows) queries, scaled
 
 
@@ -77,18 +80,27 @@ class AttentionCapture:
     ``kv_heads``: number of key/value heads; ``tail_rows``: how many of the latest query rows to
     keep per forward (the widest observation window any policy asked for); ``query_rows``: how
     many of the latest queries :meth:`keep_queries` keeps per layer (when the run's attention is
-    :func:`biased_attention` with this capture's sink); ``enabled``: when ``False`` the context
+    :func:`biased_attention` with this capture's sink); ``hidden_layers``: which hidden states to
+    capture (module docstring; ``()``: none); ``enabled``: when ``False`` the context
     installs no hooks (a run that needs no weights captures nothing).
     """
 
     def __init__(
-        self, model: nn.Module, kv_heads: int, tail_rows: int = 1, capture_hidden: bool = False, query_rows: int = 0
+        self,
+        model: nn.Module,
+        kv_heads: int,
+        tail_rows: int = 1,
+        hidden_layers: Sequence[int] = (),
+        query_rows: int = 0,
     ):
         self.model = model
         self.modules = attention_modules(model)
         self.kv_heads = kv_heads
         self.tail_rows = max(1, tail_rows)
-        self.capture_hidden = capture_hidden
+        depth = len(self.modules)
+        if any(not -depth - 1 <= i <= depth for i in hidden_layers):
+            raise ValueError(f"hidden-state layers must lie in -{depth + 1} .. {depth}, got {tuple(hidden_layers)}")
+        self.hidden_layers = tuple(i % (depth + 1) for i in hidden_layers)
         self.query_rows = query_rows
         self.enabled = True
         self._handles: list = []
@@ -100,7 +112,7 @@ class AttentionCapture:
         self._received: list[torch.Tensor] = []  # blocks (N, H_kv, T) of consecutive layers
         self._tail: list[torch.Tensor] = []  # blocks (N, H_kv, r, T)
         self._entropy_sum: torch.Tensor | None = None  # (q,) bits, summed over layers
-        self._hidden: torch.Tensor | None = None
+        self._hidden: dict[int, torch.Tensor] = {}  # hidden-state index -> (q, d)
         self._queries: list[torch.Tensor] = []
 
     def __enter__(self) -> AttentionCapture:
@@ -108,8 +120,14 @@ class AttentionCapture:
             return self
         for module in self.modules:
             self._handles.append(module.register_forward_hook(self._on_attention, with_kwargs=True))
-        if self.capture_hidden:
-            self._handles.append(self.model.model.norm.register_forward_hook(self._on_hidden))
+        layers = self.model.model.layers
+        for index in set(self.hidden_layers):
+            if index == 0:  # the input of the first decoder layer
+                hook = functools.partial(self._on_input, index)
+                self._handles.append(layers[0].register_forward_pre_hook(hook, with_kwargs=True))
+            else:  # the output of decoder layer index - 1, the final norm's for the last index
+                module = layers[index - 1] if index < len(layers) else self.model.model.norm
+                self._handles.append(module.register_forward_hook(functools.partial(self._on_output, index)))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -159,8 +177,14 @@ class AttentionCapture:
                 raise RuntimeError(f"queries of layer {layer_idx} arrived after {len(self._queries)} layers")
             self._queries.append(queries[0, :, -self.query_rows :, :].detach().float().clone())
 
-    def _on_hidden(self, module, args, output) -> None:
-        self._hidden = output[0].detach().float()  # (q, d)
+    def _on_input(self, index: int, module, args, kwargs) -> None:
+        self._keep_hidden(index, args[0] if args else kwargs["hidden_states"])
+
+    def _on_output(self, index: int, module, args, output) -> None:
+        self._keep_hidden(index, output[0] if isinstance(output, tuple) else output)
+
+    def _keep_hidden(self, index: int, states: torch.Tensor) -> None:
+        self._hidden[index] = states[0].detach().float()  # (B, q, d) -> (q, d)
 
     def take(self) -> ForwardScores:
         """Return the reductions of the last forward pass and clear the buffers."""
@@ -172,7 +196,7 @@ class AttentionCapture:
             received=received,
             tail=_stack_padded(self._tail),
             row_entropy=self._entropy_sum / received.shape[0],
-            hidden=self._hidden,
+            hidden=torch.stack([self._hidden[i] for i in self.hidden_layers], dim=1) if self.hidden_layers else None,
             queries=torch.stack(self._queries) if self._queries else None,
         )
         self._reset()

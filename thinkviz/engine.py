@@ -219,7 +219,7 @@ class Run:
             loaded.model,
             heads,
             tail_rows=self.window_rows,
-            capture_hidden=policy.needs_hidden,
+            hidden_layers=policy.hidden_layers(loaded.name, loaded.model.config.get_text_config().hidden_size),
             query_rows=self.query_rows,
         )
         self.attention = attention_kernel(loaded.model, policy, settings)

@@ -92,7 +92,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--layers",
         default="-1",
         help="comma-separated hidden-state layers the predictor mixes (0 = embeddings, -1 = the "
-        f"final norm; default -1: dynts gets the final hidden state), or auto: {LAYER_COUNT} "
+        f"final norm; default -1: the final hidden state only), or auto: {LAYER_COUNT} "
         "evenly spaced from the embeddings to the final one",
     )
     parser.add_argument("--epochs", type=int, default=EPOCHS)

@@ -139,7 +139,8 @@ class CacheView:
     - ``window`` ``(L, H_kv, W, T)`` the attention rows of the last ``W`` queries, oldest
       first, zero where a slot did not exist yet;
     - ``token_entropy`` ``(N,)`` entropy (bits) of each token's own attention row;
-    - ``hidden`` ``(N, d)`` final hidden state per token, when the policy asked for it;
+    - ``hidden`` ``(N, k, d)`` per token, the hidden states of the ``k`` layers the policy asked for
+      (:meth:`Policy.hidden_layers`), else ``None``;
     - ``protected`` ``(N,)`` bool, positions no policy may evict;
     - ``keys`` per layer ``(B, H_kv, T, D)``: the cached keys as attention reads them (decoded
       from a quantized format on access);
@@ -239,7 +240,7 @@ class Policy:
     ``window_rows``: how many recent query rows the policy needs in ``CacheView.window``;
     ``reads_attention``: ``False`` when neither its decision nor its score reads attention (the
     engine then runs the model's fused attention, which returns no weights);
-    ``needs_hidden``: whether it reads final hidden states;
+    :meth:`hidden_layers`: which hidden states it reads;
     ``fits_bias``: whether the cache carries a per-slot attention bias the policy fits (the
     attention-matching policies; the engine then runs :mod:`thinkviz.attention`'s biased
     attention; every other policy runs the model's own attention unchanged);
@@ -260,7 +261,6 @@ class Policy:
     params: ClassVar[tuple[Param, ...]] = ()
     window_rows: ClassVar[int] = 1
     reads_attention: ClassVar[bool] = True
-    needs_hidden: ClassVar[bool] = False
     predicts_importance: ClassVar[bool] = False
     evicts: ClassVar[bool] = True
     hard_budget: ClassVar[bool] = True
@@ -273,6 +273,12 @@ class Policy:
     @property
     def query_rows(self) -> int:
         return 0
+
+    def hidden_layers(self, model: str, hidden_size: int) -> tuple[int, ...]:
+        """The hidden states it reads in ``CacheView.hidden`` when it runs on ``model`` (indices into
+        transformers' ``hidden_states``: ``0`` the embeddings, ``-1`` the final norm's output);
+        ``()``: none."""
+        return ()
 
     def __init__(self, **values: Any) -> None:
         declared = {p.name: p for p in self.all_params()}

@@ -41,10 +41,11 @@ from .registry import register
 
 @register
 class DynTS(Policy):
-    """Score ``(L, H_kv, T)`` = ``exp`` of the predictor's output on each position's final hidden
-    state ``CacheView.hidden`` ``(N, d)`` and relative position (the same in every layer and
-    head), or the fallback ``received / queries_seen``; forced: protected spans and the newest
-    ``recent`` tokens."""
+    """Score ``(L, H_kv, T)`` = ``exp`` of the predictor's output on each position's hidden states
+    ``CacheView.hidden`` ``(N, k, d)`` (the ``k`` layers the predictor file names, which
+    :meth:`hidden_layers` asks the engine for) and relative position (the same in every layer
+    and head), or the fallback ``received / queries_seen``; forced: protected spans and the
+    newest ``recent`` tokens."""
 
     name = "dynts"
     score_scale = ScoreScale(
@@ -67,34 +68,44 @@ class DynTS(Policy):
             "the predictor only where its held-out evaluation ranks at least as well",
         ),
     )
-    needs_hidden = True
     predicts_importance = True
     predictor_folder: ClassVar[Path] = ASSETS
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
         self._found: dict[tuple[str, int], ImportancePredictor | str] = {}  # the predictor, or why there is none
+        self._sizes: dict[str, int] = {}  # model -> hidden size, from hidden_layers
         self._ranking: dict[tuple[str, int], tuple[ImportancePredictor | None, str]] = {}
         self._reported = 0  # positions whose prediction step_info has already reported
 
+    def hidden_layers(self, model: str, hidden_size: int) -> tuple[int, ...]:
+        """The layers the predictor for ``model`` reads; none when there is no usable predictor."""
+        self._sizes[model] = hidden_size
+        found = self._predictor_for((model, hidden_size))
+        return () if isinstance(found, str) else found.layers
+
+    def _predictor_for(self, key: tuple[str, int]) -> ImportancePredictor | str:
+        if key not in self._found:
+            try:
+                self._found[key] = find_predictor(*key, folder=self.predictor_folder)
+            except PredictorError as exc:
+                self._found[key] = str(exc)
+        return self._found[key]
+
     def _lookup(self, view: CacheView) -> tuple[tuple[str, int] | None, ImportancePredictor | str]:
         """``(key, the predictor for this view's model or why there is none)``."""
-        if view.hidden is None or len(view.hidden) < len(view.protected):
+        size = int(view.hidden.shape[-1]) if view.hidden is not None else self._sizes.get(view.model)
+        if size is None:
             return None, "no hidden states for every token"
-        key = (view.model, int(view.hidden.shape[-1]))
-        if key not in self._found:
-            self._found[key] = self._find(*key)
-        return key, self._found[key]
-
-    def _find(self, model: str, hidden_size: int) -> ImportancePredictor | str:
-        try:
-            found = find_predictor(model, hidden_size, folder=self.predictor_folder)
-        except PredictorError as exc:
-            return str(exc)
-        if found.layers != (-1,):
-            name = predictor_path(model, self.predictor_folder).name
-            return f"{name} reads layers {found.layers}; dynts gets the final hidden state"
-        return found
+        key = (view.model, size)
+        found = self._predictor_for(key)
+        if isinstance(found, str):
+            return key, found
+        if view.hidden is None or len(view.hidden) < len(view.protected):
+            return key, "no hidden states for every token"
+        if view.hidden.dim() != 3 or view.hidden.shape[1] != len(found.layers):
+            return key, f"the run holds other hidden states than the {len(found.layers)} layers the predictor reads"
+        return key, found
 
     def predictor(self, view: CacheView) -> tuple[ImportancePredictor | None, str]:
         """The predictor that ranks this view's tokens (``None``: the attention fallback does) and
