@@ -14,6 +14,7 @@ from thinkviz.chat import build_chat
 from thinkviz.commands.predictor_training import corpus as C
 from thinkviz.commands.predictor_training import evaluate as E
 from thinkviz.commands.predictor_training import fit as F
+from thinkviz.commands.predictor_training import histories as H
 from thinkviz.commands.predictor_training import labels as L
 from thinkviz.commands.predictor_training.prompts import CorpusPrompt, corpus_prompts, prompt_set_digest
 
@@ -244,6 +245,39 @@ def test_training_learns_which_layer_to_read():
         F.train(split, layers=(-1,), epochs=1)
 
 
+def _generation(index, tokens, kept=True):
+    text = f"step {index}\n</think>\nanswer {index}" if kept else f"step {index} and no end"
+    return C.Generation(index, "math", f"question {index}?", text, tokens, kept)
+
+
+def test_histories_chain_answered_generations_into_long_deterministic_conversations():
+    generations = [_generation(i, 100 + 10 * i, kept=i % 4 != 3) for i in range(40)]
+    histories = H.build_histories(generations, 6, tokens=(800, 1200), seed=3)
+    assert histories == H.build_histories(generations, 6, tokens=(800, 1200), seed=3)
+    assert histories != H.build_histories(generations, 6, tokens=(800, 1200), seed=4)
+    assert len(histories) == 6
+    by_question = {g.question: g for g in generations}
+    for messages in histories:
+        assert [m.role for m in messages] == ["system"] + ["user", "assistant"] * ((len(messages) - 1) // 2)
+        turns = [by_question[m.content] for m in messages if m.role == "user"]
+        assert all(g.kept for g in turns) and len({g.index for g in turns}) == len(turns)  # answered, none twice
+        assert [m.content for m in messages if m.role == "assistant"] == ["<think>\n" + g.text for g in turns]
+        lengths = [g.new_tokens + H.QUESTION_TOKENS for g in turns]
+        assert sum(lengths) >= 800 and sum(lengths[:-1]) < 1200  # it stops once its drawn length is reached
+    assert H.build_histories(generations[:1], 3) == [] and H.build_histories(generations, 0) == []
+
+
+def test_a_history_is_labelled_as_a_transcript_by_its_last_answer(tiny_llama):
+    generations = [_generation(i, 20) for i in range(5)]
+    (messages,) = H.build_histories(generations, 1, tokens=(60, 60))
+    examples = L.label_transcript(tiny_llama, "history", messages)
+    # the tokens ranked are every assistant turn up to the last </think>: one run of them per turn
+    turns = sum(m.role == "assistant" for m in messages)
+    starts = torch.diff(examples.thinking.int(), prepend=torch.zeros(1, dtype=torch.int)) == 1
+    assert turns >= 2 and int(starts.sum()) == turns
+    assert len(examples.labels) == len(examples.thinking) and examples.labels[examples.thinking].sum() > 0
+
+
 # ---- the command --------------------------------------------------------------------------
 def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama, tmp_path, monkeypatch, capsys):
     from thinkviz import predictor as P
@@ -267,6 +301,8 @@ def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama,
             "3",
             "--layers",
             "auto",
+            "--histories",
+            "2",
             "--output",
             str(out),
         ]
@@ -276,7 +312,7 @@ def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama,
     assert "generations closed </think> and answered" in printed and "math_tilings" in printed
     predictor, meta = P.load(out)
     assert meta.model == loaded.name and meta.layers == (0, 1, 2)  # auto: the embeddings to the final norm
-    assert "corpus generations" in meta.trained_on and "coding_ratelimit" in meta.trained_on
+    assert "corpus generations, 2 histories of them" in meta.trained_on and "coding_ratelimit" in meta.trained_on
     table = json.loads(P.eval_path(out).read_text())
     assert table["heldout_traces"][0] == "math_tilings"
     assert set(table["scorers"]) == {"predictor", "fallback", "recency", "h2o"}

@@ -2,7 +2,9 @@
 it on traces it never saw.
 
 The corpus is the model's own reasoning on the committed prompt set (``--generate N``,
-cached); shipped traces that are not held out and any ``--add`` trace join it.  The held-out
+cached); ``--histories N`` long conversations chained from its training answers
+(:mod:`.predictor_training.histories`), shipped traces that are not held out and any ``--add``
+trace join it.  The held-out
 shipped traces (all of them by default) and every fifth answered generation
 (``--holdout-corpus``) are only measured: one table of Spearman and precision at 30 % for the
 predictor and its baselines, printed and written beside the predictor as
@@ -25,11 +27,13 @@ from ..presets import PRESETS_DIR, list_presets, load_preset
 from ..replay import Trace, TraceError, load_trace
 from .predictor_training import corpus as C
 from .predictor_training import evaluate as E
+from .predictor_training import histories as H
 from .predictor_training.fit import EPOCHS, LEARNING_RATE, WIDTH, train
 from .predictor_training.labels import label_trace, label_transcript
 from .predictor_training.prompts import corpus_prompts
 
 DEFAULT_CORPUS = 440  # the committed predictor's corpus: every prompt of the set answered twice
+DEFAULT_HISTORIES = 40  # long conversations chained from the corpus's training answers
 LAYER_COUNT = 6  # --layers auto: how many hidden states the predictor mixes
 
 
@@ -63,6 +67,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=C.GenerationSettings.answer_tokens,
         metavar="N",
         help="answers are cut after N tokens",
+    )
+    parser.add_argument(
+        "--histories",
+        type=int,
+        default=DEFAULT_HISTORIES,
+        metavar="N",
+        help=f"also train on N long conversations ({H.TOKENS[0]}-{H.TOKENS[1]} tokens) chained from the "
+        "corpus's training answers, so the predictor sees long contexts; 0: none",
     )
     parser.add_argument(
         "--add",
@@ -148,8 +160,8 @@ def _check(args: argparse.Namespace, traces: dict) -> list[str]:
     """The held-out trace names; :class:`CliError` for bad values (before any model is loaded)."""
     if args.epochs < 1 or args.lr <= 0 or args.width < 1:
         raise CliError("--epochs and --width must be at least 1 and --lr positive")
-    if args.generate < 0:
-        raise CliError("--generate must be 0 or more")
+    if args.generate < 0 or args.histories < 0:
+        raise CliError("--generate and --histories must be 0 or more")
     if args.think_tokens < 1 or args.answer_tokens < 1:
         raise CliError("--think-tokens and --answer-tokens must be at least 1")
     if not 0 <= args.holdout_corpus < 1:
@@ -230,6 +242,13 @@ def run(args: argparse.Namespace) -> int:
     ]
     training = [e for g, e in labelled if not every or g.index % every]
     held_corpus = [e for g, e in labelled if every and not g.index % every]
+    histories = H.build_histories(
+        [g for g in generations if not every or g.index % every], args.histories, seed=args.seed
+    )
+    training += [
+        label_transcript(loaded, f"history {k}", messages, layers)
+        for k, messages in enumerate(tqdm(histories, desc="labelling histories", unit="history", file=sys.stderr))
+    ]
     extra = {name: t for name, t in traces.items() if name not in holdout} | added
     try:
         training += [label(name, t) for name, t in extra.items()]
@@ -249,7 +268,10 @@ def run(args: argparse.Namespace) -> int:
         model = train(training, layers, epochs=args.epochs, lr=args.lr, width=args.width, seed=args.seed, progress=step)
     table = E.scorer_table(heldout, model)
     n_tokens = sum(int(e.thinking.sum()) for e in training)
-    described = f"{len(generations) - len(held_corpus)} corpus generations" + "".join(f", {name}" for name in extra)
+    described = (
+        f"{len(generations) - len(held_corpus)} corpus generations, {len(histories)} histories of them"
+        + "".join(f", {name}" for name in extra)
+    )
     meta = P.PredictorMeta(
         model=loaded.name,
         hidden_size=int(training[0].features.shape[-1]),
