@@ -58,7 +58,7 @@ def test_question_and_local_window_always_survive_with_a_predictor(tiny_llama, t
     last = events[-1]
     held = np.flatnonzero(last.keep_fraction > 0)
     with torch.inference_mode():
-        want = predictor(run.hidden, P.relative_positions(len(run.hidden))).exp().numpy()
+        want = predictor(run.hidden, P.position_features(len(run.hidden))).exp().numpy()
     assert np.allclose(last.scores[held], want[held], rtol=1e-5)
 
 
@@ -126,7 +126,7 @@ def test_save_load_round_trip(tmp_path):
     path = P.save(predictor, meta, tmp_path / "p.safetensors")
     loaded, loaded_meta = P.load(path)
     assert loaded_meta == meta
-    x, where = torch.randn(7, 24), torch.rand(7)
+    x, where = torch.randn(7, 24), P.position_features(7)
     assert torch.equal(loaded(x, where), predictor(x, where))
 
 
@@ -139,7 +139,7 @@ def test_a_mix_of_layers_round_trips_and_dynts_ranks_with_the_layers_it_reads(ti
     path = P.save(predictor, meta, P.predictor_path(tiny_llama.name, tmp_path))
     loaded, loaded_meta = P.load(path)
     assert loaded_meta == meta and loaded.layers == (0, 1, -1)
-    x, where = torch.randn(5, 3, 64), torch.rand(5)
+    x, where = torch.randn(5, 3, 64), P.position_features(5)
     assert torch.equal(loaded(x, where), predictor(x, where))
     monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
     # nothing evicted: the engine hands dynts the embeddings, the first layer's output and the
@@ -155,7 +155,7 @@ def test_a_mix_of_layers_round_trips_and_dynts_ranks_with_the_layers_it_reads(ti
     last = events[-1]
     held = np.flatnonzero(last.keep_fraction > 0)
     with torch.inference_mode():
-        want = predictor(run.hidden, P.relative_positions(len(run.hidden))).exp().numpy()
+        want = predictor(run.hidden, P.position_features(len(run.hidden))).exp().numpy()
     assert np.allclose(last.scores[held], want[held], rtol=1e-5)
 
 
@@ -190,7 +190,7 @@ def test_shipped_predictor_ranks_when_asked_and_auto_follows_its_evaluation(embe
     path = P.predictor_path(embedded_model.name)
     _, meta = P.load(path)
     assert meta.model == embedded_model.name and meta.hidden_size == embedded_model.model.config.hidden_size
-    assert meta.layers == (-1,)  # what the engine hands dynts
+    assert meta.layers == (0, 6, 12, 18, 24, 30)  # train-predictor --layers auto: six of the 31 hidden states
     measured = json.loads(P.eval_path(path).read_text())["scorers"]
     prompt, trace = chat_and_trace(embedded_model.tokenizer)
 
@@ -230,7 +230,28 @@ def test_every_token_reports_its_predicted_importance_as_written_whichever_score
         seen = start + len(values)  # the tokens written so far, this step's included
         assert seen == max(event.positions) + 1
         with torch.inference_mode():
-            want = predictor(run.hidden[start:seen], P.relative_positions(seen)[start:seen]).exp()
+            want = predictor(run.hidden[start:seen], P.position_features(seen)[start:seen]).exp()
         assert np.allclose(values, want.numpy(), rtol=1e-5)
         covered += range(start, seen)
     assert covered == list(range(len(run.hidden)))  # each token once, in order
+
+
+def test_position_features_tell_age_apart_from_relative_position():
+    short, long = P.position_features(300), P.position_features(3000)
+    assert short.shape == (300, 4) and long.shape == (3000, 4)
+    # 50 tokens back in 300 and 500 back in 3,000 sit at the same relative position, not the same age
+    assert short[250, 0] == pytest.approx(long[2500, 0])
+    assert long[2500, 1] > short[250, 1]
+    assert torch.all(torch.diff(long[:, 1]) < 0) and torch.all(torch.diff(long[:, 2]) > 0)  # age falls, position rises
+    assert torch.all(long[:, 3] == long[0, 3]) and long[0, 3] > short[0, 3]  # the text's length, per trace
+    assert torch.all((long >= 0) & (long < 1.01))
+
+
+def test_a_predictor_of_an_older_version_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "old.safetensors"
+    tensors = {k: v.contiguous() for k, v in _predictor(8).state_dict().items()}
+    save_file(tensors, str(path), metadata={"format": P.FORMAT, "version": "2", "model": "m", "hidden_size": "8"})
+    with pytest.raises(P.PredictorError, match="not a ThinkViz DynTS predictor \\(version 3\\)"):
+        P.load(path)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from thinkviz import answer_attention as A
+from thinkviz import predictor as P
 from thinkviz.chat import build_chat
 from thinkviz.commands.predictor_training import corpus as C
 from thinkviz.commands.predictor_training import evaluate as E
@@ -228,7 +229,7 @@ def test_training_learns_a_ranking():
     split = [L.Examples("a", features[:400], labels[:400], thinking, torch.zeros(400), torch.zeros(400))]
     model = F.train(split, epochs=300, seed=0)
     with torch.inference_mode():
-        rho = E.spearman(model(features[400:], torch.full((200,), 0.5)), labels[400:])
+        rho = E.spearman(model(features[400:], P.position_features(200)), labels[400:])
     assert rho > 0.9
 
 
@@ -280,7 +281,6 @@ def test_a_history_is_labelled_as_a_transcript_by_its_last_answer(tiny_llama):
 
 # ---- the command --------------------------------------------------------------------------
 def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama, tmp_path, monkeypatch, capsys):
-    from thinkviz import predictor as P
     from thinkviz.cli import main
     from thinkviz.commands import train_predictor
 
@@ -328,7 +328,6 @@ def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama,
 
 def test_train_predictor_relabels_a_corpus_read_from_a_file(tiny_llama, tmp_path, monkeypatch, capsys):
     """--corpus: text generated earlier (say under another 4-bit backend) is labelled, not generated again."""
-    from thinkviz import predictor as P
     from thinkviz.cli import main
     from thinkviz.commands import train_predictor
 
@@ -357,6 +356,8 @@ def test_train_predictor_relabels_a_corpus_read_from_a_file(tiny_llama, tmp_path
                 "math_tilings",
                 "--epochs",
                 "2",
+                "--histories",
+                "1",
                 "--output",
                 str(out),
             ]
@@ -366,7 +367,7 @@ def test_train_predictor_relabels_a_corpus_read_from_a_file(tiny_llama, tmp_path
     kept = sum(g.kept for g in generated)
     assert f"corpus: {kept} answered of 16 generations read from {cached}" in capsys.readouterr().out
     _, meta = P.load(out)
-    assert meta.layers == (-1,)  # the default: the final hidden state, what dynts gets
+    assert meta.layers == (0, 1, 2)  # the default, auto: the embeddings to the final norm
     held = sum(g.kept and not g.index % 5 for g in generated)  # every fifth answered one is measured on
     assert meta.trained_on.startswith(f"{kept - held} corpus generations")
     garbage = tmp_path / "garbage.jsonl"

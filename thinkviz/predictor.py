@@ -5,9 +5,10 @@ Models") observes that few thinking tokens steer the answer and trains a small h
 model's hidden state to spot them while they are generated.  Here:
 
 - model: a learned softmax mix of the hidden states of ``layers`` (each standardised with
-  the training set's mean and spread) and the token's relative position, then
-  ``d + 1 → width → 1`` (GELU), predicting the ``log`` of the attention the answer will pay
-  the token, up to a constant per trace (:class:`ImportancePredictor`);
+  the training set's mean and spread) and four position features (:func:`position_features`:
+  where the token sits in the text so far, the log of its age, of its position and of the
+  text's length), then ``d + 4 → width → 1`` (GELU), predicting the ``log`` of the attention
+  the answer will pay the token, up to a constant per trace (:class:`ImportancePredictor`);
 - files: safetensors (tensors only, never pickle) with metadata naming the model, its hidden
   size and the layers read, so a predictor for another model is refused (:func:`find_predictor`);
   its evaluation table lies beside it (:func:`eval_path`).
@@ -29,7 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 FORMAT = "thinkviz-dynts"
-VERSION = "2"
+VERSION = "3"  # 3: four position features (2 read the relative position only)
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
@@ -39,7 +40,7 @@ class PredictorError(ValueError):
 
 class ImportancePredictor(nn.Module):
     """``(N, k, d)`` hidden states of the ``k`` layers in ``layers`` (``(N, d)`` when ``k == 1``)
-    and ``(N,)`` relative positions (:func:`relative_positions`) → ``(N,)`` predicted ``log``
+    and ``(N, 4)`` position features (:func:`position_features`) → ``(N,)`` predicted ``log``
     attention from the answer, centred per trace (only the order within one trace is learned).
 
     ``layers`` index the model's ``hidden_states`` (``0`` the embeddings, ``-1`` the final
@@ -53,19 +54,28 @@ class ImportancePredictor(nn.Module):
         self.register_buffer("mean", torch.zeros(len(self.layers), hidden_size))
         self.register_buffer("std", torch.ones(len(self.layers), hidden_size))
         self.mix = nn.Parameter(torch.zeros(len(self.layers)))
-        self.net = nn.Sequential(nn.Linear(hidden_size + 1, width), nn.GELU(), nn.Linear(width, 1))
+        self.net = nn.Sequential(nn.Linear(hidden_size + POSITION_FEATURES, width), nn.GELU(), nn.Linear(width, 1))
 
-    def forward(self, hidden: torch.Tensor, relative: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
         if hidden.dim() == 2:
             hidden = hidden.unsqueeze(1)
         standard = (hidden.float() - self.mean) / self.std  # (N, k, d)
         mixed = torch.einsum("k,nkd->nd", self.mix.softmax(0), standard)
-        return self.net(torch.cat([mixed, relative.float()[:, None]], dim=1)).squeeze(-1)
+        return self.net(torch.cat([mixed, where.float()], dim=1)).squeeze(-1)
 
 
-def relative_positions(n: int) -> torch.Tensor:
-    """``(n,)`` position ÷ tokens seen, in ``[0, 1)``: where each of ``n`` tokens sits in the text so far."""
-    return torch.arange(n) / n
+POSITION_FEATURES = 4
+_LOG_SCALE = 8.0  # log(3000) ≈ 8: the log features of a few thousand tokens lie near [0, 1]
+
+
+def position_features(n: int) -> torch.Tensor:
+    """``(n, 4)`` for each of ``n`` tokens seen so far: position ÷ ``n`` (in ``[0, 1)``),
+    ``log(1 + age)``, ``log(1 + position)`` and ``log n``, the logs ÷ 8.  Age (``n`` − position)
+    is what the answer's attention fades with in a long text; the relative position alone
+    cannot tell a token 50 tokens back in a 300-token answer from one 500 back in 3,000."""
+    positions = torch.arange(n, dtype=torch.float32)
+    logs = torch.stack([torch.log1p(n - positions), torch.log1p(positions), torch.full((n,), math.log(max(n, 1)))], 1)
+    return torch.cat([(positions / n)[:, None], logs / _LOG_SCALE], dim=1)
 
 
 @dataclass(frozen=True)

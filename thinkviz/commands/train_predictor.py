@@ -102,10 +102,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--layers",
-        default="-1",
+        default="auto",
         help="comma-separated hidden-state layers the predictor mixes (0 = embeddings, -1 = the "
-        f"final norm; default -1: the final hidden state only), or auto: {LAYER_COUNT} "
-        "evenly spaced from the embeddings to the final one",
+        f"final norm), or auto (the default): {LAYER_COUNT} evenly spaced from the embeddings to the final one",
     )
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--lr", type=float, default=LEARNING_RATE)

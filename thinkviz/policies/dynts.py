@@ -33,7 +33,7 @@ from ..predictor import (
     eval_path,
     find_predictor,
     predictor_path,
-    relative_positions,
+    position_features,
 )
 from .base import CacheView, Param, Policy, ScoreScale
 from .registry import register
@@ -43,7 +43,7 @@ from .registry import register
 class DynTS(Policy):
     """Score ``(L, H_kv, T)`` = ``exp`` of the predictor's output on each position's hidden states
     ``CacheView.hidden`` ``(N, k, d)`` (the ``k`` layers the predictor file names, which
-    :meth:`hidden_layers` asks the engine for) and relative position (the same in every layer
+    :meth:`hidden_layers` asks the engine for) and position features (the same in every layer
     and head), or the fallback ``received / queries_seen``; forced: protected spans and the
     newest ``recent`` tokens."""
 
@@ -135,7 +135,7 @@ class DynTS(Policy):
         if predictor is None:
             return view.received / view.queries_seen
         with torch.inference_mode():
-            predicted = predictor(view.hidden, relative_positions(len(view.hidden))).exp()  # (N,)
+            predicted = predictor(view.hidden, position_features(len(view.hidden))).exp()  # (N,)
         return view.by_position(predicted)
 
     def step_info(self, view: CacheView) -> dict[str, Any]:
@@ -147,7 +147,7 @@ class DynTS(Policy):
         if not isinstance(found, str) and len(view.hidden) > self._reported:
             seen, new = len(view.hidden), slice(self._reported, len(view.hidden))
             with torch.inference_mode():
-                predicted = found(view.hidden[new], relative_positions(seen)[new]).exp()
+                predicted = found(view.hidden[new], position_features(seen)[new]).exp()
             info.update(predicted=[float(v) for v in predicted], predicted_from=self._reported)
             self._reported = seen
         return info

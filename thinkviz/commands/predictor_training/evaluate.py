@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from ...predictor import relative_positions
+from ...predictor import position_features
 from .labels import Examples
 
 TOP_FRACTION = 0.3
@@ -56,15 +56,15 @@ def precision_at(
     return len(top(score) & top(truth)) / k
 
 
-Predict = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (hidden, relative position) -> score
+Predict = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (hidden, position features) -> score
 
 
 def scores_of(examples: Examples, predict: Predict) -> dict[str, torch.Tensor]:
     """Every scorer's value on the thinking tokens of ``examples`` (the predictor's when the
-    answer begins: relative positions over the tokens before it)."""
+    answer begins: position features over the tokens before it)."""
     thinking = examples.thinking
     with torch.inference_mode():
-        predicted = predict(examples.features[thinking], relative_positions(len(thinking))[thinking])
+        predicted = predict(examples.features[thinking], position_features(len(thinking))[thinking])
     return {
         "predictor": predicted,
         "fallback": examples.attention_so_far[thinking],

@@ -1,6 +1,6 @@
 """Fit the DynTS importance predictor on labelled traces.
 
-The predictor learns, from a token's hidden states and its relative position, the ``log`` of
+The predictor learns, from a token's hidden states and its position features, the ``log`` of
 the attention the answer pays it (floored at ``1e-6``), on the thinking tokens only — the tokens dynts ranks.  Within
 a trace only the order matters to dynts, and a trace's overall level of attention mostly
 reflects its length (the answer's attention is spread over more tokens in a longer trace),
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from ...predictor import ImportancePredictor, relative_positions
+from ...predictor import ImportancePredictor, position_features
 from .labels import Examples
 
 LABEL_FLOOR = 1e-6  # attention below this counts as this, so log() stays finite
@@ -45,7 +45,7 @@ def train(
     if not examples:
         raise ValueError("no training examples")
     features = torch.cat([e.features[e.thinking] for e in examples]).float()  # (N, k, d)
-    relative = torch.cat([relative_positions(len(e.thinking))[e.thinking] for e in examples])  # (N,)
+    where = torch.cat([position_features(len(e.thinking))[e.thinking] for e in examples])  # (N, 4)
     if features.shape[1] != len(layers):
         raise ValueError(f"the examples carry {features.shape[1]} layers, the predictor reads {len(layers)}")
     goal = torch.cat([targets(e) for e in examples])
@@ -57,7 +57,7 @@ def train(
     optimizer = torch.optim.AdamW(predictor.parameters(), lr=lr, weight_decay=1e-2)
     for epoch in range(epochs):
         optimizer.zero_grad()
-        loss = nn.functional.mse_loss(predictor(features, relative), goal)
+        loss = nn.functional.mse_loss(predictor(features, where), goal)
         loss.backward()
         optimizer.step()
         if progress is not None:
