@@ -106,7 +106,7 @@ def instrument_model(model: nn.Module, spans: Spans) -> list:
 def instrument_run(run: Run, spans: Spans) -> None:
     """Wrap this run's parts (instance attributes only)."""
     run.capture._on_attention = spans.wrap(run.capture._on_attention, HOOKS)
-    run.capture._on_hidden = spans.wrap(run.capture._on_hidden, HOOKS)
+    run.capture._keep_hidden = spans.wrap(run.capture._keep_hidden, HOOKS)
     run._forward = spans.wrap(run._forward, ENGINE_FORWARD)
     run._absorb = spans.wrap(run._absorb, ABSORB)
     run._maybe_compress = spans.wrap(run._maybe_compress, BOOKKEEPING)
