@@ -249,7 +249,8 @@ def growth_rate(seen: np.ndarray, kept: np.ndarray) -> float:
         x, y = seen[half].astype(np.float64), kept[half].astype(np.float64)
     if len(x) < 2 or np.ptp(x) == 0:
         return 0.0
-    return max(0.0, float(np.polyfit(x, y, 1)[0]))
+    dx = x - x.mean()  # the least-squares slope in closed form: exactly 0 when y is constant (polyfit's is ~1e-16)
+    return max(0.0, float(dx @ (y - y.mean()) / (dx @ dx)))
 
 
 def projection_outcome(record: RunRecord, projection: Projection) -> ProjectionOutcome:
