@@ -205,7 +205,8 @@ class Run:
         self.received = torch.zeros(layers, heads, 0)
         self.window = torch.zeros(layers, heads, self.window_rows, 0)
         self.token_entropy = torch.zeros(0)
-        self.hidden: torch.Tensor | None = None
+        self._hidden: torch.Tensor | None = None  # (capacity, k, d); rows 0 .. _hidden_rows - 1 hold tokens
+        self._hidden_rows = 0
         self.query_rows = policy.query_rows
         self.queries: torch.Tensor | None = None  # (L, H, R, D) scaled, when the policy reads queries
         self.query_positions = torch.zeros(0, dtype=torch.long)  # (R,)
@@ -379,14 +380,30 @@ class Run:
         self.window = rows[:, :, -self.window_rows :]
         self.token_entropy = torch.cat([self.token_entropy, scores.row_entropy.cpu()])
         if scores.hidden is not None:
-            hidden = scores.hidden.cpu()
-            self.hidden = hidden if self.hidden is None else torch.cat([self.hidden, hidden])
+            self._keep_hidden(scores.hidden.cpu())
         if scores.queries is not None:  # (L, H, r, D), the forward's last r tokens
             rows = scores.queries.shape[2]
             grown = scores.queries if self.queries is None else torch.cat([self.queries, scores.queries], dim=2)
             self.queries = grown[:, :, -self.query_rows :]
             new_positions = torch.arange(self.processed - rows, self.processed)
             self.query_positions = torch.cat([self.query_positions, new_positions])[-self.query_rows :]
+
+    def _keep_hidden(self, new: torch.Tensor) -> None:
+        """Append a forward's ``(q, k, d)`` hidden states; the buffer doubles when full, so a
+        decode step copies only its own row, not all the rows before it."""
+        rows = self._hidden_rows + len(new)
+        if self._hidden is None or rows > len(self._hidden):
+            grown = new.new_empty((max(2 * rows, 64), *new.shape[1:]))
+            if self._hidden is not None:
+                grown[: self._hidden_rows] = self._hidden[: self._hidden_rows]
+            self._hidden = grown
+        self._hidden[self._hidden_rows : rows] = new
+        self._hidden_rows = rows
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """``(N, k, d)`` the hidden states the policy reads of every token so far, or ``None``."""
+        return None if self._hidden is None else self._hidden[: self._hidden_rows]
 
     def _view(self) -> CacheView:
         total = self.processed
