@@ -120,6 +120,20 @@ def test_mismatched_predictor_is_refused_and_labelled(tiny_llama, tmp_path, monk
     assert f"not {tiny_llama.name} (hidden size {tiny_llama.model.config.hidden_size})" in info
 
 
+def test_a_predictor_reading_a_layer_the_model_lacks_falls_back_and_says_why(tiny_llama, tmp_path, monkeypatch):
+    depth = tiny_llama.model.config.num_hidden_layers
+    predictor = P.ImportancePredictor(64, width=8, layers=(0, depth + 1))
+    meta = P.PredictorMeta(model=tiny_llama.name, hidden_size=64, width=8, layers=(0, depth + 1))
+    path = P.save(predictor, meta, P.predictor_path(tiny_llama.name, tmp_path))
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    run, events = _replay(tiny_llama, budget=100)
+    assert run.hidden is None and any(e.evicted for e in events)
+    assert events[-1].info["importance"] == (
+        f"attention fallback: {path.name} reads hidden states 0,{depth + 1}, "
+        f"but {tiny_llama.name} has only 0 .. {depth} (embeddings, {depth} layers)"
+    )
+
+
 def test_save_load_round_trip(tmp_path):
     predictor = _predictor(24, seed=3)
     meta = P.PredictorMeta(model="m", hidden_size=24, width=64, heldout_spearman=0.42, trained_on="a,b")

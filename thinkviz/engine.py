@@ -216,11 +216,12 @@ class Run:
         self.generator = torch.Generator().manual_seed(settings.seed)
         # Hooks are installed around each forward pass only, so several runs sharing one model
         # can be interleaved (Compare, lockstep fidelity) without seeing each other's attention.
+        text_config = loaded.model.config.get_text_config()
         self.capture = AttentionCapture(
             loaded.model,
             heads,
             tail_rows=self.window_rows,
-            hidden_layers=policy.hidden_layers(loaded.name, loaded.model.config.get_text_config().hidden_size),
+            hidden_layers=policy.hidden_layers(loaded.name, text_config.hidden_size, text_config.num_hidden_layers),
             query_rows=self.query_rows,
         )
         self.attention = attention_kernel(loaded.model, policy, settings)

@@ -157,8 +157,11 @@ def load(path: str | Path) -> tuple[ImportancePredictor, PredictorMeta]:
     return predictor.eval(), meta
 
 
-def find_predictor(model_name: str, hidden_size: int, folder: Path = ASSETS) -> ImportancePredictor:
-    """The predictor trained for ``model_name``; :class:`PredictorError` says why there is none."""
+def find_predictor(
+    model_name: str, hidden_size: int, folder: Path = ASSETS, depth: int | None = None
+) -> ImportancePredictor:
+    """The predictor trained for ``model_name``; :class:`PredictorError` says why there is none
+    (also when it reads a hidden state a model of ``depth`` decoder layers does not have)."""
     path = predictor_path(model_name, folder)
     if not path.is_file():
         raise PredictorError(
@@ -170,5 +173,10 @@ def find_predictor(model_name: str, hidden_size: int, folder: Path = ASSETS) -> 
         raise PredictorError(
             f"{path.name} was trained for {meta.model} (hidden size {meta.hidden_size}), "
             f"not {model_name} (hidden size {hidden_size})"
+        )
+    if depth is not None and any(not -depth - 1 <= i <= depth for i in meta.layers):
+        raise PredictorError(
+            f"{path.name} reads hidden states {','.join(map(str, meta.layers))}, "
+            f"but {model_name} has only 0 .. {depth} (embeddings, {depth} layers)"
         )
     return predictor

@@ -274,10 +274,10 @@ class Policy:
     def query_rows(self) -> int:
         return 0
 
-    def hidden_layers(self, model: str, hidden_size: int) -> tuple[int, ...]:
-        """The hidden states it reads in ``CacheView.hidden`` when it runs on ``model`` (indices into
-        transformers' ``hidden_states``: ``0`` the embeddings, ``-1`` the final norm's output);
-        ``()``: none."""
+    def hidden_layers(self, model: str, hidden_size: int, depth: int) -> tuple[int, ...]:
+        """The hidden states it reads in ``CacheView.hidden`` when it runs on ``model`` (hidden size
+        ``hidden_size``, ``depth`` decoder layers): indices into transformers' ``hidden_states``,
+        ``0`` the embeddings … ``depth`` (or ``-1``) the final norm's output; ``()``: none."""
         return ()
 
     def __init__(self, **values: Any) -> None:
