@@ -9,15 +9,18 @@ formats) and plays through the Live frames to the view Explore shows for the rec
 from __future__ import annotations
 
 import math
+import shutil
 import threading
 
 import pytest
 
+from thinkviz.model import EMBEDDED_DISPLAY
+from thinkviz.policies.dynts import DynTS
 from thinkviz.presets import list_presets
 from thinkviz.recordings import RECORDINGS_DIR
 from thinkviz.ui import explore
 from thinkviz.ui.compare import playback_frames as compare_playback
-from thinkviz.ui.demo import load_preset_recording, preset_request
+from thinkviz.ui.demo import load_preset_recording, preset_request, recording_problem
 from thinkviz.ui.live import playback_frames
 from thinkviz.ui.stream import TokenChannel
 from thinkviz.ui.throttle import FramePacer
@@ -45,3 +48,16 @@ def test_a_committed_recording_matches_its_preset_and_plays_to_the_view_explore_
     channels = [TokenChannel(f"c{i}") for i in range(6)]
     compared = list(compare_playback(recording, math.inf, threading.Event(), channels, FramePacer(0.0)))[-1]
     assert compared.done and list(compared.records) == recording.labels
+
+
+def test_a_recording_of_dynts_goes_stale_when_the_predictor_files_it_read_change(tmp_path, monkeypatch):
+    shipped = DynTS().files_read(EMBEDDED_DISPLAY)  # the predictor and its evaluation table
+    for path in shipped:
+        shutil.copy(path, tmp_path / path.name)
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    assert recording_problem("dynts_math") is None  # the same bytes, wherever they lie
+    table = tmp_path / shipped[1].name
+    table.write_text(table.read_text(encoding="utf-8") + "\n", "utf-8")
+    problem = recording_problem("dynts_math")
+    assert "is stale (" in problem and "live" in problem
+    assert recording_problem("math_h2o_vs_window") is None  # a policy that reads no files: its key is as before

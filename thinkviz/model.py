@@ -36,7 +36,7 @@ EMBEDDED = "embedded"
 QUANTIZATIONS = ("4bit", "8bit", "none")
 BACKENDS = ("auto", "bitsandbytes", "torch-int4")
 
-_EMBEDDED_DISPLAY = "SmolLM2-135M-Instruct (embedded)"
+EMBEDDED_DISPLAY = "SmolLM2-135M-Instruct (embedded)"  # the embedded model's name once loaded
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_FOLDER = "smollm2-135m-instruct"
 
@@ -149,7 +149,7 @@ def load_model(
     chosen = choose_backend(quantization, backend, target)
     report(0.0, f"Locating {name}")
     if name == EMBEDDED:
-        source, display = str(_embedded_folder(report)), _EMBEDDED_DISPLAY
+        source, display = str(_embedded_folder(report)), EMBEDDED_DISPLAY
     else:
         source, display = _resolve(name), name
 
@@ -191,7 +191,7 @@ def load_tokenizer(name: str = EMBEDDED) -> LoadedTokenizer:
         raise ModelLoadError("No model given; use 'embedded', a Hugging Face id or a local folder")
     try:
         if name == EMBEDDED:
-            tokenizer, display = embedded_tokenizer(), _EMBEDDED_DISPLAY
+            tokenizer, display = embedded_tokenizer(), EMBEDDED_DISPLAY
             folder = cache_dir() / _CACHE_FOLDER
             if folder.is_dir():
                 config = AutoConfig.from_pretrained(folder)

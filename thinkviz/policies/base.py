@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, ClassVar
 from collections.abc import Callable, Sequence
 
@@ -273,6 +274,11 @@ class Policy:
     @property
     def query_rows(self) -> int:
         return 0
+
+    def files_read(self, model: str) -> tuple[Path, ...]:
+        """The files a run on ``model`` (its loaded name) reads besides the knobs, present or not
+        (a recording of the run is stale once they change); ``()``: none."""
+        return ()
 
     def hidden_layers(self, model: str, hidden_size: int, depth: int) -> tuple[int, ...]:
         """The hidden states it reads in ``CacheView.hidden`` when it runs on ``model`` (hidden size

@@ -26,7 +26,7 @@ from ..comparison import Column, Comparison, column_labels, live_column, plan, p
 from ..engine import DecodeSettings
 from ..estimate import format_seconds
 from ..events import FORMAT_VERSION, RecordingError, RunRecord
-from ..model import EMBEDDED, LoadedModel
+from ..model import EMBEDDED, EMBEDDED_DISPLAY, LoadedModel
 from ..recordings import (
     BUNDLE_VERSION,
     LIVE_KEY,
@@ -36,6 +36,7 @@ from ..recordings import (
     check,
     clip_segments,
     digest,
+    file_digest,
     load,
     machine,
     recording_path,
@@ -74,7 +75,11 @@ def preset_request(name: str) -> PresetRequest:
 
 
 def _column_key(column: Column) -> list:
-    return [column.policy.name, column.policy.config, column.kv_quant.describe()]
+    """A column's policy, knobs and KV format, and the files its policy reads (only when it reads
+    some, so that the keys of the other policies' recordings stay as they were)."""
+    key = [column.policy.name, column.policy.config, column.kv_quant.describe()]
+    files = column.policy.files_read(EMBEDDED_DISPLAY)
+    return key + [{path.name: file_digest(path) for path in files}] if files else key
 
 
 def preset_signature(name: str) -> dict[str, Any]:
