@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from thinkviz.model import EMBEDDED_DISPLAY
+from thinkviz.model import EMBEDDED, display_name
 from thinkviz.policies.dynts import DynTS
 from thinkviz.presets import list_presets
 from thinkviz.recordings import RECORDINGS_DIR
@@ -51,7 +51,7 @@ def test_a_committed_recording_matches_its_preset_and_plays_to_the_view_explore_
 
 
 def test_a_recording_of_dynts_goes_stale_when_the_predictor_files_it_read_change(tmp_path, monkeypatch):
-    shipped = DynTS().files_read(EMBEDDED_DISPLAY)  # the predictor and its evaluation table
+    shipped = DynTS.files_read(display_name(EMBEDDED))  # the predictor and its evaluation table
     for path in shipped:
         shutil.copy(path, tmp_path / path.name)
     monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)

@@ -12,7 +12,13 @@ import pytest
 
 from thinkviz import sweep_work
 from thinkviz.cli import main
+from thinkviz.model import display_name
+from thinkviz.policies.dynts import DynTS
 from thinkviz.policies.h2o import HeavyHitters
+from thinkviz.predictor import predictor_path
+from thinkviz.replay import Trace
+from thinkviz.sweep import Group, SweepSettings
+from thinkviz.sweep_store import GroupStore, fingerprint
 from sweep_grid import GROUPS, same_results, sweep_grid, sweep_whole
 
 
@@ -149,3 +155,17 @@ def test_two_traces_of_one_name_are_refused_before_loading(grid, capsys):
     assert main([*grid, "--trace", alpha]) == 2
     err = capsys.readouterr().err
     assert "two traces are named 'alpha'" in err and "Loading" not in err
+
+
+def test_a_stored_dynts_group_is_not_reused_once_its_predictor_file_changes(tmp_path, monkeypatch):
+    group = Group(Trace("t", None, "q", "<think>\nx\n</think>\ny"), None)
+    model = {"name": "embedded", "quantization": "4bit", "device": None, "backend": "auto"}
+    predictor = predictor_path(display_name("embedded"), tmp_path)
+    predictor.write_bytes(b"one")
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    plain, dynts = SweepSettings(("window", "h2o")), SweepSettings(("h2o", "dynts:scorer=predictor"))
+    assert "files" not in fingerprint(group, plain, model)  # a sweep whose policies read no files
+    before = GroupStore(tmp_path, dynts, model).path(group)
+    assert fingerprint(group, dynts, model)["files"][predictor.name] is not None
+    predictor.write_bytes(b"two")  # retrained: a resumed sweep computes its dynts groups again
+    assert GroupStore(tmp_path, dynts, model).path(group) != before

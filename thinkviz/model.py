@@ -36,7 +36,7 @@ EMBEDDED = "embedded"
 QUANTIZATIONS = ("4bit", "8bit", "none")
 BACKENDS = ("auto", "bitsandbytes", "torch-int4")
 
-EMBEDDED_DISPLAY = "SmolLM2-135M-Instruct (embedded)"  # the embedded model's name once loaded
+_EMBEDDED_DISPLAY = "SmolLM2-135M-Instruct (embedded)"  # the embedded model's name once loaded
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_FOLDER = "smollm2-135m-instruct"
 
@@ -148,10 +148,8 @@ def load_model(
     target = _device(device)
     chosen = choose_backend(quantization, backend, target)
     report(0.0, f"Locating {name}")
-    if name == EMBEDDED:
-        source, display = str(_embedded_folder(report)), EMBEDDED_DISPLAY
-    else:
-        source, display = _resolve(name), name
+    source = str(_embedded_folder(report)) if name == EMBEDDED else _resolve(name)
+    display = display_name(name)
 
     compute = _compute_dtype(quantization, target)
     kinds = {"4bit": "quantizing to 4-bit NF4", "8bit": "quantizing to 8-bit", "none": "unquantized"}
@@ -191,7 +189,7 @@ def load_tokenizer(name: str = EMBEDDED) -> LoadedTokenizer:
         raise ModelLoadError("No model given; use 'embedded', a Hugging Face id or a local folder")
     try:
         if name == EMBEDDED:
-            tokenizer, display = embedded_tokenizer(), EMBEDDED_DISPLAY
+            tokenizer, display = embedded_tokenizer(), _EMBEDDED_DISPLAY
             folder = cache_dir() / _CACHE_FOLDER
             if folder.is_dir():
                 config = AutoConfig.from_pretrained(folder)
@@ -264,6 +262,12 @@ def _bnb_config(quantization: str, compute: torch.dtype) -> BitsAndBytesConfig |
     if quantization == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     return None
+
+
+def display_name(name: str) -> str:
+    """The name a model asked for as ``name`` carries once loaded (:attr:`LoadedModel.name`)."""
+    name = name.strip()
+    return _EMBEDDED_DISPLAY if name == EMBEDDED else name
 
 
 def _resolve(name: str) -> str:

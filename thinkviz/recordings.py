@@ -107,11 +107,6 @@ def digest(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def file_digest(path: Path) -> str | None:
-    """A short fingerprint of a file's bytes; ``None`` when there is no such file."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
-
-
 def clip_segments(spans: Sequence[dict], seen: int) -> list[dict]:
     """``spans`` as they stood when ``seen`` tokens were known: those begun by then, cut there, and
     still open if they went on."""

@@ -17,7 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .sweep import Group, GroupResult, SweepSettings, write_atomic
+from .model import display_name
+from .policies.registry import policy_class
+from .sweep import Group, GroupResult, SweepSettings, split_policy, write_atomic
 
 FORMAT = 1  # bump when GroupResult or the file layout changes: older files are then recomputed
 
@@ -32,13 +34,18 @@ def _digest(value: Any) -> str:
 
 
 def fingerprint(group: Group, settings: SweepSettings, model: dict[str, Any]) -> dict[str, Any]:
-    """What decides a group's numbers, as plain JSON: the group, the sweep's settings and ``model``
-    (how the model was asked for: name, quantization, backend, device)."""
+    """What decides a group's numbers, as plain JSON: the group, the sweep's settings, ``model``
+    (how the model was asked for: name, quantization, backend, device) and, when a policy of the
+    sweep reads files (dynts: its predictor), their fingerprints."""
+    files = {}
+    for spec in settings.policies:
+        files.update(policy_class(split_policy(spec)[0]).file_fingerprints(display_name(model["name"])))
     return {
         "format": FORMAT,
         "group": dataclasses.asdict(group),
         "settings": dataclasses.asdict(settings),
         "model": model,
+        **({"files": files} if files else {}),
     }
 
 

@@ -15,6 +15,7 @@ The budget is ``budget`` tokens (``budget_mode`` ``tokens``) or ``⌈budget_frac
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -275,10 +276,20 @@ class Policy:
     def query_rows(self) -> int:
         return 0
 
-    def files_read(self, model: str) -> tuple[Path, ...]:
-        """The files a run on ``model`` (its loaded name) reads besides the knobs, present or not
-        (a recording of the run is stale once they change); ``()``: none."""
+    @classmethod
+    def files_read(cls, model: str) -> tuple[Path, ...]:
+        """The files a run on ``model`` (its loaded name) reads besides the knobs, present or not;
+        ``()``: none."""
         return ()
+
+    @classmethod
+    def file_fingerprints(cls, model: str) -> dict[str, str | None]:
+        """``{name: a short digest of its bytes, None when absent}`` of each of :meth:`files_read`:
+        what a recording or a stored sweep group of a run on ``model`` must still match."""
+        return {
+            path.name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+            for path in cls.files_read(model)
+        }
 
     def hidden_layers(self, model: str, hidden_size: int, depth: int) -> tuple[int, ...]:
         """The hidden states it reads in ``CacheView.hidden`` when it runs on ``model`` (hidden size

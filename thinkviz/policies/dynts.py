@@ -78,9 +78,10 @@ class DynTS(Policy):
         self._ranking: dict[tuple[str, int], tuple[ImportancePredictor | None, str]] = {}
         self._reported = 0  # positions whose prediction step_info has already reported
 
-    def files_read(self, model: str) -> tuple[Path, ...]:
+    @classmethod
+    def files_read(cls, model: str) -> tuple[Path, ...]:
         """The predictor file for ``model`` and its evaluation table (which ``scorer=auto`` reads)."""
-        path = predictor_path(model, self.predictor_folder)
+        path = predictor_path(model, cls.predictor_folder)
         return path, eval_path(path)
 
     def hidden_layers(self, model: str, hidden_size: int, depth: int) -> tuple[int, ...]:

@@ -26,7 +26,7 @@ from ..comparison import Column, Comparison, column_labels, live_column, plan, p
 from ..engine import DecodeSettings
 from ..estimate import format_seconds
 from ..events import FORMAT_VERSION, RecordingError, RunRecord
-from ..model import EMBEDDED, EMBEDDED_DISPLAY, LoadedModel
+from ..model import EMBEDDED, LoadedModel, display_name
 from ..recordings import (
     BUNDLE_VERSION,
     LIVE_KEY,
@@ -36,7 +36,6 @@ from ..recordings import (
     check,
     clip_segments,
     digest,
-    file_digest,
     load,
     machine,
     recording_path,
@@ -78,8 +77,8 @@ def _column_key(column: Column) -> list:
     """A column's policy, knobs and KV format, and the files its policy reads (only when it reads
     some, so that the keys of the other policies' recordings stay as they were)."""
     key = [column.policy.name, column.policy.config, column.kv_quant.describe()]
-    files = column.policy.files_read(EMBEDDED_DISPLAY)
-    return key + [{path.name: file_digest(path) for path in files}] if files else key
+    files = column.policy.file_fingerprints(display_name(RECORDING_MODEL[0]))
+    return key + [files] if files else key
 
 
 def preset_signature(name: str) -> dict[str, Any]:
