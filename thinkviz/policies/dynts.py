@@ -74,7 +74,7 @@ class DynTS(Policy):
     def __init__(self, **values: Any) -> None:
         super().__init__(**values)
         self._found: dict[tuple[str, int], ImportancePredictor | str] = {}  # the predictor, or why there is none
-        self._shapes: dict[str, tuple[int, int]] = {}  # model -> (hidden size, depth), from hidden_layers
+        self._sizes: dict[str, int] = {}  # model -> hidden size, from hidden_layers
         self._ranking: dict[tuple[str, int], tuple[ImportancePredictor | None, str]] = {}
         self._reported = 0  # positions whose prediction step_info has already reported
 
@@ -86,14 +86,15 @@ class DynTS(Policy):
 
     def hidden_layers(self, model: str, hidden_size: int, depth: int) -> tuple[int, ...]:
         """The layers the predictor for ``model`` reads; none when there is no usable predictor."""
-        self._shapes[model] = hidden_size, depth
-        found = self._predictor_for((model, hidden_size))
+        self._sizes[model] = hidden_size
+        found = self._predictor_for((model, hidden_size), depth)
         return () if isinstance(found, str) else found.layers
 
-    def _predictor_for(self, key: tuple[str, int]) -> ImportancePredictor | str:
+    def _predictor_for(self, key: tuple[str, int], depth: int | None = None) -> ImportancePredictor | str:
+        """The predictor for ``key`` (model, hidden size), or why there is none; looked up once, by
+        :meth:`hidden_layers` (which knows the model's ``depth``) before the run's first step."""
         if key not in self._found:
             try:
-                depth = self._shapes.get(key[0], (None, None))[1]
                 self._found[key] = find_predictor(*key, folder=self.predictor_folder, depth=depth)
             except PredictorError as exc:
                 self._found[key] = str(exc)
@@ -101,7 +102,7 @@ class DynTS(Policy):
 
     def _lookup(self, view: CacheView) -> tuple[tuple[str, int] | None, ImportancePredictor | str]:
         """``(key, the predictor for this view's model or why there is none)``."""
-        size = int(view.hidden.shape[-1]) if view.hidden is not None else self._shapes.get(view.model, (None,))[0]
+        size = int(view.hidden.shape[-1]) if view.hidden is not None else self._sizes.get(view.model)
         if size is None:
             return None, "no hidden states for every token"
         key = (view.model, size)
