@@ -13,10 +13,12 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from thinkviz import predictor as P
 from thinkviz.chat import ChatPrompt
 from thinkviz.engine import DecodeSettings, Run, causal_mask
 from thinkviz.kvquant import KVQuant, q4_0_decode, q4_0_encode, q8_0_decode, q8_0_encode
 from thinkviz.policies import make_policy
+from thinkviz.policies.dynts import DynTS
 
 from thought_trace import chat_and_trace, conversation_and_trace
 
@@ -100,12 +102,14 @@ def test_attention_free_eviction_matches_masked_full_cache(arch_fixture, name, r
 
 
 def _check_chat(loaded, policy, prompt, trace):
-    """Replay a chat's trace through ``policy``; every chunk must match the masked full cache."""
+    """Replay a chat's trace through ``policy``; every chunk must match the masked full cache.
+    Returns the run's step events."""
     events, logits, visible, _ = replay_with_visibility(loaded, policy, prompt, trace)
     assert sum(len(e.evicted) for e in events) >= 30, "the test must exercise real evictions"
     reference = reference_logits(loaded, prompt.ids, trace, policy.interval, visible)
     for got, want in zip(logits, reference, strict=True):
         assert (got - want).abs().max().item() <= TOLERANCE
+    return events
 
 
 # The thought-aware policies on a chat whose assistant reasons in three <think> blocks, so their
@@ -127,6 +131,21 @@ def test_thought_aware_eviction_matches_masked_full_cache(tiny_llama, name, para
     budget = 160 if name == "think_drop" else len(prompt.ids) + 24
     policy = make_policy(name, budget=budget, interval=4, **params)
     _check_chat(tiny_llama, policy, prompt, trace)
+
+
+# dynts with a predictor file: ranked by the head alone (one score for every head) and by its blend
+# with attention (standardised per head, so heads keep different tokens).
+@pytest.mark.parametrize("scorer", ["predictor", "blend"])
+def test_dynts_with_a_predictor_matches_masked_full_cache(tiny_llama, tmp_path, monkeypatch, scorer):
+    hidden_size = tiny_llama.model.config.hidden_size
+    predictor = P.ImportancePredictor(hidden_size, width=8)
+    predictor.mean.normal_(generator=torch.Generator().manual_seed(0))
+    P.save(predictor, P.PredictorMeta(tiny_llama.name, hidden_size, 8), P.predictor_path(tiny_llama.name, tmp_path))
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    prompt, trace = chat_and_trace(tiny_llama.tokenizer)
+    policy = make_policy("dynts", budget=len(prompt.ids) + 24, interval=4, recent=4, scorer=scorer)
+    events = _check_chat(tiny_llama, policy, prompt, trace)
+    assert events[-1].info["importance"].startswith({"predictor": "predicted by", "blend": "blend of"}[scorer])
 
 
 # The same on a multi-turn transcript (tool output, a second user turn): every turn after the

@@ -73,41 +73,92 @@ def test_missing_predictor_falls_back_to_attention_and_says_why(tiny_llama, tmp_
     assert torch.equal(run.policy.score(run._view()), h2o)
 
 
-def _write_eval(loaded, folder, predictor_rho, fallback_rho):
+def _write_eval(loaded, folder, predictor_rho, fallback_rho, blend_rho=None):
     table = {
         "heldout_traces": ["t"],
         "scorers": {
             "predictor": {"spearman": predictor_rho, "precision_at_30": 0.5},
             "fallback": {"spearman": fallback_rho, "precision_at_30": 0.5},
-        },
+        }
+        | ({"blend": {"spearman": blend_rho, "precision_at_30": 0.5}} if blend_rho is not None else {}),
     }
     P.eval_path(P.predictor_path(loaded.name, folder)).write_text(json.dumps(table))
 
 
+FILE = "dynts_tiny-llama-random.safetensors"
+
+
 @pytest.mark.parametrize(
-    "scorer, predictor_rho, says",
+    "scorer, measured, says",
     [
         (
             "auto",
-            0.4,
-            "attention fallback (scorer: auto): attention ranked held-out traces better than "
-            "dynts_tiny-llama-random.safetensors did (Spearman 0.80 against 0.40)",
+            (0.4, 0.8),
+            "attention fallback (scorer: auto; held-out Spearman predictor 0.40, fallback 0.80): "
+            "attention ranked held-out traces best",
         ),
-        ("auto", 0.9, "predicted by dynts_tiny-llama-random.safetensors"),
-        ("predictor", 0.4, "predicted by dynts_tiny-llama-random.safetensors"),
-        ("attention", 0.9, "attention received per query (scorer: attention)"),
+        ("auto", (0.9, 0.8), f"predicted by {FILE} (scorer: auto; held-out Spearman predictor 0.90, fallback 0.80)"),
+        (
+            "auto",
+            (0.4, 0.8, 0.85),
+            f"blend of {FILE} (weight {P.BLEND_WEIGHT:g}) and attention so far "
+            "(scorer: auto; held-out Spearman predictor 0.40, fallback 0.80, blend 0.85)",
+        ),
+        (
+            "auto",
+            (0.4, 0.8, 0.7),
+            "attention fallback (scorer: auto; held-out Spearman predictor 0.40, fallback 0.80, blend 0.70): "
+            "attention ranked held-out traces best",
+        ),
+        ("predictor", (0.4, 0.8), f"predicted by {FILE}"),
+        ("blend", (0.4, 0.8), f"blend of {FILE} (weight {P.BLEND_WEIGHT:g}) and attention so far"),
+        ("attention", (0.9, 0.8), "attention received per query (scorer: attention)"),
     ],
 )
 def test_the_scorer_knob_and_the_evaluation_table_pick_the_score(
-    tiny_llama, tmp_path, monkeypatch, scorer, predictor_rho, says
+    tiny_llama, tmp_path, monkeypatch, scorer, measured, says
 ):
     monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
-    _save_for(tiny_llama, tmp_path)
-    _write_eval(tiny_llama, tmp_path, predictor_rho, 0.8)
+    predictor = _save_for(tiny_llama, tmp_path)
+    _write_eval(tiny_llama, tmp_path, *measured)
     run, events = _replay(tiny_llama, budget=100, scorer=scorer)
     assert events[-1].info["importance"] == says
-    h2o = make_policy("h2o", budget=100).score(run._view())
-    assert torch.equal(run.policy.score(run._view()), h2o) == (not says.startswith("predicted"))
+    view = run._view()
+    attention = make_policy("h2o", budget=100).score(view)
+    with torch.inference_mode():
+        predicted = view.by_position(predictor(run.hidden, P.position_features(len(run.hidden))))
+    want = {"attention": attention, "predicted": predicted.exp(), "blend": P.blend(attention, predicted).exp()}
+    assert torch.allclose(run.policy.score(view), want[says.split()[0]], rtol=1e-5)
+
+
+def test_a_blend_of_weight_zero_keeps_what_attention_keeps(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    _save_for(tiny_llama, tmp_path)
+
+    budget = len(chat_and_trace(tiny_llama.tokenizer)[0].ids) + 24
+
+    def kept(**knobs):
+        _, events = _replay(tiny_llama, budget, **knobs)
+        assert any(e.evicted for e in events)
+        return [e.keep_fraction for e in events]
+
+    attention, zero = kept(scorer="attention"), kept(scorer="blend", weight=0.0)
+    heavy = kept(scorer="blend", weight=8.0)
+    assert all(np.array_equal(a, z) for a, z in zip(attention, zero, strict=True))
+    assert not all(np.array_equal(a, h) for a, h in zip(attention, heavy, strict=True))
+
+
+def test_blend_standardises_each_row_over_the_slots_held():
+    attention = torch.tensor([[1.0, 2.0, 4.0, 8.0], [8.0, 4.0, 2.0, 1.0]])
+    predicted = torch.tensor([3.0, 2.0, 1.0, 0.0])  # the first row's order reversed, the second's kept
+    assert torch.equal(P.blend(attention, predicted, 0.0).argsort(-1), attention.argsort(-1))
+    assert torch.equal(P.blend(attention, predicted, 8.0).argsort(-1)[0], predicted.argsort())
+    assert torch.allclose(P.blend(attention, predicted, 1.0)[0], torch.zeros(4), atol=1e-6)  # equal and opposite
+    valid = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    held = P.blend(attention, predicted, 1.0, valid)
+    assert torch.isnan(held[0, 3]) and not held[1].isnan().any()
+    # the slot not held changes neither the mean nor the spread of the others
+    assert torch.allclose(held[0, :3], P.blend(attention[:1, :3], predicted[:3], 1.0)[0])
 
 
 @pytest.mark.parametrize("hidden_size, model", [(32, None), (None, "another model")])
@@ -225,10 +276,10 @@ def test_shipped_predictor_ranks_when_asked_and_auto_follows_its_evaluation(embe
     predicted = replay("predictor")
     assert predicted[-1].info["importance"] == f"predicted by {path.name}"
     assert any(e.evicted for e in predicted)  # one score for every head: whole tokens go
-    if measured["predictor"]["spearman"] >= measured["fallback"]["spearman"]:
-        assert importance("auto") == f"predicted by {path.name}"
-    else:
-        assert importance("auto").startswith("attention fallback (scorer: auto): attention ranked held-out traces")
+    best = max(("predictor", "fallback", "blend"), key=lambda name: measured[name]["spearman"])
+    opening = {"predictor": f"predicted by {path.name}", "fallback": "attention fallback", "blend": "blend of"}
+    auto = importance("auto")
+    assert auto.startswith(opening[best]) and "(scorer: auto; held-out Spearman predictor " in auto
 
 
 def test_every_token_reports_its_predicted_importance_as_written_whichever_score_ranks(

@@ -119,7 +119,7 @@ def test_the_table_ranks_scorers_of_known_quality():
     )  # a perfect predictor
     assert table["heldout_traces"] == ["a", "b"]
     scorers = table["scorers"]
-    assert set(scorers) == {"predictor", "fallback", "recency", "h2o"}
+    assert set(scorers) == {"predictor", "fallback", "blend", "recency", "h2o"}
     assert scorers["predictor"] == {"spearman": pytest.approx(1.0), "precision_at_30": 1.0}
     assert scorers["h2o"]["spearman"] == pytest.approx(1.0)  # h2o's score is the label itself here
     assert abs(scorers["recency"]["spearman"]) < 0.2  # labels do not depend on position
@@ -128,6 +128,15 @@ def test_the_table_ranks_scorers_of_known_quality():
     assert "predictor" in E.format_table(table)
     grouped = E.scorer_table({"both": heldout}, lambda features, relative: features[:, 0, 0])
     assert grouped["per_trace"]["both"]["recency"]["spearman"] == pytest.approx(scorers["recency"]["spearman"])
+
+
+def test_the_blend_ranks_between_a_noisy_predictor_and_a_perfect_fallback():
+    noisy = lambda features, relative: features[:, 0, 0] + 3 * torch.randn(len(features), generator=generator)  # noqa: E731
+    generator = torch.Generator().manual_seed(1)
+    made = _synthetic("a")
+    perfect = L.Examples("a", made.features, made.labels, made.thinking, made.labels.clone(), made.labels)
+    rho = {name: m["spearman"] for name, m in E.scorer_table({"a": [perfect]}, noisy)["scorers"].items()}
+    assert rho["predictor"] < rho["blend"] < rho["fallback"] == pytest.approx(1.0)
 
 
 def test_the_table_is_written_as_json_with_nan_as_null(tmp_path):
@@ -315,7 +324,7 @@ def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama,
     assert "corpus generations, 2 histories of them" in meta.trained_on and "coding_ratelimit" in meta.trained_on
     table = json.loads(P.eval_path(out).read_text())
     assert table["heldout_traces"][0] == "math_tilings"
-    assert set(table["scorers"]) == {"predictor", "fallback", "recency", "h2o"}
+    assert set(table["scorers"]) == {"predictor", "fallback", "blend", "recency", "h2o"}
     for scores in table["scorers"].values():
         assert set(scores) == {"spearman", "precision_at_30"}
         assert 0 <= scores["precision_at_30"] <= 1

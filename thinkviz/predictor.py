@@ -11,7 +11,12 @@ model's hidden state to spot them while they are generated.  Here:
   the answer will pay the token, up to a constant per trace (:class:`ImportancePredictor`);
 - files: safetensors (tensors only, never pickle) with metadata naming the model, its hidden
   size and the layers read, so a predictor for another model is refused (:func:`find_predictor`);
-  its evaluation table lies beside it (:func:`eval_path`).
+  its evaluation table lies beside it (:func:`eval_path`);
+- blend (:func:`blend`): the predictor's output and the log of the attention a token has
+  received so far, each standardised over the tokens ranked, summed with weight
+  :data:`BLEND_WEIGHT` on the predictor — the two carry different evidence (what the hidden
+  state says of a token, what the thinking so far did with it), and the sum ranks held-out
+  traces better than either alone.
 
 Training and evaluation live in :mod:`thinkviz.commands.predictor_training`, driven by
 ``python -m thinkviz train-predictor``.
@@ -66,6 +71,35 @@ class ImportancePredictor(nn.Module):
 
 POSITION_FEATURES = 4
 _LOG_SCALE = 8.0  # log(3000) ≈ 8: the log features of a few thousand tokens lie near [0, 1]
+
+
+# The predictor's weight in blend(): picked by 4-fold cross-validation over the training
+# histories (1.5 and 2 tie; the smaller one), never on a held-out trace (docs/benchmarks.md).
+BLEND_WEIGHT = 1.5
+
+
+def blend(
+    attention: torch.Tensor, predicted: torch.Tensor, weight: float = BLEND_WEIGHT, valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``z(log attention) + weight · z(predicted)`` along the last axis (``attention`` > 0 the
+    attention received per query, ``predicted`` the predictor's log importance, broadcast to one
+    shape); ``z`` standardises over the entries ``valid`` marks (all when ``None``), so only the
+    order within each row and the two scores' relative weight matter.  Entries outside ``valid``
+    come out NaN."""
+    held = torch.ones_like(attention, dtype=torch.bool) if valid is None else valid.expand_as(attention)
+    total = _standard(attention.float().clamp(min=1e-30).log(), held) + weight * _standard(
+        predicted.float().expand_as(attention), held
+    )
+    return total.masked_fill(~held, math.nan)
+
+
+def _standard(values: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    """``values`` less their mean over ``held``, over their spread (1 where it vanishes), per row."""
+    count = held.sum(-1, keepdim=True).clamp(min=1)
+    kept = values.masked_fill(~held, 0.0)
+    mean = kept.sum(-1, keepdim=True) / count
+    spread = ((kept - mean).masked_fill(~held, 0.0).square().sum(-1, keepdim=True) / count).sqrt()
+    return (values - mean) / torch.where(spread > 0, spread, torch.ones_like(spread))
 
 
 def position_features(n: int) -> torch.Tensor:

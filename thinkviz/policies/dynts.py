@@ -9,13 +9,15 @@ newest tokens and, for the rest of the budget, the tokens with the highest predi
 Predicted importance comes from :mod:`thinkviz.predictor` (trained by
 ``python -m thinkviz train-predictor``), looked up by the loaded model's name.  ``scorer`` picks
 the score: ``predictor``; ``attention``, the fallback: attention received per query (as in h2o);
-or ``auto``, the predictor only where its evaluation table (written beside it by
-``train-predictor``) shows it ranking held-out traces at least as well as the fallback.  When
-there is no predictor for this model, or it was trained for another one, the score falls back
-to attention.  :meth:`DynTS.step_info` says which score ranked the tokens, and why, and reports
-the predictor's importance of every token as it was written (``predicted``), whichever score
-ranks, so the app can show it beside the attention the answer paid.  The question is kept
-through the protection toggles (``protect_question``), like every policy's.
+``blend``, both standardised and summed with ``weight`` on the predictor
+(:func:`~thinkviz.predictor.blend`); or ``auto``, whichever of the three ranked held-out traces
+best in the evaluation table ``train-predictor`` writes beside the predictor (the predictor
+when there is no table).  When there is no predictor for this model, or it was trained for
+another one, the score falls back to attention.  :meth:`DynTS.step_info` says which score
+ranked the tokens, and why, and reports the predictor's importance of every token as it was
+written (``predicted``), whichever score ranks, so the app can show it beside the attention the
+answer paid.  The question is kept through the protection toggles (``protect_question``), like
+every policy's.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ import torch
 
 from ..predictor import (
     ASSETS,
+    BLEND_WEIGHT,
     ImportancePredictor,
     PredictorError,
+    blend,
     eval_path,
     find_predictor,
     predictor_path,
@@ -44,12 +48,14 @@ class DynTS(Policy):
     """Score ``(L, H_kv, T)`` = ``exp`` of the predictor's output on each position's hidden states
     ``CacheView.hidden`` ``(N, k, d)`` (the ``k`` layers the predictor file names, which
     :meth:`hidden_layers` asks the engine for) and position features (the same in every layer
-    and head), or the fallback ``received / queries_seen``; forced: protected spans and the
-    newest ``recent`` tokens."""
+    and head); the fallback ``received / queries_seen``; or ``exp`` of their blend, standardised
+    per (layer, kv-head) over the slots held; forced: protected spans and the newest ``recent``
+    tokens."""
 
     name = "dynts"
     score_scale = ScoreScale(
-        "predicted attention from the answer (attention per query when the predictor falls back)",
+        "predicted attention from the answer (blended with attention so far under scorer blend; "
+        "attention per query when the predictor falls back)",
         "predicted unimportant",
         "predicted important for the answer",
     )
@@ -63,9 +69,17 @@ class DynTS(Policy):
         Param(
             "scorer",
             "auto",
-            choices=("auto", "predictor", "attention"),
-            help="rank by the learned predictor, by attention received (the fallback), or auto: "
-            "the predictor only where its held-out evaluation ranks at least as well",
+            choices=("auto", "blend", "predictor", "attention"),
+            help="rank by the learned predictor, by attention received (the fallback), by both "
+            "(blend), or auto: whichever ranked held-out traces best in the predictor's evaluation",
+        ),
+        Param(
+            "weight",
+            BLEND_WEIGHT,
+            0.0,
+            8.0,
+            0.05,
+            "scorer blend: the predictor's weight against attention so far (0: attention alone)",
         ),
     )
     predicts_importance = True
@@ -115,42 +129,50 @@ class DynTS(Policy):
             return key, f"the run holds other hidden states than the {len(found.layers)} layers the predictor reads"
         return key, found
 
-    def predictor(self, view: CacheView) -> tuple[ImportancePredictor | None, str]:
-        """The predictor that ranks this view's tokens (``None``: the attention fallback does) and
-        what the score is, in words."""
+    def ranking(self, view: CacheView) -> tuple[str, ImportancePredictor | None, str]:
+        """How this view's tokens are ranked: ``(score, predictor, in words)`` with ``score`` one of
+        ``"predictor"``, ``"blend"`` and ``"attention"`` (``predictor`` ``None`` for the last)."""
         if self.config["scorer"] == "attention":
-            return None, "attention received per query (scorer: attention)"
+            return "attention", None, "attention received per query (scorer: attention)"
         key, found = self._lookup(view)
         if isinstance(found, str):
-            return None, f"attention fallback: {found}"
+            return "attention", None, f"attention fallback: {found}"
         if key not in self._ranking:
             self._ranking[key] = self._rank_with(found, key[0])
         return self._ranking[key]
 
-    def _rank_with(self, found: ImportancePredictor, model: str) -> tuple[ImportancePredictor | None, str]:
+    def _rank_with(self, found: ImportancePredictor, model: str) -> tuple[str, ImportancePredictor | None, str]:
         path = predictor_path(model, self.predictor_folder)
-        if self.config["scorer"] == "auto":
+        scorer, why = self.config["scorer"], ""
+        if scorer == "auto":
             measured = _heldout_spearman(eval_path(path))
-            if measured and measured[0] < measured[1]:
-                return None, (
-                    f"attention fallback (scorer: auto): attention ranked held-out traces better than "
-                    f"{path.name} did (Spearman {measured[1]:.2f} against {measured[0]:.2f})"
+            scorer = max(measured, key=measured.get) if measured else "predictor"
+            if measured:
+                why = (
+                    " (scorer: auto; held-out Spearman " + ", ".join(f"{k} {v:.2f}" for k, v in measured.items()) + ")"
                 )
-        return found, f"predicted by {path.name}"
+        if scorer == "fallback":
+            return "attention", None, f"attention fallback{why}: attention ranked held-out traces best"
+        if scorer == "blend":
+            return "blend", found, f"blend of {path.name} (weight {self.config['weight']:g}) and attention so far{why}"
+        return "predictor", found, f"predicted by {path.name}{why}"
 
     def score(self, view: CacheView) -> torch.Tensor:
-        predictor, _ = self.predictor(view)
+        kind, predictor, _ = self.ranking(view)
+        attention = view.received / view.queries_seen
         if predictor is None:
-            return view.received / view.queries_seen
+            return attention
         with torch.inference_mode():
-            predicted = predictor(view.hidden, position_features(len(view.hidden))).exp()  # (N,)
-        return view.by_position(predicted)
+            predicted = predictor(view.hidden, position_features(len(view.hidden)))  # (N,) log importance
+        if kind == "predictor":
+            return view.by_position(predicted.exp())
+        return blend(attention, view.by_position(predicted), self.config["weight"], view.valid).exp()
 
     def step_info(self, view: CacheView) -> dict[str, Any]:
         """``importance``: which score ranked the tokens, and why; ``predicted`` (with
         ``predicted_from``, the first position it covers): the predictor's importance of each
         token new since the last step, as it was written — also when attention ranks them."""
-        info: dict[str, Any] = {"importance": self.predictor(view)[1]}
+        info: dict[str, Any] = {"importance": self.ranking(view)[2]}
         _, found = self._lookup(view)
         if not isinstance(found, str) and len(view.hidden) > self._reported:
             seen, new = len(view.hidden), slice(self._reported, len(view.hidden))
@@ -161,11 +183,15 @@ class DynTS(Policy):
         return info
 
 
-def _heldout_spearman(path: Path) -> tuple[float, float] | None:
-    """``(predictor, fallback)`` mean held-out Spearman from an evaluation table; ``None`` when
-    there is no readable one (the predictor is then trusted)."""
+def _heldout_spearman(path: Path) -> dict[str, float] | None:
+    """``{scorer: mean held-out Spearman}`` for the predictor, the fallback and (in tables that
+    measured it) the blend, from an evaluation table; ``None`` when there is no readable one
+    (the predictor is then trusted)."""
     try:
         scorers = json.loads(path.read_text(encoding="utf-8"))["scorers"]
-        return float(scorers["predictor"]["spearman"]), float(scorers["fallback"]["spearman"])
+        measured = {name: float(scorers[name]["spearman"]) for name in ("predictor", "fallback")}
+        if "blend" in scorers:
+            measured["blend"] = float(scorers["blend"]["spearman"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return {name: value for name, value in measured.items() if value == value} or None

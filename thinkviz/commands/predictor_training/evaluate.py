@@ -2,9 +2,10 @@
 
 Two measures per held-out trace, over its thinking tokens: Spearman's rank correlation with
 the labels, and precision at 30 % — of the 30 % of tokens that truly receive the most
-attention from the answer, the share that the score also puts in its top 30 %.  Four scores
+attention from the answer, the share that the score also puts in its top 30 %.  Five scores
 are compared (:func:`scorer_table`): the predictor, the dynts attention fallback (attention
-received per query when the answer begins), recency (position) and h2o's score at selection
+received per query when the answer begins), their blend (dynts ``scorer=blend`` at its default
+weight, :func:`~thinkviz.predictor.blend`), recency (position) and h2o's score at selection
 time (the same statistic when the token first leaves h2o's local window).
 """
 
@@ -18,11 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from ...predictor import position_features
+from ...predictor import blend, position_features
 from .labels import Examples
 
 TOP_FRACTION = 0.3
-SCORERS = ("predictor", "fallback", "recency", "h2o")
+SCORERS = ("predictor", "fallback", "blend", "recency", "h2o")
 
 
 def ranks(values: np.ndarray) -> np.ndarray:
@@ -65,9 +66,11 @@ def scores_of(examples: Examples, predict: Predict) -> dict[str, torch.Tensor]:
     thinking = examples.thinking
     with torch.inference_mode():
         predicted = predict(examples.features[thinking], position_features(len(thinking))[thinking])
+    fallback = examples.attention_so_far[thinking]
     return {
         "predictor": predicted,
-        "fallback": examples.attention_so_far[thinking],
+        "fallback": fallback,
+        "blend": blend(fallback, predicted),
         "recency": torch.arange(len(thinking))[thinking].float(),
         "h2o": examples.h2o_at_selection[thinking],
     }
