@@ -15,8 +15,11 @@ from thinkviz.cli import main
 from thinkviz.events import RunRecord
 from thinkviz.policies import policy_names
 
+from cli_run import run_cli
+
 
 def _cli(*args):
+    """``python -m thinkviz ARGS`` in a new process, end to end."""
     return subprocess.run([sys.executable, "-m", "thinkviz", *args], capture_output=True, text=True, timeout=120)
 
 
@@ -44,7 +47,7 @@ def _cli(*args):
     ],
 )
 def test_bad_arguments_exit_non_zero_with_one_line(args, reason):
-    result = _cli(*args)
+    result = run_cli(*args)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and reason in lines[0], result.stderr
@@ -124,14 +127,14 @@ def test_the_readme_policy_table_is_the_registry_listing(capsys):
 
 
 def test_policies_refuses_an_unknown_name_in_one_line():
-    result = _cli("policies", "lru")
+    result = run_cli("policies", "lru", before_loading=True)
     assert result.returncode == 2
     assert result.stderr.strip() == f"thinkviz: error: unknown policy 'lru'; choose from: {', '.join(policy_names())}"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_vram_cap_is_refused_on_a_cpu():
-    result = _cli("generate", "--vram-cap", "8", "hi")
+    result = run_cli("generate", "--vram-cap", "8", "hi", before_loading=True)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "thinkviz: error: a VRAM cap needs a CUDA GPU, and this machine has none (it runs on the CPU)"

@@ -26,6 +26,8 @@ from thinkviz.policies import policy_names
 from thinkviz.replay import Trace
 from thinkviz.viz.pareto import pareto_figure, pareto_front
 
+from cli_run import run_cli
+
 TRACE = Trace(
     name="tiny",
     system="You are a careful assistant.",
@@ -136,9 +138,15 @@ def test_sweep_rows_and_files_are_well_formed(tiny_llama, tmp_path):
 
 
 def _cli(*args):
+    """``bench sweep ARGS`` in a new process, end to end."""
     return subprocess.run(
         [sys.executable, "-m", "thinkviz", "bench", "sweep", *args], capture_output=True, text=True, timeout=120
     )
+
+
+def _refused(*args):
+    """``bench sweep ARGS`` in this process, which must refuse them before any model loads."""
+    return run_cli("bench", "sweep", *args, before_loading=True)
 
 
 def _one_line_error(result, reason):
@@ -159,7 +167,7 @@ def _one_line_error(result, reason):
 def test_bad_trace_files_exit_non_zero_before_loading(tmp_path, content, reason):
     path = tmp_path / "trace.md"
     path.write_bytes(content)
-    _one_line_error(_cli("--trace", str(path), "--policies", "h2o", "--budgets", "128"), reason)
+    _one_line_error(_refused("--trace", str(path), "--policies", "h2o", "--budgets", "128"), reason)
 
 
 @pytest.mark.parametrize(
@@ -174,7 +182,7 @@ def test_bad_trace_files_exit_non_zero_before_loading(tmp_path, content, reason)
     ],
 )
 def test_bad_arguments_exit_non_zero_before_loading(args, reason):
-    _one_line_error(_cli(*args), reason)
+    _one_line_error(_refused(*args), reason)
 
 
 @pytest.mark.integration
@@ -257,7 +265,7 @@ def test_sweep_and_replay_cost_on_a_transcript(tiny_llama, tmp_path):
 )
 def test_bad_transcripts_exit_non_zero_before_loading(tmp_path, messages, reason):
     path = _transcript_file(tmp_path, messages)
-    _one_line_error(_cli("--trace", str(path), "--policies", "h2o", "--budgets", "128"), reason)
+    _one_line_error(_refused("--trace", str(path), "--policies", "h2o", "--budgets", "128"), reason)
 
 
 @pytest.mark.integration
@@ -353,4 +361,4 @@ def test_sweep_tables_without_formats_keep_their_columns(tiny_llama):
     ],
 )
 def test_bad_kv_formats_exit_non_zero_before_loading(args, reason):
-    _one_line_error(_cli("--trace", "math_h2o_vs_window", *args), reason)
+    _one_line_error(_refused("--trace", "math_h2o_vs_window", *args), reason)

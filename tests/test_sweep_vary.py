@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 
 import pytest
 
 from thinkviz.replay import Trace
 from thinkviz.sweep import Budget, parse_vary, sweep_trace, write_rows
 from thinkviz.viz.pareto import pareto_figure
+
+from cli_run import run_cli
 
 TRACE = Trace(
     name="tiny",
@@ -74,12 +74,7 @@ def test_bad_vary_text_is_refused(text, reason):
     ],
 )
 def test_bad_vary_arguments_exit_with_one_line_before_loading(args, reason):
-    result = subprocess.run(
-        [sys.executable, "-m", "thinkviz", "bench", "sweep", "--trace", "math_h2o_vs_window", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli("bench", "sweep", "--trace", "math_h2o_vs_window", *args, before_loading=True)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("thinkviz: error:") and reason in lines[0], result.stderr
