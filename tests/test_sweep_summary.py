@@ -126,8 +126,35 @@ def test_policies_keeps_the_rows_of_the_runs_named_and_refuses_a_name_no_row_has
 
 
 def test_the_same_sweep_twice_is_refused(two_sweeps):
-    with pytest.raises(SummaryError, match="first / full / 100% is also in"):
+    with pytest.raises(SummaryError, match="first / window / 50% is also in"):
         load_sweep_rows([two_sweeps[0], two_sweeps[0] / "sweep.json"])
+
+
+def test_sweeps_of_one_trace_with_other_policies_share_its_reference(tmp_path):
+    def sweep(name, rows):
+        (tmp_path / name).write_text(json.dumps({"meta": {}, "rows": rows}), encoding="utf-8")
+        return tmp_path / name
+
+    def row(policy, budget, tokens=300, nll=0.0):
+        return {
+            "trace": "t",
+            "policy": policy,
+            "budget": budget,
+            "kv_fraction": 0.3,
+            "kl": nll,
+            "nll_delta": nll,
+            "top1": 1.0,
+            "trace_tokens": tokens,
+        }
+
+    first = sweep("a.json", [row("full", "100%"), row("h2o", "25%", nll=0.2)])
+    second = sweep("b.json", [row("full", "100%"), row("window", "25%", nll=0.3)])
+    rows = load_sweep_rows([first, second])
+    assert [r["policy"] for r in rows] == ["full", "h2o", "window"]
+    assert [line.split(" | ")[0] for line in summary_table(rows).splitlines()[2:]] == ["| full", "| h2o", "| window"]
+    longer = sweep("c.json", [row("full", "100%", tokens=600), row("window", "50%")])
+    with pytest.raises(SummaryError, match="c.json: t / full / 100% is also in"):
+        load_sweep_rows([first, longer])
 
 
 @pytest.mark.parametrize(

@@ -36,20 +36,26 @@ class SummaryError(ValueError):
 def load_sweep_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     """The rows of every ``sweep.json`` given (a file, or a ``bench sweep --out`` folder), in order.
 
-    Raises :class:`SummaryError` for a missing, unreadable or malformed file and for a
-    (trace, policy, budget, KV format) that two files both contain.
+    Sweeps of one trace with other policies combine: each has the trace's full-cache reference
+    row, which is kept once when they measured the same number of tokens.  Raises
+    :class:`SummaryError` for a missing, unreadable or malformed file, for a (trace, policy,
+    budget, KV format) that two files both contain and for two references of one trace over
+    different lengths.
     """
     rows: list[dict[str, Any]] = []
-    seen: dict[tuple[str, ...], Path] = {}
+    seen: dict[tuple[str, ...], tuple[Path, dict[str, Any]]] = {}
     for given in paths:
         path = Path(given)
         path = path / "sweep.json" if path.is_dir() else path
         for row in _read_rows(path):
             key = (row["trace"], run_label(row), row["budget"], kv_label(row))
             if key in seen:
-                shown = key if key[3] != "none" else key[:3]
-                raise SummaryError(f"{path}: {' / '.join(shown)} is also in {seen[key]}")
-            seen[key] = path
+                other, first = seen[key]
+                if row["policy"] != REFERENCE_POLICY or row.get("trace_tokens") != first.get("trace_tokens"):
+                    shown = key if key[3] != "none" else key[:3]
+                    raise SummaryError(f"{path}: {' / '.join(shown)} is also in {other}")
+                continue
+            seen[key] = path, row
             rows.append(row)
     if not rows:
         raise SummaryError("no sweep results given")
