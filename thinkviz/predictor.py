@@ -15,8 +15,8 @@ model's hidden state to spot them while they are generated.  Here:
 - blend (:func:`blend`): the predictor's output and the log of the attention a token has
   received so far, each standardised over the tokens ranked, summed with weight
   :data:`BLEND_WEIGHT` on the predictor — the two carry different evidence (what the hidden
-  state says of a token, what the thinking so far did with it), and the sum ranks held-out
-  traces better than either alone.
+  state says of a token, what the thinking so far did with it); on the embedded model the sum
+  ranks held-out traces better than either alone on average, though not on every trace.
 
 Training and evaluation live in :mod:`thinkviz.commands.predictor_training`, driven by
 ``python -m thinkviz train-predictor``.
