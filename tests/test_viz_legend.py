@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -9,7 +10,9 @@ import pytest
 from thinkviz.policies import ScoreScale, policy_class, policy_names
 from thinkviz.segments import Span
 from thinkviz.viz.legend import PREDICTION_SCALES, legend_html, pin_host, view_kinds, view_legend
-from thinkviz.viz.tokens import MODE_PARTS, MODES, PREDICTION_MODES, SEGMENT_KINDS
+from thinkviz.viz.tokens import MODE_PARTS, MODES, PREDICTION_MODES, SEGMENT_KINDS, token_view
+
+from viz_records import replayed
 
 TITLES = {"heat": "Heat", "keep": "Cache:", "segments": "Segments:", "boxes": "Boxes:"}
 
@@ -56,6 +59,17 @@ def test_a_prediction_mode_explains_its_own_heat_over_every_token(mode):
     assert scale.what.replace("'", "&#x27;") in markup and scale.high in markup
     assert policy_class("dynts").score_scale.what not in markup and "recent window" not in markup
     assert "recent window" in view_legend("importance", "dynts", None)
+
+
+def test_the_heat_legend_says_which_score_ranked_the_tokens(tiny_llama):
+    view = token_view(replayed(tiny_llama, "dynts", recent=4).record)  # no predictor: the fallback
+    assert view.ranked_by.startswith("attention fallback: no predictor trained for tiny-llama")
+    said = f"ranked by: {html.escape(view.ranked_by)}"
+    assert said in view_legend("importance", "dynts", view)
+    assert said in view_legend("combined", "dynts", view, ("heat",), compact=True)  # a Compare column
+    for mode in ("mass", *PREDICTION_MODES):  # another heat than the policy's own score
+        assert "ranked by" not in view_legend(mode, "dynts", view)
+    assert token_view(replayed(tiny_llama, "h2o", recent=4).record).ranked_by is None  # h2o does not say
 
 
 def test_segment_samples_follow_the_kinds_the_view_shows():

@@ -60,7 +60,9 @@ def _part(title: str, body: str) -> str:
     return f'<span class="tv-legend-part"><b>{html.escape(title)}</b> {body}</span>'
 
 
-def _heat(scale: ScoreScale | None, policy: str, compact: bool, every_token: bool = False) -> str:
+def _heat(
+    scale: ScoreScale | None, policy: str, compact: bool, every_token: bool = False, ranked_by: str | None = None
+) -> str:
     if scale is None:
         who = html.escape(policy) if policy else "this policy"
         return _part("No heat:", f"{who} keeps tokens by a rule, not by a graded score")
@@ -68,11 +70,12 @@ def _heat(scale: ScoreScale | None, policy: str, compact: bool, every_token: boo
     scale_text = (
         f"<i>{html.escape(scale.low)}</i> <span class='tv-legend-ramp'>{ramp}</span> <i>{html.escape(scale.high)}</i>"
     )
+    by = f"<br>ranked by: {html.escape(ranked_by)}" if ranked_by else ""
     if compact:
-        return _part("Heat:", f"{html.escape(scale.what)}<br>{scale_text}")
+        return _part("Heat:", f"{html.escape(scale.what)}<br>{scale_text}{by}")
     every = every_token or scale is MASS_SCALE
     recent = "" if every else "; the policy's recent window, always kept, is not ranked"
-    return _part("Heat", f"= {html.escape(scale.what)}: {scale_text} (hottest = top 5 % of this frame{recent})")
+    return _part("Heat", f"= {html.escape(scale.what)}: {scale_text} (hottest = top 5 % of this frame{recent}){by}")
 
 
 def _keep() -> str:
@@ -112,6 +115,7 @@ def legend_html(
     kinds: Iterable[str] | None = None,
     parts: Sequence[str] | None = None,
     compact: bool = False,
+    ranked_by: str | None = None,
 ) -> str:
     """The legend strip for a token view in ``mode``.
 
@@ -119,16 +123,18 @@ def legend_html(
     name); ``kinds``: the segment kinds to explain (``None``: all of
     :data:`~thinkviz.viz.tokens.SEGMENT_KINDS`; unknown kinds are shown by name); ``parts``: only
     these of the mode's parts (``"heat"``, ``"keep"``, ``"segments"``, ``"boxes"``), e.g. one
-    column's heat; ``compact``: the heat scale in two short lines (a narrow column); ``""`` when
-    the mode draws none of the parts.
+    column's heat; ``compact``: the heat scale in two short lines (a narrow column); ``ranked_by``:
+    which score ranked the tokens, in the policy's words, said under the heat of its own score
+    (not under the mass or a prediction mode's heat); ``""`` when the mode draws none of the parts.
     """
     if mode not in MODE_PARTS:
         raise ValueError(f"unknown token view mode {mode!r}; choose one of: {', '.join(MODE_PARTS)}")
     shown = [part for part in MODE_PARTS[mode] if parts is None or part in parts]
     present = [k for k in SEGMENT_KINDS if kinds is None or k in set(kinds)]
     present += [k for k in (kinds or ()) if k not in present]
+    by = ranked_by if mode != "mass" and mode not in PREDICTION_MODES else None  # said of the policy's own score
     body = {
-        "heat": lambda: _heat(scale, policy, compact, every_token=mode in PREDICTION_MODES),
+        "heat": lambda: _heat(scale, policy, compact, every_token=mode in PREDICTION_MODES, ranked_by=by),
         "keep": _keep,
         "segments": lambda: _segments(present),
         "boxes": _boxes,
@@ -156,12 +162,14 @@ def view_legend(
     mode: str, policy: str, view: TokenData | None, parts: Sequence[str] | None = None, compact: bool = False
 ) -> str:
     """The legend strip of ``policy``'s token view ``view`` in ``mode``: the policy's own score
-    scale (:data:`MASS_SCALE` in the mass view, a prediction mode's :data:`PREDICTION_SCALES`) and
-    the segment kinds the view shows (all of them before a run); ``parts`` and ``compact`` as in
+    scale (:data:`MASS_SCALE` in the mass view, a prediction mode's :data:`PREDICTION_SCALES`),
+    what ranked the tokens when the view's step said (``TokenData.ranked_by``) and the segment
+    kinds the view shows (all of them before a run); ``parts`` and ``compact`` as in
     :func:`legend_html`."""
     kinds = view_kinds(view.spans, view.labels) if view is not None and view.spans else None
     scale = MASS_SCALE if mode == "mass" else PREDICTION_SCALES.get(mode) or score_scale(policy)
-    return legend_html(mode, scale, policy=policy, kinds=kinds, parts=parts, compact=compact)
+    ranked_by = view.ranked_by if view is not None else None
+    return legend_html(mode, scale, policy=policy, kinds=kinds, parts=parts, compact=compact, ranked_by=ranked_by)
 
 
 LEGEND_CSS = """

@@ -136,7 +136,8 @@ class TokenData:
     ``predicted`` ``(n,)``: each token's importance as the policy's predictor judged it when the
     token was written; ``answer_attention`` ``(n,)``: the attention the answer paid each token
     before it (both ``None`` where the run has none; the heat of :data:`PREDICTION_MODES`, all
-    tokens ranked).
+    tokens ranked).  ``ranked_by``: the latest step's account of which score ranked the tokens
+    (step info ``importance``, e.g. dynts' scorer; ``None`` when the policy gives none).
     """
 
     texts: Sequence[str]
@@ -149,6 +150,7 @@ class TokenData:
     mass: Sequence[float] | np.ndarray | None = None
     predicted: Sequence[float] | np.ndarray | None = None
     answer_attention: Sequence[float] | np.ndarray | None = None
+    ranked_by: str | None = None
 
 
 def token_view(record: RunRecord, step: int | None = None) -> TokenData:
@@ -159,7 +161,7 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
     without a graded score (:attr:`~thinkviz.policies.Policy.score_scale` ``None``) passes no
     scores: its view shows no heat.  Also the predicted importance the events report (step info
     ``predicted`` / ``predicted_from``) and, once the answer has begun, the attention it paid
-    (``record.summary["answer_attention"]``).
+    (``record.summary["answer_attention"]``), and what ranked the tokens (step info ``importance``).
     """
     events = record.events if step is None else record.events[: step + 1]
     texts = list(record.prompt_texts)
@@ -182,7 +184,14 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
         mass=None if last is None else last.mass,
         predicted=_predicted(events, len(texts)),
         answer_attention=_answer_attention(record, len(texts)),
+        ranked_by=_ranked_by(last),
     )
+
+
+def _ranked_by(event: Any) -> str | None:
+    """The step info's ``importance`` text of ``event``, when it is one."""
+    text = None if event is None else event.info.get("importance")
+    return text if isinstance(text, str) and text else None
 
 
 def outside_recent(n: int, params: dict[str, Any]) -> np.ndarray | None:
