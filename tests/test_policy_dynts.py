@@ -110,6 +110,11 @@ FILE = "dynts_tiny-llama-random.safetensors"
             "attention fallback (scorer: auto; held-out Spearman predictor 0.40, fallback 0.80, blend 0.70): "
             "attention ranked held-out traces best",
         ),
+        (  # a table whose predictor row could not be measured (null): the measured rows decide
+            "auto",
+            (None, 0.8),
+            "attention fallback (scorer: auto; held-out Spearman fallback 0.80): attention ranked held-out traces best",
+        ),
         ("predictor", (0.4, 0.8), f"predicted by {FILE}"),
         ("blend", (0.4, 0.8), f"blend of {FILE} (weight {P.BLEND_WEIGHT:g}) and attention so far"),
         ("attention", (0.9, 0.8), "attention received per query (scorer: attention)"),

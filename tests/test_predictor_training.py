@@ -131,8 +131,8 @@ def test_the_table_ranks_scorers_of_known_quality():
 
 
 def test_the_blend_ranks_between_a_noisy_predictor_and_a_perfect_fallback():
-    noisy = lambda features, relative: features[:, 0, 0] + 3 * torch.randn(len(features), generator=generator)  # noqa: E731
     generator = torch.Generator().manual_seed(1)
+    noisy = lambda features, relative: features[:, 0, 0] + 3 * torch.randn(len(features), generator=generator)  # noqa: E731
     made = _synthetic("a")
     perfect = L.Examples("a", made.features, made.labels, made.thinking, made.labels.clone(), made.labels)
     rho = {name: m["spearman"] for name, m in E.scorer_table({"a": [perfect]}, noisy)["scorers"].items()}

@@ -23,6 +23,7 @@ every policy's.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -159,13 +160,13 @@ class DynTS(Policy):
 
     def score(self, view: CacheView) -> torch.Tensor:
         kind, predictor, _ = self.ranking(view)
-        attention = view.received / view.queries_seen
         if predictor is None:
-            return attention
+            return view.received / view.queries_seen
         with torch.inference_mode():
             predicted = predictor(view.hidden, position_features(len(view.hidden)))  # (N,) log importance
         if kind == "predictor":
             return view.by_position(predicted.exp())
+        attention = view.received / view.queries_seen
         return blend(attention, view.by_position(predicted), self.config["weight"], view.valid).exp()
 
     def step_info(self, view: CacheView) -> dict[str, Any]:
@@ -184,14 +185,17 @@ class DynTS(Policy):
 
 
 def _heldout_spearman(path: Path) -> dict[str, float] | None:
-    """``{scorer: mean held-out Spearman}`` for the predictor, the fallback and (in tables that
-    measured it) the blend, from an evaluation table; ``None`` when there is no readable one
-    (the predictor is then trusted)."""
+    """``{scorer: mean held-out Spearman}`` of the predictor, the fallback and the blend, for those
+    an evaluation table measured (a number, not ``null``); ``None`` when there is no readable
+    table or it measured none of them (the predictor is then trusted)."""
     try:
         scorers = json.loads(path.read_text(encoding="utf-8"))["scorers"]
-        measured = {name: float(scorers[name]["spearman"]) for name in ("predictor", "fallback")}
-        if "blend" in scorers:
-            measured["blend"] = float(scorers["blend"]["spearman"])
+        cells = {name: scorers[name]["spearman"] for name in ("predictor", "fallback", "blend") if name in scorers}
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return {name: value for name, value in measured.items() if value == value} or None
+    measured = {
+        name: float(value)
+        for name, value in cells.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    }
+    return measured or None
