@@ -55,8 +55,7 @@ class DynTS(Policy):
 
     name = "dynts"
     score_scale = ScoreScale(
-        "predicted attention from the answer (blended with attention so far under scorer blend; "
-        "attention per query when the predictor falls back)",
+        "predicted attention from the answer, attention so far, or both, as the scorer knob picks",
         "predicted unimportant",
         "predicted important for the answer",
     )
