@@ -200,6 +200,27 @@ def test_save_load_round_trip(tmp_path):
     assert torch.equal(loaded(x, where), predictor(x, where))
 
 
+def test_a_predictor_saved_again_keeps_its_fingerprint_and_a_changed_one_does_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
+    predictor = _predictor(24, seed=3)
+    meta = P.PredictorMeta(model="m", hidden_size=24, width=64, heldout_spearman=0.5, trained_on="a,b")
+    path = P.save(predictor, meta, P.predictor_path("m", tmp_path))
+    first = DynTS.file_fingerprints("m")[path.name]
+    size = int.from_bytes(path.read_bytes()[:8], "little")
+    header = json.loads(path.read_bytes()[8 : 8 + size])
+    header["__metadata__"] = dict(reversed(header["__metadata__"].items()))  # the order safetensors may write
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(size)
+    path.write_bytes(size.to_bytes(8, "little") + text + path.read_bytes()[8 + size :])
+    assert P.load(path)[1] == meta
+    assert DynTS.file_fingerprints("m")[path.name] == first
+    with torch.no_grad():
+        predictor.mean[0] += 1
+    P.save(predictor, meta, path)
+    assert DynTS.file_fingerprints("m")[path.name] != first
+    P.save(_predictor(24, seed=3), P.PredictorMeta(model="m", hidden_size=24, width=64, trained_on="c"), path)
+    assert DynTS.file_fingerprints("m")[path.name] != first  # other metadata
+
+
 def test_a_mix_of_layers_round_trips_and_dynts_ranks_with_the_layers_it_reads(tiny_llama, tmp_path, monkeypatch):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(5)

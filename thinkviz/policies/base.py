@@ -16,6 +16,7 @@ The budget is ``budget`` tokens (``budget_mode`` ``tokens``) or ``⌈budget_frac
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -25,6 +26,22 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+
+def content_digest(path: Path) -> str:
+    """A short digest of a file's content: its bytes, except that a ``.safetensors`` file's JSON
+    header is read with its keys sorted — safetensors writes the metadata in an arbitrary order,
+    so the same tensors and metadata saved twice differ in bytes but not here."""
+    data = path.read_bytes()
+    if path.suffix == ".safetensors" and len(data) >= 8:
+        size = int.from_bytes(data[:8], "little")
+        try:
+            header = json.loads(data[8 : 8 + size])
+        except ValueError:
+            pass  # not a readable header: the bytes are the content
+        else:
+            data = json.dumps(header, sort_keys=True).encode() + data[8 + size :]
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 class PolicyConfigError(ValueError):
@@ -284,12 +301,9 @@ class Policy:
 
     @classmethod
     def file_fingerprints(cls, model: str) -> dict[str, str | None]:
-        """``{name: a short digest of its bytes, None when absent}`` of each of :meth:`files_read`:
+        """``{name: a short digest of its content, None when absent}`` of each of :meth:`files_read`:
         what a recording or a stored sweep group of a run on ``model`` must still match."""
-        return {
-            path.name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
-            for path in cls.files_read(model)
-        }
+        return {path.name: content_digest(path) if path.is_file() else None for path in cls.files_read(model)}
 
     def hidden_layers(self, model: str, hidden_size: int, depth: int) -> tuple[int, ...]:
         """The hidden states it reads in ``CacheView.hidden`` when it runs on ``model`` (hidden size
