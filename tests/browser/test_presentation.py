@@ -73,13 +73,20 @@ def test_follow_keeps_the_newest_token_in_view_after_a_scroll_up_and_a_new_run(p
     page.wait_for_function(AT_END_JS)
 
 
-def test_explore_opens_the_chosen_step_at_its_newest_token(page):
-    page.add_style_tag(content="#tv-explore-tokens { max-height: 120px !important; }")  # a view longer than its box
+def test_explore_opens_the_chosen_step_at_its_newest_token_under_its_legend(page):
+    page.add_style_tag(content="#tv-explore-tokens .tv-container { max-height: 120px !important; }")  # a long view
     page.get_by_role("tab", name="Explore").click()  # opens the Live run of the test above
     page.wait_for_selector("#tv-explore-tokens .tv-tok")
-    at_end = """() => { const box = document.getElementById('tv-explore-tokens');
+    at_end = """() => { const box = document.querySelector('#tv-explore-tokens .tv-container');
       return box.scrollHeight > box.clientHeight && box.scrollHeight - box.scrollTop - box.clientHeight < 48; }"""
     page.wait_for_function(at_end)
+    newest = page.evaluate("""() => { const box = document.querySelector('#tv-explore-tokens .tv-container');
+      const toks = box.querySelectorAll('.tv-tok'), last = toks[toks.length - 1].getBoundingClientRect();
+      const shown = box.getBoundingClientRect(); return last.top >= shown.top && last.bottom <= shown.bottom + 1; }""")
+    assert newest  # the last token itself is in the box's view, not only the box's end
+    legend = page.locator("#tv-explore-tokens .tv-legend")
+    view = page.locator("#tv-explore-tokens").bounding_box()
+    assert legend.is_visible() and legend.bounding_box()["y"] >= view["y"]  # the legend is not scrolled away
 
 
 def test_the_budget_takes_exact_values_and_drags_on_a_log_scale(page):

@@ -19,9 +19,11 @@ from ..widgets import export_controls
 from . import AppContext, ExploreLink
 
 
-# The token view (its own scroll box, app.css) shows the step's newest token: the view ends with it.
+# The tokens scroll in their box (.tv-container, app.css) under the legend, which stays in view; the box
+# opens at the step's newest token: the view ends with it.
 SCROLL_TO_NEWEST_JS = """() => { setTimeout(() => {
-  const box = document.getElementById('tv-explore-tokens'); if (box) box.scrollTop = box.scrollHeight; }, 50); }"""
+  const box = document.querySelector('#tv-explore-tokens .tv-container');
+  if (box) box.scrollTop = box.scrollHeight; }, 50); }"""
 
 
 def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
