@@ -205,7 +205,7 @@ class Run:
         self.received = torch.zeros(layers, heads, 0)
         self.window = torch.zeros(layers, heads, self.window_rows, 0)
         self.token_entropy = torch.zeros(0)
-        self._hidden: torch.Tensor | None = None  # (capacity, k, d); rows 0 .. _hidden_rows - 1 hold tokens
+        self._hidden: torch.Tensor | None = None  # (capacity, ...); rows 0 .. _hidden_rows - 1 hold tokens
         self._hidden_rows = 0
         self.query_rows = policy.query_rows
         self.queries: torch.Tensor | None = None  # (L, H, R, D) scaled, when the policy reads queries
@@ -381,7 +381,7 @@ class Run:
         self.window = rows[:, :, -self.window_rows :]
         self.token_entropy = torch.cat([self.token_entropy, scores.row_entropy.cpu()])
         if scores.hidden is not None:
-            self._keep_hidden(scores.hidden.cpu())
+            self._keep_hidden(self.policy.hidden_kept(self.loaded.name, scores.hidden.cpu()))
         if scores.queries is not None:  # (L, H, r, D), the forward's last r tokens
             rows = scores.queries.shape[2]
             grown = scores.queries if self.queries is None else torch.cat([self.queries, scores.queries], dim=2)
@@ -390,8 +390,9 @@ class Run:
             self.query_positions = torch.cat([self.query_positions, new_positions])[-self.query_rows :]
 
     def _keep_hidden(self, new: torch.Tensor) -> None:
-        """Append a forward's ``(q, k, d)`` hidden states; the buffer doubles when full, so a
-        decode step copies only its own row, not all the rows before it."""
+        """Append what the policy keeps of a forward's hidden states (``(q, ...)``,
+        :meth:`Policy.hidden_kept`); the buffer doubles when full, so a decode step copies only
+        its own row, not all the rows before it."""
         rows = self._hidden_rows + len(new)
         if self._hidden is None or rows > len(self._hidden):
             grown = new.new_empty((max(2 * rows, 64), *new.shape[1:]))
@@ -403,7 +404,7 @@ class Run:
 
     @property
     def hidden(self) -> torch.Tensor | None:
-        """``(N, k, d)`` the hidden states the policy reads of every token so far, or ``None``."""
+        """``(N, ...)`` what the policy keeps of every token's hidden states so far, or ``None``."""
         return None if self._hidden is None else self._hidden[: self._hidden_rows]
 
     def _view(self) -> CacheView:

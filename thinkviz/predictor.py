@@ -51,6 +51,11 @@ class ImportancePredictor(nn.Module):
     ``layers`` index the model's ``hidden_states`` (``0`` the embeddings, ``-1`` the final
     norm's output).  ``mean`` / ``std`` ``(k, d)`` standardise each layer (buffers, saved with
     the weights); ``mix`` ``(k,)`` are the logits of the layer weights.
+
+    The first linear layer is split in two: :meth:`encode` is its hidden-state part ``(N, width)``,
+    fixed once a token is written, and :meth:`head` adds the position part (which changes as the
+    text grows) and runs the rest.  A run keeps only the encoding of each token — ``width``
+    numbers instead of ``k · d`` — and ranks from it; ``forward`` is the two in a row.
     """
 
     def __init__(self, hidden_size: int, width: int = 64, layers: tuple[int, ...] = (-1,)) -> None:
@@ -61,12 +66,23 @@ class ImportancePredictor(nn.Module):
         self.mix = nn.Parameter(torch.zeros(len(self.layers)))
         self.net = nn.Sequential(nn.Linear(hidden_size + POSITION_FEATURES, width), nn.GELU(), nn.Linear(width, 1))
 
-    def forward(self, hidden: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    def encode(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(N, k, d)`` hidden states (``(N, d)`` when ``k == 1``) → ``(N, width)``: the mixed,
+        standardised states through the hidden-state columns of the first layer (no bias)."""
         if hidden.dim() == 2:
             hidden = hidden.unsqueeze(1)
         standard = (hidden.float() - self.mean) / self.std  # (N, k, d)
         mixed = torch.einsum("k,nkd->nd", self.mix.softmax(0), standard)
-        return self.net(torch.cat([mixed, where.float()], dim=1)).squeeze(-1)
+        return mixed @ self.net[0].weight[:, : self.hidden_size].T
+
+    def head(self, encoded: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        """``(N, width)`` encodings (:meth:`encode`) and ``(N, 4)`` position features → ``(N,)``."""
+        first = self.net[0]
+        inner = encoded + where.float() @ first.weight[:, self.hidden_size :].T + first.bias
+        return self.net[2](self.net[1](inner)).squeeze(-1)
+
+    def forward(self, hidden: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encode(hidden), where)
 
 
 POSITION_FEATURES = 4

@@ -158,7 +158,8 @@ class CacheView:
     - ``window`` ``(L, H_kv, W, T)`` the attention rows of the last ``W`` queries, oldest
       first, zero where a slot did not exist yet;
     - ``token_entropy`` ``(N,)`` entropy (bits) of each token's own attention row;
-    - ``hidden`` ``(N, k, d)`` per token, the hidden states of the ``k`` layers the policy asked for
+    - ``hidden`` ``(N, ...)`` per token, what the policy keeps (:meth:`Policy.hidden_kept`; by
+      default all of it, ``(N, k, d)``) of the hidden states of the ``k`` layers it asked for
       (:meth:`Policy.hidden_layers`), else ``None``;
     - ``protected`` ``(N,)`` bool, positions no policy may evict;
     - ``keys`` per layer ``(B, H_kv, T, D)``: the cached keys as attention reads them (decoded
@@ -310,6 +311,13 @@ class Policy:
         ``hidden_size``, ``depth`` decoder layers): indices into transformers' ``hidden_states``,
         ``0`` the embeddings … ``depth`` (or ``-1``) the final norm's output; ``()``: none."""
         return ()
+
+    def hidden_kept(self, model: str, hidden: torch.Tensor) -> torch.Tensor:
+        """What a run on ``model`` keeps for ``CacheView.hidden`` of new tokens' hidden states
+        ``(q, k, d)`` (the layers :meth:`hidden_layers` named): ``(q, ...)``, by default all of
+        them.  A policy that reads only a function of each token's states returns that, and the
+        run holds it instead of ``k · d`` numbers per token."""
+        return hidden
 
     def __init__(self, **values: Any) -> None:
         declared = {p.name: p for p in self.all_params()}

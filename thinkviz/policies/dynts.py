@@ -47,11 +47,13 @@ from .registry import register
 @register
 class DynTS(Policy):
     """Score ``(L, H_kv, T)`` = ``exp`` of the predictor's output on each position's hidden states
-    ``CacheView.hidden`` ``(N, k, d)`` (the ``k`` layers the predictor file names, which
-    :meth:`hidden_layers` asks the engine for) and position features (the same in every layer
-    and head); the fallback ``received / queries_seen``; or ``exp`` of their blend, standardised
-    per (layer, kv-head) over the slots held; forced: protected spans and the newest ``recent``
-    tokens."""
+    (the ``k`` layers the predictor file names, which :meth:`hidden_layers` asks the engine for)
+    and position features (the same in every layer and head); the fallback
+    ``received / queries_seen``; or ``exp`` of their blend, standardised per (layer, kv-head) over
+    the slots held; forced: protected spans and the newest ``recent`` tokens.  The run keeps only
+    each token's encoding ``CacheView.hidden`` ``(N, width)`` (:meth:`hidden_kept`,
+    :meth:`~thinkviz.predictor.ImportancePredictor.encode`), the part of the predictor that does
+    not change as the text grows."""
 
     name = "dynts"
     score_scale = ScoreScale(
@@ -104,6 +106,14 @@ class DynTS(Policy):
         found = self._predictor_for((model, hidden_size), depth)
         return () if isinstance(found, str) else found.layers
 
+    def hidden_kept(self, model: str, hidden: torch.Tensor) -> torch.Tensor:
+        """``(q, width)`` the predictor's encoding of new tokens' ``(q, k, d)`` hidden states."""
+        found = self._predictor_for((model, int(hidden.shape[-1])))
+        if isinstance(found, str):  # hidden_layers asked for none: the engine hands none
+            return hidden
+        with torch.inference_mode():
+            return found.encode(hidden)
+
     def _predictor_for(self, key: tuple[str, int], depth: int | None = None) -> ImportancePredictor | str:
         """The predictor for ``key`` (model, hidden size), or why there is none; looked up once, by
         :meth:`hidden_layers` (which knows the model's ``depth``) before the run's first step."""
@@ -116,7 +126,7 @@ class DynTS(Policy):
 
     def _lookup(self, view: CacheView) -> tuple[tuple[str, int] | None, ImportancePredictor | str]:
         """``(key, the predictor for this view's model or why there is none)``."""
-        size = int(view.hidden.shape[-1]) if view.hidden is not None else self._sizes.get(view.model)
+        size = self._sizes.get(view.model)
         if size is None:
             return None, "no hidden states for every token"
         key = (view.model, size)
@@ -125,8 +135,8 @@ class DynTS(Policy):
             return key, found
         if view.hidden is None or len(view.hidden) < len(view.protected):
             return key, "no hidden states for every token"
-        if view.hidden.dim() != 3 or view.hidden.shape[1] != len(found.layers):
-            return key, f"the run holds other hidden states than the {len(found.layers)} layers the predictor reads"
+        if view.hidden.shape[1:] != (found.width,):
+            return key, "the run holds something else than the predictor's encoding of each token's hidden states"
         return key, found
 
     def ranking(self, view: CacheView) -> tuple[str, ImportancePredictor | None, str]:
@@ -162,7 +172,7 @@ class DynTS(Policy):
         if predictor is None:
             return view.received / view.queries_seen
         with torch.inference_mode():
-            predicted = predictor(view.hidden, position_features(len(view.hidden)))  # (N,) log importance
+            predicted = predictor.head(view.hidden, position_features(len(view.hidden)))  # (N,) log importance
         if kind == "predictor":
             return view.by_position(predicted.exp())
         attention = view.received / view.queries_seen
@@ -177,7 +187,7 @@ class DynTS(Policy):
         if not isinstance(found, str) and len(view.hidden) > self._reported:
             seen, new = len(view.hidden), slice(self._reported, len(view.hidden))
             with torch.inference_mode():
-                predicted = found(view.hidden[new], position_features(seen)[new]).exp()
+                predicted = found.head(view.hidden[new], position_features(seen)[new]).exp()
             info.update(predicted=[float(v) for v in predicted], predicted_from=self._reported)
             self._reported = seen
         return info
