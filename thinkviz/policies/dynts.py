@@ -107,12 +107,10 @@ class DynTS(Policy):
         return () if isinstance(found, str) else found.layers
 
     def hidden_kept(self, model: str, hidden: torch.Tensor) -> torch.Tensor:
-        """``(q, width)`` the predictor's encoding of new tokens' ``(q, k, d)`` hidden states."""
-        found = self._predictor_for((model, int(hidden.shape[-1])))
-        if isinstance(found, str):  # hidden_layers asked for none: the engine hands none
-            return hidden
+        """``(q, width)`` the predictor's encoding of new tokens' ``(q, k, d)`` hidden states (the
+        engine hands some only when :meth:`hidden_layers` found a predictor)."""
         with torch.inference_mode():
-            return found.encode(hidden)
+            return self._predictor_for((model, int(hidden.shape[-1]))).encode(hidden)
 
     def _predictor_for(self, key: tuple[str, int], depth: int | None = None) -> ImportancePredictor | str:
         """The predictor for ``key`` (model, hidden size), or why there is none; looked up once, by
