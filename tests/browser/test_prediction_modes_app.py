@@ -60,6 +60,8 @@ def test_dynts_offers_predicted_importance_and_the_answers_attention(app_url, br
     page.fill("#tv-live-question textarea", "Sum 1, 2 and 3.")
     page.click("text=System prompt and replay trace")
     page.fill("#tv-live-trace textarea", TRACE)
+    # the server has the trace (its preview counts it) before Run sends the inputs
+    wait_for_text(page, "#tv-live-turns-caption", r"the assistant's text after the question\): [\d,]+ tokens", 60)
     page.click("#tv-live-run")
     wait_for_text(page, "#tv-live-status", r"Done: \d+ tokens replayed.*Attention from the answer measured", 120)
     total = page.locator("#tv-live-tokens .tv-tok").count()
