@@ -385,3 +385,47 @@ def test_train_predictor_relabels_a_corpus_read_from_a_file(tiny_llama, tmp_path
         assert main(["train-predictor", "--corpus", str(path), "--output", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"thinkviz: error: --corpus {path}: ") and len(err.splitlines()) == 1
+
+
+def test_an_added_trace_that_holds_a_held_out_one_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """--add must not put a held-out trace into training (as a preset replaying it, its file, or a transcript
+    around its reasoning), nor train twice on a trace already in; another trace passes on to the model."""
+    import json as jsonlib
+
+    from thinkviz.cli import main
+    from thinkviz.commands import train_predictor
+    from thinkviz.presets import PRESETS_DIR
+
+    class Loaded(Exception):
+        pass
+
+    def load(args):
+        raise Loaded
+
+    monkeypatch.setattr(train_predictor, "load_from_args", load)
+    math = (PRESETS_DIR / "traces" / "math_tilings.md").read_text(encoding="utf-8")
+    wrapped = tmp_path / "wrapped.jsonl"
+    wrapped.write_text(
+        "\n".join(
+            jsonlib.dumps(m)
+            for m in (
+                {"role": "user", "content": "Tile the strip."},
+                {"role": "assistant", "content": math},
+                {"role": "user", "content": "Thanks."},
+                {"role": "assistant", "content": "<think>\nA reply.\n</think>\n\nYou are welcome."},
+            )
+        ),
+        encoding="utf-8",
+    )
+    for spec in ("math_h2o_vs_window", str(PRESETS_DIR / "traces" / "math_tilings.md"), str(wrapped)):
+        assert main(["train-predictor", "--holdout", "math_tilings", "--add", spec]) == 2
+        err = capsys.readouterr().err
+        assert f"--add {spec} holds the reasoning of the held-out trace math_tilings" in err
+    assert main(["train-predictor", "--holdout", "math_tilings", "--add", "think_drop_lru"]) == 2
+    assert "--add think_drop_lru repeats coding_lru_ttl, which is already trained on" in capsys.readouterr().err
+    own = tmp_path / "own.md"
+    own.write_text("<think>\nTwo and two.\n</think>\n\nFour.", encoding="utf-8")
+    with pytest.raises(Loaded):
+        main(["train-predictor", "--holdout", "math_tilings", "--add", str(own)])
+    assert main(["train-predictor", "--holdout", "math_tilings", "--add", str(own), "--add", str(own)]) == 2
+    assert f"--add {own} repeats {own}, which is already trained on" in capsys.readouterr().err

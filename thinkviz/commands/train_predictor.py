@@ -81,8 +81,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="TRACE",
-        help="a preset name or a trace file (assistant text: thinking, </think>, answer) "
-        "added to the training data (repeatable)",
+        help="a preset name or a trace file (assistant text: thinking, </think>, answer; or a transcript) "
+        "added to the training data (repeatable; refused when it holds a held-out trace)",
     )
     parser.add_argument(
         "--holdout",
@@ -172,6 +172,34 @@ def _check(args: argparse.Namespace, traces: dict) -> list[str]:
     return holdout
 
 
+def _assistant_texts(trace: Trace) -> set[str]:
+    """The assistant turns of ``trace``, stripped: what training on it would teach."""
+    return {m.content.strip() for m in trace.conversation if m.role == "assistant" and m.content.strip()}
+
+
+def _added(specs: list[str], traces: dict[str, Trace], holdout: list[str]) -> dict[str, Trace]:
+    """The ``--add`` traces by spec; :class:`CliError` for one that cannot be read, or that holds
+    every assistant turn of a held-out trace (a preset replaying it, its file, a transcript around it:
+    the table would measure what the predictor was trained on) or of a trace already trained on."""
+    added = {}
+    for spec in specs:
+        try:
+            trace = load_trace(spec)
+        except TraceError as exc:
+            raise CliError(f"--add {spec}: {exc}") from None
+        texts = _assistant_texts(trace)
+        for name, other in {**traces, **added}.items():
+            if _assistant_texts(other) and _assistant_texts(other) <= texts:
+                if name in holdout:
+                    raise CliError(
+                        f"--add {spec} holds the reasoning of the held-out trace {name}: the table would measure "
+                        f"the predictor on what it was trained on; drop --add {spec} or hold out other traces"
+                    )
+                raise CliError(f"--add {spec} repeats {name}, which is already trained on")
+        added[spec] = trace
+    return added
+
+
 def _corpus(args: argparse.Namespace, loaded) -> list[C.Generation]:
     """The kept generations of the corpus ``--generate`` asks for, with a progress bar and the keep rate."""
     if not args.generate:
@@ -208,12 +236,7 @@ def run(args: argparse.Namespace) -> int:
     """Train the DynTS importance predictor on the model's own reasoning and measure it on held-out traces."""
     traces = reasoning_traces()
     holdout = _check(args, traces)
-    added = {}
-    for spec in args.add:
-        try:
-            added[spec] = load_trace(spec)
-        except TraceError as exc:
-            raise CliError(f"--add {spec}: {exc}") from None
+    added = _added(args.add, traces, holdout)
     path = Path(args.output) if args.output else None
     loaded = load_from_args(args)
     path = path or P.predictor_path(loaded.name)
