@@ -275,7 +275,7 @@ def test_unreadable_files_give_one_line_reasons(tmp_path):
 def test_train_predictor_refuses_an_unknown_holdout(capsys):
     assert main(["train-predictor", "--holdout", "nope"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("thinkviz: error: --holdout 'nope' is not a reasoning trace; choose one of:")
+    assert err.startswith("thinkviz: error: --holdout nope: unknown preset 'nope'")
     assert "math_tilings" in err and len(err.splitlines()) == 1
 
 

@@ -387,9 +387,10 @@ def test_train_predictor_relabels_a_corpus_read_from_a_file(tiny_llama, tmp_path
         assert err.startswith(f"thinkviz: error: --corpus {path}: ") and len(err.splitlines()) == 1
 
 
-def test_an_added_trace_that_holds_a_held_out_one_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+def test_added_and_held_out_traces_are_checked_before_the_model_loads(tmp_path, monkeypatch, capsys):
     """--add must not put a held-out trace into training (as a preset replaying it, its file, or a transcript
-    around its reasoning), nor train twice on a trace already in; another trace passes on to the model."""
+    around its reasoning), nor train twice on a trace already in; a trace without an answer is refused at
+    once, not after the corpus; a trace that passes goes on to the model."""
     import json as jsonlib
 
     from thinkviz.cli import main
@@ -429,3 +430,27 @@ def test_an_added_trace_that_holds_a_held_out_one_is_refused_before_the_model_lo
         main(["train-predictor", "--holdout", "math_tilings", "--add", str(own)])
     assert main(["train-predictor", "--holdout", "math_tilings", "--add", str(own), "--add", str(own)]) == 2
     assert f"--add {own} repeats {own}, which is already trained on" in capsys.readouterr().err
+    unanswered = tmp_path / "unanswered.md"
+    unanswered.write_text("Thinking, never closed.", encoding="utf-8")  # the system prompt's </think> is no answer
+    for flag in ("--add", "--holdout"):
+        assert main(["train-predictor", flag, str(unanswered)]) == 2
+        assert f"{flag} {unanswered}: the trace has no </think>" in capsys.readouterr().err
+
+
+def test_a_held_out_trace_of_ones_own_is_measured_and_a_shipped_one_it_holds_leaves_training(
+    tiny_llama, tmp_path, monkeypatch, capsys
+):
+    from thinkviz.cli import main
+    from thinkviz.commands import train_predictor
+
+    monkeypatch.setattr(train_predictor, "load_from_args", lambda args: tiny_llama)
+    own = tmp_path / "own.md"
+    own.write_text("<think>\nTwo and two make four; check: four.\n</think>\n\nFour.", encoding="utf-8")
+    out = tmp_path / "dynts_tiny.safetensors"
+    args = ["--generate", "0", "--histories", "0", "--epochs", "1", "--output", str(out)]
+    assert main(["train-predictor", "--holdout", str(own), "--holdout", "math_h2o_vs_window", *args]) == 0
+    head = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("scorer"))
+    assert head.split() == ["scorer", "own", "math_h2o_vs_window", "mean"]  # the file by its stem
+    _, meta = P.load(out)
+    assert "coding_ratelimit" in meta.trained_on and "math_tilings" not in meta.trained_on  # held out as its preset
+    assert json.loads(P.eval_path(out).read_text())["heldout_traces"] == ["own", "math_h2o_vs_window"]

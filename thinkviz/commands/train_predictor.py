@@ -5,7 +5,8 @@ The corpus is the model's own reasoning on the committed prompt set (``--generat
 cached); ``--histories N`` long conversations chained from its training answers
 (:mod:`.predictor_training.histories`), shipped traces that are not held out and any ``--add``
 trace join it.  The held-out
-shipped traces (all of them by default) and every fifth answered generation
+traces (every shipped one by default, or those ``--holdout`` names; a shipped trace one of them
+holds leaves training) and every fifth answered generation
 (``--holdout-corpus``) are only measured: one table of Spearman and precision at 30 % for the
 predictor and its baselines, printed and written beside the predictor as
 ``dynts_<model>.eval.json``.
@@ -89,8 +90,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="TRACE",
-        help="shipped trace (file stem in presets/traces) kept out of training and measured on "
-        "(repeatable; default: every shipped reasoning trace)",
+        help="a trace kept out of training and measured on: a shipped one (file stem in presets/traces), "
+        "a preset or a trace file (repeatable; default: every shipped reasoning trace)",
     )
     parser.add_argument(
         "--holdout-corpus",
@@ -134,10 +135,25 @@ def reasoning_traces() -> dict[str, Trace]:
         trace = by_text.get(path.read_text(encoding="utf-8"))
         if trace is None:
             continue
-        texts = [trace.text] if trace.messages is None else [m.content for m in trace.messages]
-        if any("</think>" in text for text in texts):
+        if _answered(trace):
             traces[path.stem] = trace
     return traces
+
+
+def _answered(trace: Trace) -> bool:
+    """Whether an assistant turn of ``trace`` closes a think block: it has an answer to label its thinking with."""
+    return any("</think>" in m.content for m in trace.conversation if m.role == "assistant")
+
+
+def _read(flag: str, spec: str) -> Trace:
+    """The trace ``spec`` names (a preset or a file), answered; :class:`CliError` naming ``flag`` if not."""
+    try:
+        trace = load_trace(spec)
+    except TraceError as exc:
+        raise CliError(f"{flag} {spec}: {exc}") from None
+    if not _answered(trace):
+        raise CliError(f"{flag} {spec}: the trace has no </think>: it has no answer to label its thinking with")
+    return trace
 
 
 def _layers(text: str, depth: int) -> tuple[int, ...]:
@@ -155,8 +171,8 @@ def _layers(text: str, depth: int) -> tuple[int, ...]:
     return layers
 
 
-def _check(args: argparse.Namespace, traces: dict) -> list[str]:
-    """The held-out trace names; :class:`CliError` for bad values (before any model is loaded)."""
+def _check(args: argparse.Namespace, traces: dict[str, Trace]) -> dict[str, Trace]:
+    """The held-out traces by name; :class:`CliError` for bad values (before any model is loaded)."""
     if args.epochs < 1 or args.lr <= 0 or args.width < 1:
         raise CliError("--epochs and --width must be at least 1 and --lr positive")
     if args.generate < 0 or args.histories < 0:
@@ -165,39 +181,46 @@ def _check(args: argparse.Namespace, traces: dict) -> list[str]:
         raise CliError("--think-tokens and --answer-tokens must be at least 1")
     if not 0 <= args.holdout_corpus < 1:
         raise CliError("--holdout-corpus must be at least 0 and below 1")
-    holdout = args.holdout or list(traces)
-    for name in holdout:
-        if name not in traces:
-            raise CliError(f"--holdout {name!r} is not a reasoning trace; choose one of: {', '.join(traces)}")
+    holdout = {}
+    for spec in args.holdout or list(traces):
+        if spec in traces:
+            holdout[spec] = traces[spec]
+            continue
+        try:
+            trace = _read("--holdout", spec)
+        except CliError as exc:
+            raise CliError(f"{exc} (the shipped traces: {', '.join(traces)})") from None
+        holdout[spec if trace.name in holdout or trace.name in traces else trace.name] = trace
     return holdout
 
 
-def _assistant_texts(trace: Trace) -> set[str]:
-    """The assistant turns of ``trace``, stripped: what training on it would teach."""
-    return {m.content.strip() for m in trace.conversation if m.role == "assistant" and m.content.strip()}
+def _overlap(one: Trace, other: Trace) -> bool:
+    """Whether one trace holds every assistant turn of the other (a preset replaying a trace file,
+    that file, a transcript around its reasoning): training on one teaches the other."""
+    turns = [
+        {m.content.strip() for m in t.conversation if m.role == "assistant" and m.content.strip()} for t in (one, other)
+    ]
+    return bool(turns[0] and turns[1]) and (turns[0] <= turns[1] or turns[1] <= turns[0])
 
 
-def _added(specs: list[str], traces: dict[str, Trace], holdout: list[str]) -> dict[str, Trace]:
-    """The ``--add`` traces by spec; :class:`CliError` for one that cannot be read, or that holds
-    every assistant turn of a held-out trace (a preset replaying it, its file, a transcript around it:
-    the table would measure what the predictor was trained on) or of a trace already trained on."""
-    added = {}
+def _training_traces(specs: list[str], traces: dict[str, Trace], holdout: dict[str, Trace]) -> dict[str, Trace]:
+    """The shipped traces that no held-out trace overlaps and the ``--add`` traces, by name;
+    :class:`CliError` for an added one that cannot be read, that overlaps a held-out trace (the
+    table would measure the predictor on what it was trained on) or one already trained on."""
+    chosen = {name: t for name, t in traces.items() if not any(_overlap(t, held) for held in holdout.values())}
     for spec in specs:
-        try:
-            trace = load_trace(spec)
-        except TraceError as exc:
-            raise CliError(f"--add {spec}: {exc}") from None
-        texts = _assistant_texts(trace)
-        for name, other in {**traces, **added}.items():
-            if _assistant_texts(other) and _assistant_texts(other) <= texts:
-                if name in holdout:
-                    raise CliError(
-                        f"--add {spec} holds the reasoning of the held-out trace {name}: the table would measure "
-                        f"the predictor on what it was trained on; drop --add {spec} or hold out other traces"
-                    )
-                raise CliError(f"--add {spec} repeats {name}, which is already trained on")
-        added[spec] = trace
-    return added
+        trace = _read("--add", spec)
+        held = next((name for name, t in holdout.items() if _overlap(trace, t)), None)
+        if held is not None:
+            raise CliError(
+                f"--add {spec} holds the reasoning of the held-out trace {held}: the table would measure "
+                f"the predictor on what it was trained on; drop --add {spec} or hold out other traces"
+            )
+        repeated = next((name for name, t in chosen.items() if _overlap(trace, t)), None)
+        if repeated is not None:
+            raise CliError(f"--add {spec} repeats {repeated}, which is already trained on")
+        chosen[spec] = trace
+    return chosen
 
 
 def _corpus(args: argparse.Namespace, loaded) -> list[C.Generation]:
@@ -236,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     """Train the DynTS importance predictor on the model's own reasoning and measure it on held-out traces."""
     traces = reasoning_traces()
     holdout = _check(args, traces)
-    added = _added(args.add, traces, holdout)
+    extra = _training_traces(args.add, traces, holdout)
     path = Path(args.output) if args.output else None
     loaded = load_from_args(args)
     path = path or P.predictor_path(loaded.name)
@@ -252,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
             model, meta = P.load(path)
         except P.PredictorError as exc:
             raise CliError(str(exc)) from None
-        heldout = {name: [label(name, traces[name])] for name in holdout}
+        heldout = {name: [label(name, trace)] for name, trace in holdout.items()}
         print(f"{path.name} ({meta.trained_on}) on {loaded.name} ({loaded.quantization}, {loaded.backend}):")
         print(E.format_table(E.scorer_table(heldout, model)))
         return 0
@@ -271,14 +294,10 @@ def run(args: argparse.Namespace) -> int:
         label_transcript(loaded, f"history {k}", messages, layers)
         for k, messages in enumerate(tqdm(histories, desc="labelling histories", unit="history", file=sys.stderr))
     ]
-    extra = {name: t for name, t in traces.items() if name not in holdout} | added
-    try:
-        training += [label(name, t) for name, t in extra.items()]
-    except ValueError as exc:
-        raise CliError(f"a training trace cannot be labelled: {exc}") from None
+    training += [label(name, t) for name, t in extra.items()]
     if not training:
         raise CliError("nothing to train on: use --generate N, --add TRACE or hold out fewer traces")
-    heldout = {name: [label(name, traces[name])] for name in holdout}
+    heldout = {name: [label(name, trace)] for name, trace in holdout.items()}
     if held_corpus:
         heldout[f"corpus ({len(held_corpus)} held out)"] = held_corpus
     with tqdm(total=args.epochs, desc="training", unit="epoch", file=sys.stderr) as bar:
