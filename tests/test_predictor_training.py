@@ -430,11 +430,13 @@ def test_added_and_held_out_traces_are_checked_before_the_model_loads(tmp_path, 
         main(["train-predictor", "--holdout", "math_tilings", "--add", str(own)])
     assert main(["train-predictor", "--holdout", "math_tilings", "--add", str(own), "--add", str(own)]) == 2
     assert f"--add {own} repeats {own}, which is already trained on" in capsys.readouterr().err
-    unanswered = tmp_path / "unanswered.md"
-    unanswered.write_text("Thinking, never closed.", encoding="utf-8")  # the system prompt's </think> is no answer
-    for flag in ("--add", "--holdout"):
-        assert main(["train-predictor", flag, str(unanswered)]) == 2
-        assert f"{flag} {unanswered}: the trace has no </think>" in capsys.readouterr().err
+    never_closed, no_answer = tmp_path / "never_closed.md", tmp_path / "no_answer.md"
+    never_closed.write_text("Thinking, never closed.", encoding="utf-8")  # the system prompt's </think> is no answer
+    no_answer.write_text("<think>\nThinking.\n</think>\n\n", encoding="utf-8")
+    for path in (never_closed, no_answer):
+        for flag in ("--add", "--holdout"):
+            assert main(["train-predictor", flag, str(path)]) == 2
+            assert f"{flag} {path}: no answer after a </think> in an assistant turn" in capsys.readouterr().err
 
 
 def test_a_held_out_trace_of_ones_own_is_measured_and_a_shipped_one_it_holds_leaves_training(

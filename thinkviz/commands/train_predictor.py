@@ -141,8 +141,14 @@ def reasoning_traces() -> dict[str, Trace]:
 
 
 def _answered(trace: Trace) -> bool:
-    """Whether an assistant turn of ``trace`` closes a think block: it has an answer to label its thinking with."""
-    return any("</think>" in m.content for m in trace.conversation if m.role == "assistant")
+    """Whether an assistant turn of ``trace`` closes a think block and something follows the last
+    such ``</think>``: an answer to label its thinking with."""
+    turns = trace.conversation
+    closing = [k for k, m in enumerate(turns) if m.role == "assistant" and "</think>" in m.content]
+    if not closing:
+        return False
+    after = [turns[closing[-1]].content.rsplit("</think>", 1)[1]] + [m.content for m in turns[closing[-1] + 1 :]]
+    return any(text.strip() for text in after)
 
 
 def _read(flag: str, spec: str) -> Trace:
@@ -152,7 +158,7 @@ def _read(flag: str, spec: str) -> Trace:
     except TraceError as exc:
         raise CliError(f"{flag} {spec}: {exc}") from None
     if not _answered(trace):
-        raise CliError(f"{flag} {spec}: the trace has no </think>: it has no answer to label its thinking with")
+        raise CliError(f"{flag} {spec}: no answer after a </think> in an assistant turn to label its thinking with")
     return trace
 
 
@@ -266,9 +272,12 @@ def run(args: argparse.Namespace) -> int:
     layers = _layers(args.layers, loaded.geometry.layers)
 
     def label(name: str, trace: Trace):
-        if trace.messages is not None:
-            return label_transcript(loaded, name, trace.messages, layers)
-        return label_trace(loaded, name, trace.system, trace.question, trace.text, layers)
+        try:
+            if trace.messages is not None:
+                return label_transcript(loaded, name, trace.messages, layers)
+            return label_trace(loaded, name, trace.system, trace.question, trace.text, layers)
+        except ValueError as exc:
+            raise CliError(f"{name} cannot be labelled: {exc}") from None
 
     if args.evaluate_only:
         try:
