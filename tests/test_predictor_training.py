@@ -18,6 +18,7 @@ from thinkviz.commands.predictor_training import fit as F
 from thinkviz.commands.predictor_training import histories as H
 from thinkviz.commands.predictor_training import labels as L
 from thinkviz.commands.predictor_training.prompts import CorpusPrompt, corpus_prompts, prompt_set_digest
+from thinkviz.replay import Trace
 
 from thought_trace import QUESTION, SYSTEM, TRACE
 
@@ -82,6 +83,31 @@ def test_a_trace_without_an_answer_cannot_be_labelled(tiny_llama):
         L.label_trace(tiny_llama, "t", SYSTEM, QUESTION, "thinking that never ends")
     with pytest.raises(ValueError, match="nothing after its last </think>"):
         L.label_trace(tiny_llama, "t", SYSTEM, QUESTION, "done\n</think>\n  ")
+
+
+def test_a_transcript_closes_its_thinking_only_in_an_assistant_turn(tiny_llama):
+    """The system prompt's or a user's ``</think>`` is text, not the end of anyone's thinking: a
+    transcript whose assistant never closes one has no answer, and one quoted later does not move the cut."""
+    from thinkviz.chat import build_conversation
+    from thinkviz.transcript import Message
+
+    quoted = [
+        Message("system", "Think inside <think>…</think>, then answer."),
+        Message("user", "What is 2 + 2?"),
+        Message("assistant", "<think>\nTwo and two.\n</think>\n\nFour."),
+        Message("user", "Why did you write </think> there?"),
+    ]
+    examples = L.label_transcript(tiny_llama, "t", quoted)
+    chat = build_conversation(tiny_llama.tokenizer, quoted)
+    assert "".join(chat.texts[: len(examples.labels)]).endswith("Two and two.\n</think>")
+    for messages in (
+        quoted[:2] + [Message("assistant", "Four.")],
+        quoted[:2] + [Message("assistant", "Hm.\n</think>")],
+    ):
+        with pytest.raises(ValueError, match="no </think> in an assistant turn|nothing after its last </think>"):
+            L.label_transcript(tiny_llama, "t", messages)
+        with pytest.raises(ValueError):
+            L.check_answered(Trace.of_transcript("t", messages))
 
 
 # ---- evaluation measures ------------------------------------------------------------------

@@ -30,7 +30,7 @@ from .predictor_training import corpus as C
 from .predictor_training import evaluate as E
 from .predictor_training import histories as H
 from .predictor_training.fit import EPOCHS, LEARNING_RATE, WIDTH, train
-from .predictor_training.labels import label_trace, label_transcript
+from .predictor_training.labels import check_answered, label_trace, label_transcript
 from .predictor_training.prompts import corpus_prompts
 
 DEFAULT_CORPUS = 440  # the committed predictor's corpus: every prompt of the set answered twice
@@ -141,14 +141,12 @@ def reasoning_traces() -> dict[str, Trace]:
 
 
 def _answered(trace: Trace) -> bool:
-    """Whether an assistant turn of ``trace`` closes a think block and something follows the last
-    such ``</think>``: an answer to label its thinking with."""
-    turns = trace.conversation
-    closing = [k for k, m in enumerate(turns) if m.role == "assistant" and "</think>" in m.content]
-    if not closing:
+    """Whether ``trace`` has an answer to label its thinking with (:func:`.labels.check_answered`)."""
+    try:
+        check_answered(trace)
+    except ValueError:
         return False
-    after = [turns[closing[-1]].content.rsplit("</think>", 1)[1]] + [m.content for m in turns[closing[-1] + 1 :]]
-    return any(text.strip() for text in after)
+    return True
 
 
 def _read(flag: str, spec: str) -> Trace:
@@ -157,8 +155,12 @@ def _read(flag: str, spec: str) -> Trace:
         trace = load_trace(spec)
     except TraceError as exc:
         raise CliError(f"{flag} {spec}: {exc}") from None
-    if not _answered(trace):
-        raise CliError(f"{flag} {spec}: no answer after a </think> in an assistant turn to label its thinking with")
+    try:
+        check_answered(trace)
+    except ValueError as exc:
+        raise CliError(
+            f"{flag} {spec}: no answer after a </think> in an assistant turn to label its thinking with ({exc})"
+        ) from None
     return trace
 
 

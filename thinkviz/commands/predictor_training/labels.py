@@ -29,7 +29,7 @@ import torch
 from ...answer_attention import attention_maps, from_answer
 from ...chat import anchor, build_chat, build_conversation, token_boundary
 from ...model import LoadedModel
-from ...replay import ASSISTANT_PREFIX
+from ...replay import ASSISTANT_PREFIX, Trace
 from ...transcript import Message
 
 RECENT = 32  # h2o's default local window: a token is first judged when it leaves it
@@ -63,6 +63,22 @@ def split_answer(trace: str) -> tuple[str, str]:
     return trace[:cut], trace[cut:]
 
 
+def check_answered(trace: Trace) -> None:
+    """``ValueError`` unless ``trace`` has what labelling needs, checked without a model: an
+    assistant turn that closes its thinking with ``</think>``, and something after the last one
+    (the answer, or a transcript's later turns)."""
+    if trace.messages is None:
+        split_answer(trace.text.removeprefix(ASSISTANT_PREFIX))
+        return
+    turns = trace.messages
+    closing = [k for k, m in enumerate(turns) if m.role == "assistant" and "</think>" in m.content]
+    if not closing:
+        raise ValueError("the transcript has no </think> in an assistant turn: it has no answer to label with")
+    after = turns[closing[-1]].content.rsplit("</think>", 1)[1] + "".join(m.content for m in turns[closing[-1] + 1 :])
+    if not after.strip():
+        raise ValueError("the transcript has nothing after its last </think>")
+
+
 def label_trace(
     loaded: LoadedModel,
     name: str,
@@ -86,14 +102,13 @@ def label_transcript(
 ) -> Examples:
     """Label a transcript: the answer is everything after its last ``</think>`` (the last answer,
     and any tool and later turns); the assistant turns before it are the thinking positions."""
+    check_answered(Trace.of_transcript(name, messages))
     chat = build_conversation(loaded.tokenizer, messages)
-    close = chat.text.rfind("</think>")
-    if close < 0:
-        raise ValueError("the transcript has no </think>: it has no answer to label with")
     starts = [0, *itertools.accumulate(map(len, chat.texts))]
+    closing = [r for r in chat.roles if r.role == "assistant" and "</think>" in "".join(chat.texts[r.start : r.end])]
+    last = closing[-1]  # check_answered found one, and text after it
+    close = starts[last.start] + "".join(chat.texts[last.start : last.end]).rfind("</think>")
     cut = token_boundary([anchor(p, a) for p, a in zip(chat.texts, starts)], close + len("</think>"))
-    if cut >= len(chat.ids):
-        raise ValueError("the transcript has nothing after its last </think>")
     thinking = torch.zeros(cut, dtype=torch.bool)
     for role in chat.roles:
         if role.role == "assistant":
