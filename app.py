@@ -19,10 +19,10 @@ import ipaddress
 import sys
 
 from thinkviz.cores import AUTO, TORCH, apply_threads, choose_threads
-from thinkviz.events import MAX_RECORDING_BYTES
+from thinkviz.core.events import MAX_RECORDING_BYTES
 from thinkviz.memory import VramCapError, set_vram_cap
-from thinkviz.model import BACKENDS, QUANTIZATIONS
-from thinkviz.random_model import load_any
+from thinkviz.models.loading import BACKENDS, QUANTIZATIONS
+from thinkviz.models.sources import load_any
 from thinkviz.ui.app import APP_CSS, build_app
 from thinkviz.ui.model_slot import ModelSlot
 

@@ -29,7 +29,7 @@ trap 'rm -rf "$STAGING"' EXIT
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
     --platform any -d "$STAGING/wheels" "${PACKAGES[@]}"
-PYTHONPATH=. "$PYTHON" -c "import sys; from thinkviz.model import _embedded_tokenizer; \
+PYTHONPATH=. "$PYTHON" -c "import sys; from thinkviz.models.loading import _embedded_tokenizer; \
 _embedded_tokenizer().save_pretrained(sys.argv[1])" "$STAGING/tokenizer"
 
 rm -rf "$FOLDER"

@@ -13,7 +13,7 @@ from contextlib import ExitStack, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from unittest import mock
 
-from thinkviz import random_model
+from thinkviz.models import random_weights
 from thinkviz.cli import main
 
 
@@ -33,8 +33,8 @@ def run_cli(*args: str, before_loading: bool = False) -> CliResult:
     out, err = io.StringIO(), io.StringIO()
     with ExitStack() as stack:
         if before_loading:
-            stack.enter_context(mock.patch.object(random_model, "load_model", _refuse))
-            stack.enter_context(mock.patch.object(random_model, "load_random", _refuse))
+            stack.enter_context(mock.patch.object(random_weights, "load_model", _refuse))
+            stack.enter_context(mock.patch.object(random_weights, "load_random", _refuse))
         stack.enter_context(redirect_stdout(out))
         stack.enter_context(redirect_stderr(err))
         try:

@@ -6,7 +6,7 @@ Tests marked ``gpu`` are skipped, with the reason in the summary, where PyTorch 
 import pytest
 import torch
 
-from thinkviz.model import LoadedModel, load_model
+from thinkviz.models.loading import LoadedModel, load_model
 from tiny_models import tiny_model
 
 NO_GPU = "gpu: no CUDA GPU here (torch.cuda.is_available() is False); make gpu-check runs these on one"

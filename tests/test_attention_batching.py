@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz import attention
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.core import attention
+from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.policies import make_policy
 from tiny_models import tiny_model
 

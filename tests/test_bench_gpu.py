@@ -18,7 +18,7 @@ from thinkviz.bench.gpu import (
     write_report,
 )
 from tiny_models import SMALL
-from thinkviz.random_model import random_model
+from thinkviz.models.random_weights import random_model
 
 
 @pytest.fixture(scope="module")

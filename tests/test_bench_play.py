@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from thinkviz import recordings
+from thinkviz.demos import recordings
 from thinkviz.cli import main
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from thinkviz.attention import BIASED_ATTENTION, LayerArguments, attention_implementation
-from thinkviz.cache import EvictingCache
-from thinkviz.engine import DecodeSettings, Run, causal_mask
+from thinkviz.core.attention import BIASED_ATTENTION, LayerArguments, attention_implementation
+from thinkviz.core.cache import EvictingCache
+from thinkviz.core.engine import DecodeSettings, Run, causal_mask
 from thinkviz.policies import make_policy
 from thinkviz.policies.h2o import HeavyHitters
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from thinkviz.chat import REASONING_SYSTEM_PROMPT, RoleSpan, anchor, build_chat, token_texts
+from thinkviz.text.chat import REASONING_SYSTEM_PROMPT, RoleSpan, anchor, build_chat, token_texts
 
 
 @functools.lru_cache(maxsize=1)
@@ -294,7 +294,7 @@ def check_turns(prompt, messages):
 
 @pytest.mark.parametrize("template", [None, QWEN3_LIKE, R1_LIKE], ids=["smollm2", "qwen3-like", "r1-like"])
 def test_build_conversation_keeps_every_turn_verbatim(template):
-    from thinkviz.chat import build_conversation
+    from thinkviz.text.chat import build_conversation
 
     tok = smollm2_tokenizer() if template is None else with_template(template)
     prompt = build_conversation(tok, CONVERSATION)
@@ -304,7 +304,7 @@ def test_build_conversation_keeps_every_turn_verbatim(template):
 
 
 def test_smollm2_has_no_tool_role_so_tool_output_is_a_marked_user_turn():
-    from thinkviz.chat import TOOL_FALLBACK, build_conversation, has_tool_role
+    from thinkviz.text.chat import TOOL_FALLBACK, build_conversation, has_tool_role
 
     tok = smollm2_tokenizer()
     assert not has_tool_role(tok)
@@ -317,7 +317,7 @@ def test_smollm2_has_no_tool_role_so_tool_output_is_a_marked_user_turn():
 
 
 def test_a_template_with_a_tool_role_shapes_the_tool_turns():
-    from thinkviz.chat import build_conversation, has_tool_role
+    from thinkviz.text.chat import build_conversation, has_tool_role
 
     tok = with_template(QWEN3_LIKE)
     assert has_tool_role(tok) and has_tool_role(with_template(R1_LIKE)) and has_tool_role(CharTokenizer())
@@ -334,7 +334,7 @@ def test_a_template_with_a_tool_role_shapes_the_tool_turns():
 
 
 def test_build_conversation_plain_format_and_template_failures():
-    from thinkviz.chat import TOOL_FALLBACK, build_conversation
+    from thinkviz.text.chat import TOOL_FALLBACK, build_conversation
 
     plain = build_conversation(CharTokenizer(), CONVERSATION[:4])
     assert plain.text.endswith(f"Tool: {CONVERSATION[3]['content']}\n")
@@ -358,7 +358,7 @@ def test_build_conversation_plain_format_and_template_failures():
 
 
 def test_split_conversation_marks_the_turns_still_to_come():
-    from thinkviz.chat import build_conversation, split_conversation
+    from thinkviz.text.chat import build_conversation, split_conversation
 
     whole = build_conversation(smollm2_tokenizer(), CONVERSATION)
     cut = whole.roles[1].end

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from thinkviz.cli import main
-from thinkviz.events import RunRecord
+from thinkviz.core.events import RunRecord
 from thinkviz.policies import policy_names
 
 from cli_run import run_cli

@@ -8,11 +8,11 @@ import copy
 import pytest
 import torch
 
-from thinkviz import cpu_int4
-from thinkviz.metrics import kl_divergence, log_probs, token_nll
-from thinkviz.model import BACKENDS, EMBEDDED, ModelLoadError, choose_backend, load_model
+from thinkviz.models import cpu_int4
+from thinkviz.measure.metrics import kl_divergence, log_probs, token_nll
+from thinkviz.models.loading import BACKENDS, EMBEDDED, ModelLoadError, choose_backend, load_model
 from tiny_models import tiny_model
-from thinkviz.replay import load_trace, prepare_trace
+from thinkviz.measure.replay import load_trace, prepare_trace
 
 # Quantized matmuls take bfloat16 activations (8 significant bits), so a quantized model's
 # logits equal those of its float twin carrying the dequantized weights only up to that

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz.engine import DecodeSettings, EngineError, Run, causal_mask
+from thinkviz.core.engine import DecodeSettings, EngineError, Run, causal_mask
 from thinkviz.policies import make_policy
 
 from thought_trace import chat_and_trace
@@ -149,7 +149,7 @@ def test_chunked_prefill_compresses_long_prompts(tiny_llama):
 
 @pytest.mark.integration
 def test_embedded_4bit_model_generates_32_tokens_through_h2o(embedded_model):
-    from thinkviz.chat import REASONING_SYSTEM_PROMPT, build_chat
+    from thinkviz.text.chat import REASONING_SYSTEM_PROMPT, build_chat
 
     assert embedded_model.quantization == "4bit"
     prompt = build_chat(embedded_model.tokenizer, REASONING_SYSTEM_PROMPT, "What is 12 times 3?")

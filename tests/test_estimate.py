@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from thinkviz.chat import build_chat
-from thinkviz.engine import DecodeSettings, Run
-from thinkviz.estimate import Phase, Progress, Speed, format_seconds, measure_speed
+from thinkviz.text.chat import build_chat
+from thinkviz.core.engine import DecodeSettings, Run
+from thinkviz.measure.estimate import Phase, Progress, Speed, format_seconds, measure_speed
 from thinkviz.policies import make_policy
-from thinkviz.replay import LockstepReplay, prepare_trace
+from thinkviz.measure.replay import LockstepReplay, prepare_trace
 from tiny_models import tiny_model
 
 TRACE = "<think>\n" + " ".join(f"Step {i}: add {i} to the running total and check it twice." for i in range(60))

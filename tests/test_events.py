@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from thinkviz.engine import DecodeSettings, Run
-from thinkviz.events import RecordingError, RunRecord
+from thinkviz.core.engine import DecodeSettings, Run
+from thinkviz.core.events import RecordingError, RunRecord
 from thinkviz.policies import make_policy
 from tiny_models import tiny_model
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz.attention import AttentionCapture, attention_implementation
-from thinkviz.engine import DecodeSettings, Run, attention_kernel
+from thinkviz.core.attention import AttentionCapture, attention_implementation
+from thinkviz.core.engine import DecodeSettings, Run, attention_kernel
 from thinkviz.policies import make_policy
 
 

@@ -26,8 +26,8 @@ from test_engine import _hf_greedy, _prompt
 from test_oracle import _random_ids, reference_logits, replay_with_visibility
 
 from thinkviz.bench.gpu import gpu_report
-from thinkviz.engine import DecodeSettings, Run
-from thinkviz.faults import RunFault, guard_frames
+from thinkviz.core.engine import DecodeSettings, Run
+from thinkviz.core.faults import RunFault, guard_frames
 from thinkviz.memory import (
     GIB,
     TargetModel,
@@ -36,7 +36,7 @@ from thinkviz.memory import (
     set_vram_cap,
     with_device_memory,
 )
-from thinkviz.model import (
+from thinkviz.models.loading import (
     EMBEDDED,
     ModelLoadError,
     cache_dir,
@@ -44,7 +44,7 @@ from thinkviz.model import (
     load_model,
 )
 from thinkviz.policies import make_policy
-from thinkviz.random_model import load_random, random_model
+from thinkviz.models.random_weights import load_random, random_model
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -253,7 +253,7 @@ def test_a_real_out_of_memory_is_caught_reported_and_its_memory_returned(release
     # room for the h2o run (at most 512 slots: 32 MiB, and its activations), not the full one
     set_vram_cap((torch.cuda.memory_reserved(CUDA) + 160 * MIB) / GIB, CUDA)
     with (
-        caplog.at_level(logging.ERROR, logger="thinkviz.faults"),
+        caplog.at_level(logging.ERROR, logger="thinkviz.core.faults"),
         pytest.raises(RunFault, match="^the full run ran out of device memory and was stopped; its cache is freed"),
     ):
         for _ in guard_frames(_run_frames(loaded, make_policy("full"), prompt, settings), "the full run", CUDA):

@@ -14,15 +14,15 @@ import weakref
 import pytest
 import torch
 
-from thinkviz import engine
-from thinkviz.engine import DecodeSettings
-from thinkviz.faults import RunFault, fault_message, guard_frames, release_device_memory
+from thinkviz.core import engine
+from thinkviz.core.engine import DecodeSettings
+from thinkviz.core.faults import RunFault, fault_message, guard_frames, release_device_memory
 from thinkviz.policies import make_policy
 from thinkviz.policies.base import Policy
 from thinkviz.policies.registry import POLICIES
-from thinkviz.ui.compare import compare_frames
-from thinkviz.ui.live import live_frames
-from thinkviz.ui.runs import RunInput
+from thinkviz.ui.compare_run import compare_frames
+from thinkviz.ui.live_run import live_frames
+from thinkviz.measure.requests import RunInput
 from thinkviz.ui.stream import TokenChannel
 from thinkviz.ui.throttle import FramePacer
 from tiny_models import tiny_model
@@ -38,7 +38,7 @@ def tiny():
 
 @pytest.fixture
 def runs_made(monkeypatch) -> list[weakref.ref]:
-    """Weak references to every :class:`~thinkviz.engine.Run` built during the test."""
+    """Weak references to every :class:`~thinkviz.core.engine.Run` built during the test."""
     refs: list[weakref.ref] = []
     original = engine.Run.__init__
 
@@ -192,9 +192,9 @@ def test_stop_mid_comparison_drops_every_run(tiny, runs_made):
 
 
 def test_a_policy_that_raises_ends_the_sweep_with_a_message(tiny, exploding, runs_made):
-    from thinkviz.sweep import parse_budgets
-    from thinkviz.replay import Trace
-    from thinkviz.ui.sweep import sweep_frames
+    from thinkviz.sweep.grid import parse_budgets
+    from thinkviz.measure.replay import Trace
+    from thinkviz.ui.sweep_run import sweep_frames
 
     trace = Trace("tiny", None, "Sum the list.", "<think>\nFirst add 1 and 2.\n\nThen add 3.\n</think>\n\n" * 4)
     with pytest.raises(RunFault, match="the sweep failed: ZeroDivisionError: bad bookkeeping"):

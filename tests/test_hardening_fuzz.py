@@ -17,7 +17,7 @@ from test_segments import check_invariants
 from test_viz_tokens import SimulatedDom, chat_segmenter, parse
 
 from thinkviz.policies.think_drop import code_parses
-from thinkviz.segments import Segmenter
+from thinkviz.text.segments import Segmenter
 from thinkviz.ui.stream import TokenChannel
 from thinkviz.viz.tokens import MODES, TokenData, render_tokens
 

@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 
 from thinkviz import export
-from thinkviz.engine import DecodeSettings, Run
-from thinkviz.events import RecordingError
+from thinkviz.core.engine import DecodeSettings, Run
+from thinkviz.core.events import RecordingError
 from thinkviz.policies import make_policy
 from thinkviz.export import export_recording, import_recording, record_stem
-from thinkviz.ui import explore, inputs
+from thinkviz.ui import explore_views, inputs
 from thinkviz.ui.fields import numbers_only
-from thinkviz.ui.live import live_frames
-from thinkviz.ui.runs import RunInput, RunInputError
+from thinkviz.ui.live_run import live_frames
+from thinkviz.measure.requests import RunInput, RunInputError
 from thinkviz.ui.stream import TokenChannel
 from tiny_models import tiny_model
 
@@ -175,7 +175,9 @@ def test_recorded_text_reaches_the_explore_view_as_text(record, tmp_path):
     doc = json.loads(parts[".json"])
     doc["prompt_texts"][0] = "<script>alert(1)</script>"
     archive = _zip(tmp_path / "text.zip", {"r.json": json.dumps(doc).encode(), "r.npz": parts[".npz"]})
-    view = explore.explore_view(import_recording([archive]), 0, explore.AVERAGE, explore.AVERAGE, "combined")
+    view = explore_views.explore_view(
+        import_recording([archive]), 0, explore_views.AVERAGE, explore_views.AVERAGE, "combined"
+    )
     assert "<script>" not in view.tokens_html and "&lt;script&gt;" in view.tokens_html
     assert "<" not in view.caption
 
@@ -219,7 +221,7 @@ def test_the_cli_refuses_unknown_and_broken_presets_in_one_line(tmp_path, conten
 
 
 def test_a_json_and_npz_pair_over_the_size_limit_is_refused(record, tmp_path, monkeypatch):
-    from thinkviz import events
+    from thinkviz.core import events
 
     json_path, npz_path = record.save(tmp_path / "pair")
     monkeypatch.setattr(events, "MAX_RECORDING_BYTES", min(json_path.stat().st_size, npz_path.stat().st_size) - 1)
@@ -280,5 +282,5 @@ def test_inconsistent_recordings_end_in_a_message_on_upload_or_in_explore(record
     with pytest.raises(ValueError):
         loaded = import_recording([tmp_path / "bad.json", tmp_path / "bad.npz"])
         for step in (0, len(loaded.events) - 1):
-            explore.explore_view(loaded, step, explore.AVERAGE, explore.AVERAGE, "combined")
-            explore.explore_view(loaded, step, "0", "0", "evicted")
+            explore_views.explore_view(loaded, step, explore_views.AVERAGE, explore_views.AVERAGE, "combined")
+            explore_views.explore_view(loaded, step, "0", "0", "evicted")

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import app
-from thinkviz.events import MAX_RECORDING_BYTES
+from thinkviz.core.events import MAX_RECORDING_BYTES
 from thinkviz.ui import inputs
 from thinkviz.ui.handlers import user_error
 from thinkviz.ui.model_slot import LoadStatus, ModelSlot

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from thinkviz.chat import build_chat
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.text.chat import build_chat
+from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.policies import REFERENCE_POLICY, make_policy, policy_class, policy_names
 from thinkviz.ui.controls import default_view
-from thinkviz.ui.explore import token_data_at
+from thinkviz.ui.explore_views import token_data_at
 from thinkviz.viz.tokens import HEAT_LEVELS, TokenData, heat_levels, render_tokens, token_view
 from tiny_models import tiny_model
 

@@ -24,10 +24,10 @@ DEFERRED = {
     ("thinkviz.bench.quant_kernels", "bitsandbytes"),
     ("thinkviz.bench.served", "gradio_client"),  # with gradio: `bench gpu` runs on machines without either
     # plotly: the borrowed GPU machines lack it, and `bench gpu` runs there (tests/test_gpu_check.py)
-    ("thinkviz.sweep", "thinkviz.viz.pareto"),
+    ("thinkviz.sweep.grid", "thinkviz.viz.pareto"),
     ("thinkviz.commands.bench", "thinkviz.viz.pareto"),
     # Ray is optional (requirements-dev): only a sweep that asks for workers imports it
-    ("thinkviz.sweep_run", "thinkviz.sweep_ray"),
+    ("thinkviz.sweep.runner", "thinkviz.sweep.ray_pool"),
 }
 
 
@@ -152,3 +152,70 @@ def test_no_gradio_outside_the_wiring():
     users = {name for name in MODULES if any(t.split(".")[0] == "gradio" for t, _ in _imports(name))}
     assert {name for name in users - wiring if not name.startswith("thinkviz.ui.tabs")} == set()
     assert "thinkviz.ui.tabs.live" in users  # the check sees the imports it is about
+
+
+# The layers, lowest first: a module imports only from its own layer or the layers below it.
+LAYERS = (
+    ("thinkviz.units", "thinkviz.cores", "thinkviz.predictor", "thinkviz.text"),  # no thinkviz imports
+    ("thinkviz.policies",),  # rules: scores over a cache view
+    ("thinkviz.core", "thinkviz.models", "thinkviz.memory"),  # the engine, the model it runs, its bytes
+    ("thinkviz.measure", "thinkviz.demos"),  # replay, fidelity, presets and their recordings
+    ("thinkviz.sweep", "thinkviz.viz", "thinkviz.export"),  # grids of runs; figures, tables, files
+    ("thinkviz.ui", "thinkviz.commands", "thinkviz.bench"),  # the app, the CLI's commands, benchmarks
+    ("thinkviz.cli", "thinkviz.__main__"),
+)
+# Within the top layer, who may not import whom: the app and the CLI share nothing but what is below.
+APART = (("thinkviz.ui", "thinkviz.bench"), ("thinkviz.ui", "thinkviz.commands"), ("thinkviz.commands", "thinkviz.ui"))
+
+
+def _top(name: str) -> str:
+    """``thinkviz.core.engine`` → ``thinkviz.core``; a module directly in the package is its own."""
+    return ".".join(name.split(".")[:2])
+
+
+def _layer(name: str) -> int:
+    for rank, members in enumerate(LAYERS):
+        if _top(name) in members:
+            return rank
+    raise AssertionError(f"{name} is in no layer: add {_top(name)} to LAYERS")
+
+
+def _upward(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{a} → {b}"
+        for a, targets in edges.items()
+        for b in targets
+        if _layer(b) > _layer(a) or (_top(a), _top(b)) in APART
+    )
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n != "thinkviz"))
+def test_every_module_has_a_layer(name):
+    _layer(name)
+
+
+def test_imports_keep_the_layers():
+    edges = {a: targets for a, targets in _graph().items() if a != "thinkviz"}
+    assert _upward(edges) == [], "imports against the layers (see LAYERS)"
+
+
+def test_the_layer_checker_finds_an_upward_import():
+    edges = {"thinkviz.core.engine": {"thinkviz.ui.app"}, "thinkviz.ui.app": {"thinkviz.bench.load"}}
+    assert _upward(edges) == ["thinkviz.core.engine → thinkviz.ui.app", "thinkviz.ui.app → thinkviz.bench.load"]
+
+
+def test_no_module_name_twice_in_a_subpackage():
+    """Inside each sub-package tree (``thinkviz/ui/**``, ``thinkviz/core/**`` …) a module's name says
+    which one it is: no two share a name (``ui/live.py`` beside ``ui/tabs/live.py`` was such a pair)."""
+    trees: dict[str, dict[str, list[str]]] = {}
+    for name, path in MODULES.items():
+        parts = name.split(".")
+        if len(parts) > 2 and path.name != "__init__.py":
+            trees.setdefault(parts[1], {}).setdefault(parts[-1], []).append(name)
+    twins = {tree: {k: v for k, v in names.items() if len(v) > 1} for tree, names in trees.items()}
+    assert {tree: names for tree, names in twins.items() if names} == {}
+
+
+def test_the_package_top_level_is_short():
+    loose = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__", "cli"}
+    assert len(loose) <= 10, sorted(loose)

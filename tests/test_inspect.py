@@ -8,11 +8,11 @@ from collections import Counter
 import pytest
 
 from thinkviz.cli import main
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.core.engine import DecodeSettings, Run
 from tiny_models import tiny_model
 from thinkviz.policies import make_policy
 from thinkviz.policies.think_drop import block_states
-from thinkviz.replay import load_trace, prepare
+from thinkviz.measure.replay import load_trace, prepare
 
 
 @pytest.mark.parametrize("preset", ["think_drop_syntax_error", "think_drop_lru"])

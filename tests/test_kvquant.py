@@ -12,9 +12,9 @@ from gguf.quants import quantize as gguf_quantize
 from transformers import DynamicCache
 
 from thinkviz.bench.overhead import measure_overhead
-from thinkviz.cache import EvictingCache
-from thinkviz.engine import DecodeSettings, EngineError, Run, causal_mask
-from thinkviz.kvquant import (
+from thinkviz.core.cache import EvictingCache
+from thinkviz.core.engine import DecodeSettings, EngineError, Run, causal_mask
+from thinkviz.core.kvquant import (
     KVQuant,
     KVQuantError,
     format_names,
@@ -25,7 +25,7 @@ from thinkviz.kvquant import (
     round_trip_bound,
 )
 from thinkviz.policies import CacheView, make_policy
-from thinkviz.replay import LockstepReplay
+from thinkviz.measure.replay import LockstepReplay
 
 QUANTIZED = [name for name in format_names() if name != "none"]
 
@@ -135,7 +135,7 @@ def test_round_trip_on_the_embedded_models_kv(fmt, embedded_model):
 
 
 def _formula(fmt, tokens, heads, dim, dtype_bytes, residual):
-    """Bytes of one layer by the formats' definitions (module docstring of thinkviz.kvquant)."""
+    """Bytes of one layer by the formats' definitions (module docstring of thinkviz.core.kvquant)."""
     if fmt == "none":
         return 2 * tokens * heads * dim * dtype_bytes
     if fmt in ("q8_0", "q4_0"):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz.events import StepEvent
-from thinkviz.kvquant import KVQuant
+from thinkviz.core.events import StepEvent
+from thinkviz.core.kvquant import KVQuant
 from thinkviz.memory import (
     GIB,
     TARGETS,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz.metrics import (
+from thinkviz.measure.metrics import (
     TokenFidelity,
     divergence_step,
     kl_divergence,

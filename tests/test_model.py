@@ -5,8 +5,8 @@ import huggingface_hub.constants
 import pytest
 import torch
 
-from thinkviz import model as tvmodel
-from thinkviz.model import EMBEDDED, QUANTIZATIONS, ModelLoadError, cache_dir, load_model
+from thinkviz.models import loading as tvmodel
+from thinkviz.models.loading import EMBEDDED, QUANTIZATIONS, ModelLoadError, cache_dir, load_model
 from tiny_models import tiny_model
 
 PROMPT = [{"role": "user", "content": "What is 2+2?"}]

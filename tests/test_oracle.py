@@ -14,9 +14,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from thinkviz import predictor as P
-from thinkviz.chat import ChatPrompt
-from thinkviz.engine import DecodeSettings, Run, causal_mask
-from thinkviz.kvquant import KVQuant, q4_0_decode, q4_0_encode, q8_0_decode, q8_0_encode
+from thinkviz.text.chat import ChatPrompt
+from thinkviz.core.engine import DecodeSettings, Run, causal_mask
+from thinkviz.core.kvquant import KVQuant, q4_0_decode, q4_0_encode, q8_0_decode, q8_0_encode
 from thinkviz.policies import make_policy
 from thinkviz.policies.dynts import DynTS
 

@@ -13,13 +13,13 @@ import torch
 
 from thinkviz.cli import main
 from thinkviz.commands.common import policy_from_args
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.policies import Param, PolicyConfigError, make_policy
 from thinkviz.policies.base import Policy
 from thinkviz.policies.registry import POLICIES
-from thinkviz.presets import load_preset
+from thinkviz.demos.presets import load_preset
 from thinkviz.ui import controls
-from thinkviz.ui.learn import learn_markdown, policy_card
+from thinkviz.ui.learn_cards import learn_markdown, policy_card
 
 
 class ChoosyPolicy(Policy):

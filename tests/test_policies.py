@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from thinkviz.chat import build_chat
-from thinkviz.engine import DecodeSettings, Run
-from thinkviz.kvquant import KVQuant, format_names
+from thinkviz.text.chat import build_chat
+from thinkviz.core.engine import DecodeSettings, Run
+from thinkviz.core.kvquant import KVQuant, format_names
 from thinkviz.policies import PolicyConfigError, make_policy, policy_class, policy_names, policy_params
 
 SYSTEM = "You are a careful assistant. Think inside <think> tags, then answer."

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz.engine import DecodeSettings, Run
-from thinkviz.events import RunRecord
+from thinkviz.core.engine import DecodeSettings, Run
+from thinkviz.core.events import RunRecord
 from thinkviz.policies import CacheView, make_policy
 from thinkviz.policies.am import AttentionMatching
 

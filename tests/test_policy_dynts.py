@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from thinkviz import predictor as P
-from thinkviz.answer_attention import attention_maps
+from thinkviz.measure.answer_attention import attention_maps
 from thinkviz.cli import main
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.policies import make_policy
 from thinkviz.policies.dynts import DynTS
 

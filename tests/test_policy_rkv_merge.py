@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from thinkviz.cache import EvictingCache
+from thinkviz.core.cache import EvictingCache
 from thinkviz.policies import CacheView, make_policy
 from thinkviz.policies.merge import fold_values
 from thinkviz.policies.rkv import redundancy

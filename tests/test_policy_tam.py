@@ -10,11 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thinkviz.chat import token_texts
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.text.chat import token_texts
+from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.policies import make_policy
 from thinkviz.policies.tam import allocate_budgets, merge_short
-from thinkviz.segments import Segmenter
+from thinkviz.text.segments import Segmenter
 
 from thought_trace import chat_and_trace
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.policies import make_policy
 from thinkviz.policies.think_drop import code_parses, code_state
 

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz import answer_attention as A
+from thinkviz.measure import answer_attention as A
 from thinkviz import predictor as P
-from thinkviz.chat import build_chat
+from thinkviz.text.chat import build_chat
 from thinkviz.commands.predictor_training import corpus as C
 from thinkviz.commands.predictor_training import evaluate as E
 from thinkviz.commands.predictor_training import fit as F
 from thinkviz.commands.predictor_training import histories as H
 from thinkviz.commands.predictor_training import labels as L
 from thinkviz.commands.predictor_training.prompts import CorpusPrompt, corpus_prompts, prompt_set_digest
-from thinkviz.replay import Trace
+from thinkviz.measure.replay import Trace
 
 from thought_trace import QUESTION, SYSTEM, TRACE
 
@@ -58,8 +58,8 @@ def test_labels_are_the_attention_paid_by_the_answer(tiny_llama, monkeypatch, ch
 
 
 def test_transcript_labels_are_the_attention_paid_after_the_last_block(tiny_llama):
-    from thinkviz.chat import build_conversation
-    from thinkviz.transcript import Message
+    from thinkviz.text.chat import build_conversation
+    from thinkviz.text.transcript import Message
 
     from thought_trace import MESSAGES
 
@@ -88,8 +88,8 @@ def test_a_trace_without_an_answer_cannot_be_labelled(tiny_llama):
 def test_a_transcript_closes_its_thinking_only_in_an_assistant_turn(tiny_llama):
     """The system prompt's or a user's ``</think>`` is text, not the end of anyone's thinking: a
     transcript whose assistant never closes one has no answer, and one quoted later does not move the cut."""
-    from thinkviz.chat import build_conversation
-    from thinkviz.transcript import Message
+    from thinkviz.text.chat import build_conversation
+    from thinkviz.text.transcript import Message
 
     quoted = [
         Message("system", "Think inside <think>…</think>, then answer."),
@@ -421,7 +421,7 @@ def test_added_and_held_out_traces_are_checked_before_the_model_loads(tmp_path, 
 
     from thinkviz.cli import main
     from thinkviz.commands import train_predictor
-    from thinkviz.presets import PRESETS_DIR
+    from thinkviz.demos.presets import PRESETS_DIR
 
     class Loaded(Exception):
         pass

@@ -6,15 +6,15 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from thinkviz.chat import build_chat
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.text.chat import build_chat
+from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.policies import policy_params
-from thinkviz.presets import list_presets, load_preset
-from thinkviz.replay import load_trace
-from thinkviz.sweep import Budget, sweep_trace
+from thinkviz.demos.presets import list_presets, load_preset
+from thinkviz.measure.replay import load_trace
+from thinkviz.sweep.grid import Budget, sweep_trace
 from thinkviz.ui import controls
-from thinkviz.comparison import preset_policies
-from thinkviz.ui.sweep import SweepPreset
+from thinkviz.measure.comparison import preset_policies
+from thinkviz.ui.sweep_run import SweepPreset
 from thinkviz.ui.tabs.compare import policy_set_controls
 from thinkviz.ui.tabs.sweep import PROTECTION
 from thinkviz.ui.widgets import policy_controls

@@ -14,14 +14,14 @@ import threading
 
 import pytest
 
-from thinkviz.model import EMBEDDED, display_name
+from thinkviz.models.loading import EMBEDDED, display_name
 from thinkviz.policies.dynts import DynTS
-from thinkviz.presets import list_presets
-from thinkviz.recordings import RECORDINGS_DIR
-from thinkviz.ui import explore
-from thinkviz.ui.compare import playback_frames as compare_playback
-from thinkviz.ui.demo import load_preset_recording, preset_request, recording_problem
-from thinkviz.ui.live import playback_frames
+from thinkviz.demos.presets import list_presets
+from thinkviz.demos.recordings import RECORDINGS_DIR
+from thinkviz.ui import explore_views
+from thinkviz.ui.compare_run import playback_frames as compare_playback
+from thinkviz.demos.record import load_preset_recording, preset_request, recording_problem
+from thinkviz.ui.live_run import playback_frames
 from thinkviz.ui.stream import TokenChannel
 from thinkviz.ui.throttle import FramePacer
 from thinkviz.viz.tokens import render_tokens
@@ -43,7 +43,9 @@ def test_a_committed_recording_matches_its_preset_and_plays_to_the_view_explore_
     frames = list(playback_frames(recording, math.inf, threading.Event(), TokenChannel("t"), None, FramePacer(0.0)))
     final = frames[-1]
     assert final.done and "no model needed" in final.status
-    shown = explore.explore_view(live, len(live.events) - 1, explore.AVERAGE, explore.AVERAGE, "combined")
+    shown = explore_views.explore_view(
+        live, len(live.events) - 1, explore_views.AVERAGE, explore_views.AVERAGE, "combined"
+    )
     assert render_tokens(final.view, "combined") == shown.tokens_html
     channels = [TokenChannel(f"c{i}") for i in range(6)]
     compared = list(compare_playback(recording, math.inf, threading.Event(), channels, FramePacer(0.0)))[-1]

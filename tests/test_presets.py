@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from thinkviz.kvquant import KVQuant
+from thinkviz.core.kvquant import KVQuant
 from thinkviz.policies import make_policy, policy_names
-from thinkviz.presets import PRESETS_DIR, Preset, PresetError, list_presets, load_preset
+from thinkviz.demos.presets import PRESETS_DIR, Preset, PresetError, list_presets, load_preset
 from tiny_models import tiny_model
 
 TRACES_DIR = PRESETS_DIR / "traces"

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz.cache import EvictingCache
-from thinkviz.chat import build_chat
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.core.cache import EvictingCache
+from thinkviz.text.chat import build_chat
+from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.policies import make_policy
 
 

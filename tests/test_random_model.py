@@ -6,14 +6,14 @@ import bitsandbytes as bnb
 import pytest
 import torch
 
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.memory import TARGETS, TargetModel
-from thinkviz.model import ModelLoadError
+from thinkviz.models.loading import ModelLoadError
 from tiny_models import SMALL
 from thinkviz.policies import make_policy
-from thinkviz.random_model import (
+from thinkviz.models.sources import load_any
+from thinkviz.models.random_weights import (
     label,
-    load_any,
     load_random,
     random_config,
     random_model,

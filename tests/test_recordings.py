@@ -12,14 +12,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from thinkviz.comparison import Column
-from thinkviz.events import RecordingError
-from thinkviz.playback import Playback
+from thinkviz.measure.comparison import Column
+from thinkviz.core.events import RecordingError
+from thinkviz.demos.playback import Playback
 from thinkviz.policies import make_policy
-from thinkviz.recordings import check, load, save, score_codes, score_values
-from thinkviz.ui.demo import PresetRequest, record, request_signature
-from thinkviz.ui.inputs import decode_settings
-from thinkviz.ui.runs import RunInput
+from thinkviz.demos.recordings import check, load, save, score_codes, score_values
+from thinkviz.demos.record import PresetRequest, record, request_signature
+from thinkviz.measure.requests import decode_settings
+from thinkviz.measure.requests import RunInput
 from tiny_models import tiny_model
 
 TRACE = (

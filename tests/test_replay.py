@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz.engine import DecodeSettings, Run
-from thinkviz.events import RunRecord
-from thinkviz.metrics import log_probs, token_nll
+from thinkviz.core.engine import DecodeSettings, Run
+from thinkviz.core.events import RunRecord
+from thinkviz.measure.metrics import log_probs, token_nll
 from thinkviz.policies import make_policy, policy_class, policy_names
 from thinkviz.policies.base import COMMON_PARAMS
-from thinkviz.replay import LockstepReplay, TraceError, prepare_trace, read_trace_file
+from thinkviz.measure.replay import LockstepReplay, TraceError, prepare_trace, read_trace_file
 
 TOLERANCE = 1e-4
 SYSTEM = "You are a careful assistant."
@@ -190,7 +190,7 @@ def test_lockstep_fidelity_is_zero_without_eviction_and_positive_with_it(tiny_ll
 
 
 def test_lockstep_refuses_mixed_intervals(tiny_llama):
-    from thinkviz.engine import EngineError
+    from thinkviz.core.engine import EngineError
 
     prompt, ids = prepare_trace(tiny_llama, SYSTEM, QUESTION, TRACE)
     with pytest.raises(EngineError, match="share one interval"):
@@ -224,9 +224,9 @@ def test_cancel_stops_every_lockstep_run_after_the_same_chunk(tiny_llama):
 
 
 def test_load_trace_from_a_preset_or_a_file(tmp_path):
-    from thinkviz.presets import load_preset
-    from thinkviz.chat import REASONING_SYSTEM_PROMPT
-    from thinkviz.replay import DEFAULT_QUESTION, load_trace
+    from thinkviz.demos.presets import load_preset
+    from thinkviz.text.chat import REASONING_SYSTEM_PROMPT
+    from thinkviz.measure.replay import DEFAULT_QUESTION, load_trace
 
     preset = load_preset("math_h2o_vs_window")
     trace = load_trace("math_h2o_vs_window")
@@ -256,7 +256,7 @@ def test_transcript_replay_equals_step_by_step_decoding(tiny_llama, monkeypatch,
     """The transcript's tokens forced one per decoding step (the live loop, compressing every k
     steps) and replayed k per forward give the same keep sets, logits and segments, tool and
     user turns included."""
-    import thinkviz.engine as engine
+    from thinkviz.core import engine
 
     from thought_trace import conversation_and_trace
 
@@ -297,9 +297,9 @@ def test_transcript_replay_equals_step_by_step_decoding(tiny_llama, monkeypatch,
 
 
 def test_prepare_transcript_prefills_the_first_user_turn_and_forces_the_rest(tiny_llama):
-    from thinkviz.chat import build_conversation
-    from thinkviz.replay import prepare_transcript
-    from thinkviz.transcript import Message
+    from thinkviz.text.chat import build_conversation
+    from thinkviz.measure.replay import prepare_transcript
+    from thinkviz.text.transcript import Message
 
     from thought_trace import MESSAGES
 

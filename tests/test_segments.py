@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from test_chat import smollm2_tokenizer
-from thinkviz.chat import REASONING_SYSTEM_PROMPT, RoleSpan, anchor, build_chat, token_texts
-from thinkviz.segments import Segmenter, Span, signature_ranges
+from thinkviz.text.chat import REASONING_SYSTEM_PROMPT, RoleSpan, anchor, build_chat, token_texts
+from thinkviz.text.segments import Segmenter, Span, signature_ranges
 
 
 def text_of(texts: list[str], span: Span) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from thinkviz.events import RunRecord, StepEvent
+from thinkviz.core.events import RunRecord, StepEvent
 from thinkviz.ui.handlers import RUN_PICKER_INFO, run_picker
 from thinkviz.ui.session import Session, Shelf
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from thinkviz.kvquant import KVQuant
-from thinkviz.sweep import (
+from thinkviz.core.kvquant import KVQuant
+from thinkviz.sweep.grid import (
     COLUMNS,
     RESULT_COLUMNS,
     Budget,
@@ -23,7 +23,7 @@ from thinkviz.sweep import (
     write_rows,
 )
 from thinkviz.policies import policy_names
-from thinkviz.replay import Trace
+from thinkviz.measure.replay import Trace
 from thinkviz.viz.pareto import pareto_figure, pareto_front
 
 from cli_run import run_cli
@@ -230,7 +230,7 @@ def _transcript_file(tmp_path, messages=None):
 
 def test_sweep_and_replay_cost_on_a_transcript(tiny_llama, tmp_path):
     from thinkviz.bench.replay_cost import measure_replay_cost
-    from thinkviz.replay import load_trace, prepare
+    from thinkviz.measure.replay import load_trace, prepare
 
     trace = load_trace(str(_transcript_file(tmp_path)))
     rows, replay = sweep_trace(tiny_llama, trace, ["window", "think_drop"], [Budget(0.25, True)], interval=8)

@@ -15,15 +15,15 @@ import pytest
 import ray
 
 from sweep_grid import GROUPS, KV_QUANTS, one_thread, same_results, sweep_grid, sweep_whole
-from thinkviz.kvquant import KVQuant
+from thinkviz.core.kvquant import KVQuant
 from thinkviz.cli import main
-from thinkviz.random_model import load_any
-from thinkviz.replay import load_trace
-from thinkviz.sweep import RESULT_COLUMNS, Budget, SweepSettings, plan_groups, write_rows
-from thinkviz.sweep_ray import RayExecutor, connect
-from thinkviz.sweep_run import run_groups
-from thinkviz.sweep_work import ModelSpec
-from thinkviz.ui.sweep import RayTarget, sweep_frames
+from thinkviz.models.sources import load_any
+from thinkviz.measure.replay import load_trace
+from thinkviz.sweep.grid import RESULT_COLUMNS, Budget, SweepSettings, plan_groups, write_rows
+from thinkviz.sweep.ray_pool import RayExecutor, connect
+from thinkviz.sweep.runner import run_groups
+from thinkviz.sweep.work import ModelSpec
+from thinkviz.ui.sweep_run import RayTarget, sweep_frames
 
 ROOT = Path(__file__).resolve().parent.parent
 

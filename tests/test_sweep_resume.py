@@ -10,15 +10,15 @@ import shutil
 
 import pytest
 
-from thinkviz import sweep_work
+from thinkviz.sweep import work as sweep_work
 from thinkviz.cli import main
-from thinkviz.model import display_name
+from thinkviz.models.loading import display_name
 from thinkviz.policies.dynts import DynTS
 from thinkviz.policies.h2o import HeavyHitters
 from thinkviz.predictor import predictor_path
-from thinkviz.replay import Trace
-from thinkviz.sweep import Group, SweepSettings
-from thinkviz.sweep_store import GroupStore, fingerprint
+from thinkviz.measure.replay import Trace
+from thinkviz.sweep.grid import Group, SweepSettings
+from thinkviz.sweep.store import GroupStore, fingerprint
 from sweep_grid import GROUPS, same_results, sweep_grid, sweep_whole
 
 

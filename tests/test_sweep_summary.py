@@ -8,9 +8,9 @@ import json
 import pytest
 
 from thinkviz.bench.summary import SummaryError, load_sweep_rows, select_runs, summary_table
-from thinkviz.sweep import Budget, sweep_trace, write_rows
+from thinkviz.sweep.grid import Budget, sweep_trace, write_rows
 from thinkviz.cli import main
-from thinkviz.replay import Trace
+from thinkviz.measure.replay import Trace
 
 TRACE = Trace(
     name="tiny",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from thinkviz.sweep import Budget, check_params, markdown_table, parse_policies, split_policy, sweep_trace
+from thinkviz.sweep.grid import Budget, check_params, markdown_table, parse_policies, split_policy, sweep_trace
 
 from test_sweep_cli import TRACE
 

@@ -6,8 +6,8 @@ import csv
 
 import pytest
 
-from thinkviz.replay import Trace
-from thinkviz.sweep import Budget, parse_vary, sweep_trace, write_rows
+from thinkviz.measure.replay import Trace
+from thinkviz.sweep.grid import Budget, parse_vary, sweep_trace, write_rows
 from thinkviz.viz.pareto import pareto_figure
 
 from cli_run import run_cli
@@ -81,7 +81,7 @@ def test_bad_vary_arguments_exit_with_one_line_before_loading(args, reason):
 
 
 def test_the_sweep_tab_varies_a_knob_as_the_cli_does(tiny_llama):
-    from thinkviz.ui.sweep import sweep_frames
+    from thinkviz.ui.sweep_run import sweep_frames
 
     frames = list(
         sweep_frames(
@@ -94,7 +94,7 @@ def test_the_sweep_tab_varies_a_knob_as_the_cli_does(tiny_llama):
 
 
 def test_a_varied_knob_runs_for_each_policy_spec_with_its_own_knobs(tiny_llama):
-    from thinkviz.sweep import check_vary, vary_grid
+    from thinkviz.sweep.grid import check_vary, vary_grid
 
     vary = parse_vary("budget=24,48")
     check_vary(["h2o:recent=2", "h2o:recent=8"], vary)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.policies import PolicyConfigError, make_policy
 from thinkviz.policies.matching import fit_compaction
 from thinkviz.policies.tam import own_sample

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from thinkviz.replay import load_trace
-from thinkviz.transcript import Message, TraceError, decode_trace, is_transcript, parse_transcript
+from thinkviz.measure.replay import load_trace
+from thinkviz.text.transcript import Message, TraceError, decode_trace, is_transcript, parse_transcript
 
 CHAT = [
     {"role": "system", "content": "Be brief."},

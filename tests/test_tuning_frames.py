@@ -8,19 +8,19 @@ import threading
 
 import pytest
 
-from thinkviz.comparison import Column, column_labels
-from thinkviz.engine import DecodeSettings
-from thinkviz.estimate import Speed
+from thinkviz.measure.comparison import Column, column_labels
+from thinkviz.core.engine import DecodeSettings
+from thinkviz.measure.estimate import Speed
 from thinkviz.policies import make_policy
-from thinkviz.recordings import load, save
-from thinkviz.ui import explore
-from thinkviz.ui import live as live_tab
-from thinkviz.ui.compare import compare_frames
-from thinkviz.ui.compare import playback_frames as compare_playback
-from thinkviz.ui.demo import PresetRequest, record
-from thinkviz.ui.inputs import decode_settings
-from thinkviz.ui.live import live_frames, playback_frames
-from thinkviz.ui.runs import RunInput, RunInputError
+from thinkviz.demos.recordings import load, save
+from thinkviz.ui import explore_views
+from thinkviz.ui import live_run as live_tab
+from thinkviz.ui.compare_run import compare_frames
+from thinkviz.ui.compare_run import playback_frames as compare_playback
+from thinkviz.demos.record import PresetRequest, record
+from thinkviz.measure.requests import decode_settings
+from thinkviz.ui.live_run import live_frames, playback_frames
+from thinkviz.measure.requests import RunInput, RunInputError
 from thinkviz.ui.stream import TokenChannel
 from thinkviz.ui.throttle import FramePacer
 from thinkviz.viz.tokens import render_tokens
@@ -135,7 +135,7 @@ def test_a_recording_plays_through_the_live_frames_to_the_view_explore_shows(rec
     assert len(frames) > 5 and all("▶ Recording" in f.status for f in frames[:-1])
     live = recording.records[recording.live]
     last = len(live.events) - 1
-    shown = explore.explore_view(live, last, explore.AVERAGE, explore.AVERAGE, "combined")
+    shown = explore_views.explore_view(live, last, explore_views.AVERAGE, explore_views.AVERAGE, "combined")
     assert render_tokens(final.view, "combined") == shown.tokens_html
     assert "ΔNLL" in final.stats  # Live's run was recorded with its fidelity
     growing = [len(f.view.texts) for f in frames]  # the record grows in place; each frame's view is its own

@@ -10,14 +10,14 @@ import orjson
 import pytest
 import torch
 
-from thinkviz.engine import DecodeSettings
-from thinkviz.kvquant import KVQuant
+from thinkviz.core.engine import DecodeSettings
+from thinkviz.core.kvquant import KVQuant
 from thinkviz.memory import Projection
 from thinkviz.policies import make_policy
-from thinkviz.ui import explore, inputs
-from thinkviz.ui.compare import FIDELITY_COLUMNS, check_policies, compare_frames
-from thinkviz.ui.live import live_frames
-from thinkviz.ui.runs import RunInput, RunInputError
+from thinkviz.ui import explore_views, inputs
+from thinkviz.ui.compare_run import FIDELITY_COLUMNS, check_policies, compare_frames
+from thinkviz.ui.live_run import live_frames
+from thinkviz.measure.requests import RunInput, RunInputError
 from thinkviz.ui.stream import TokenChannel
 from thinkviz.ui.throttle import FramePacer
 from thinkviz.viz.tokens import TokenData
@@ -246,28 +246,28 @@ def test_compare_refuses_a_single_policy(tiny):
 def test_explore_shows_any_step_of_a_finished_run(tiny):
     frames, _ = _live(tiny, make_policy("h2o", budget=24, recent=4), tokens=20)
     record = frames[-1].record
-    early = explore.explore_view(record, 2, explore.AVERAGE, explore.AVERAGE, "evicted")
-    late = explore.explore_view(record, 19, explore.AVERAGE, explore.AVERAGE, "evicted")
+    early = explore_views.explore_view(record, 2, explore_views.AVERAGE, explore_views.AVERAGE, "evicted")
+    late = explore_views.explore_view(record, 19, explore_views.AVERAGE, explore_views.AVERAGE, "evicted")
     assert early.tokens_html.count("data-pos=") == len(record.prompt_texts) + 3
     assert late.tokens_html.count("data-pos=") == len(record.texts)
     assert late.tokens_html.count("tv-gone") > early.tokens_html.count("tv-gone")
     assert early.segments["data"] and early.heatmap.data
-    one = explore.explore_view(record, 19, "1", "0", "evicted")
+    one = explore_views.explore_view(record, 19, "1", "0", "evicted")
     assert "layer 1, kv-head 0" in one.caption
-    keep = explore.token_data_at(record, 19, 1, 0)[0].keep_fraction
+    keep = explore_views.token_data_at(record, 19, 1, 0)[0].keep_fraction
     assert set(np.unique(keep)) <= {0.0, 1.0}  # one head: each token is either held or not
     with pytest.raises(ValueError, match="layer must be between"):
-        explore.explore_view(record, 0, "99", explore.AVERAGE, "importance")
+        explore_views.explore_view(record, 0, "99", explore_views.AVERAGE, "importance")
     with pytest.raises(ValueError, match="step 20 is outside this run: its steps go from 0 to 19"):
-        explore.explore_view(record, 20, explore.AVERAGE, explore.AVERAGE, "evicted")
-    snapped = explore.explore_view(record, 19, "1", "0", "evicted")
+        explore_views.explore_view(record, 20, explore_views.AVERAGE, explore_views.AVERAGE, "evicted")
+    snapped = explore_views.explore_view(record, 19, "1", "0", "evicted")
     assert f"Step **{record.events[snapped.step].step}**" in snapped.caption  # the step box is set to this one
 
 
 def test_sweep_reports_progress_then_a_pareto_plot_and_a_table(tiny, tmp_path):
-    from thinkviz.sweep import parse_budgets
-    from thinkviz.replay import Trace
-    from thinkviz.ui.sweep import TABLE_COLUMNS, export_sweep, sweep_frames
+    from thinkviz.sweep.grid import parse_budgets
+    from thinkviz.measure.replay import Trace
+    from thinkviz.ui.sweep_run import TABLE_COLUMNS, export_sweep, sweep_frames
 
     trace = Trace("tiny", None, TRACE.question, TRACE.trace * 3)
     frames = list(sweep_frames(tiny, trace, ["window", "h2o"], parse_budgets("0.5,0.75"), 4, {"recent": 2}, poll=0.0))
@@ -281,9 +281,9 @@ def test_sweep_reports_progress_then_a_pareto_plot_and_a_table(tiny, tmp_path):
 
 
 def test_sweep_turns_a_bad_budget_into_a_message(tiny):
-    from thinkviz.sweep import Budget
-    from thinkviz.replay import Trace
-    from thinkviz.ui.sweep import sweep_frames
+    from thinkviz.sweep.grid import Budget
+    from thinkviz.measure.replay import Trace
+    from thinkviz.ui.sweep_run import sweep_frames
 
     trace = Trace("tiny", None, TRACE.question, TRACE.trace)
     with pytest.raises(RunInputError, match="budget"):
@@ -291,9 +291,9 @@ def test_sweep_turns_a_bad_budget_into_a_message(tiny):
 
 
 def test_sweep_can_replay_only_the_first_trace_tokens(tiny):
-    from thinkviz.sweep import parse_budgets
-    from thinkviz.replay import Trace
-    from thinkviz.ui.sweep import sweep_frames
+    from thinkviz.sweep.grid import parse_budgets
+    from thinkviz.measure.replay import Trace
+    from thinkviz.ui.sweep_run import sweep_frames
 
     trace = Trace("tiny", None, TRACE.question, TRACE.trace * 3)
     rows = list(sweep_frames(tiny, trace, ["window"], parse_budgets("0.5"), 4, {}, max_trace_tokens=12, poll=0.0))[
@@ -343,7 +343,7 @@ def _dynts_with_a_predictor(tiny, folder, monkeypatch):
 
 
 def test_a_dynts_replay_ends_with_the_attention_its_answer_paid_beside_the_predictions(tiny, tmp_path, monkeypatch):
-    from thinkviz.answer_attention import answer_start, attention_maps, from_answer
+    from thinkviz.measure.answer_attention import answer_start, attention_maps, from_answer
     from thinkviz.viz.tokens import render_tokens, token_view
 
     frames, _ = _live(tiny, _dynts_with_a_predictor(tiny, tmp_path, monkeypatch), TRACE)
@@ -361,17 +361,19 @@ def test_a_dynts_replay_ends_with_the_attention_its_answer_paid_beside_the_predi
     assert heat["predicted"] >= len(view.texts) - 1 and 0 < heat["answer"] <= start
     early = next(i for i, e in enumerate(record.events) if max(e.positions) + 1 <= start)  # before the answer
     assert token_view(record, early).answer_attention is None
-    shown = explore.explore_view(record, early, explore.AVERAGE, explore.AVERAGE, "answer")
+    shown = explore_views.explore_view(record, early, explore_views.AVERAGE, explore_views.AVERAGE, "answer")
     assert "no attention from the answer here" in shown.caption
-    assert explore.predicts_importance(record)
-    late = explore.explore_view(record, len(record.events) - 1, explore.AVERAGE, explore.AVERAGE, "predicted")
+    assert explore_views.predicts_importance(record)
+    late = explore_views.explore_view(
+        record, len(record.events) - 1, explore_views.AVERAGE, explore_views.AVERAGE, "predicted"
+    )
     assert "when it was written" in late.caption
 
 
 def test_a_policy_without_predictions_records_no_answer_attention(tiny):
     frames, _ = _live(tiny, make_policy("h2o", budget=32, interval=4, recent=4), TRACE)
     record = frames[-1].record
-    assert "answer_attention" not in record.summary and not explore.predicts_importance(record)
+    assert "answer_attention" not in record.summary and not explore_views.predicts_importance(record)
     assert "Attention from the answer" not in frames[-1].status
 
 

@@ -11,15 +11,15 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from thinkviz.engine import DecodeSettings, Run
-from thinkviz.events import RecordingError
-from thinkviz.model import ModelLoadError
+from thinkviz.core.engine import DecodeSettings, Run
+from thinkviz.core.events import RecordingError
+from thinkviz.models.loading import ModelLoadError
 from thinkviz.policies import make_policy, policy_names, policy_params
 from thinkviz.ui import controls, inputs
 from thinkviz.export import export_figures, export_recording, import_recording
-from thinkviz.ui.learn import kv_format_card, learn_markdown, policy_card
+from thinkviz.ui.learn_cards import kv_format_card, learn_markdown, policy_card
 from thinkviz.ui.model_slot import ModelSlot, ModelUnavailable
-from thinkviz.ui.runs import RunInputError
+from thinkviz.measure.requests import RunInputError, decode_settings, run_input
 from thinkviz.ui.stream import chart_frame
 from thinkviz.ui.throttle import FIGURE_INTERVAL, FramePacer, chart_pacer
 from tiny_models import tiny_model
@@ -226,13 +226,13 @@ def test_model_slot_turns_a_failed_load_into_a_message():
 
 def test_inputs_refuse_empty_and_mismatched_requests():
     with pytest.raises(RunInputError, match="needs a trace"):
-        inputs.run_input("replay", None, "q", "  ")
+        run_input("replay", None, "q", "  ")
     with pytest.raises(RunInputError, match="max_new_tokens"):
-        inputs.decode_settings(0, 0.0)
+        decode_settings(0, 0.0)
     with pytest.raises(RunInputError, match="projection"):
         inputs.projection("Qwen3-4B", -1)
     assert inputs.projection(inputs.NO_PROJECTION, 8) is None
-    request = inputs.run_input("generate", "  ", "Why?", "ignored")
+    request = run_input("generate", "  ", "Why?", "ignored")
     assert request.system is None and request.trace is None
 
 
@@ -291,13 +291,13 @@ def test_a_new_page_does_not_replace_the_model_chosen_in_settings(tiny_llama):
 
 
 def test_a_transcript_in_the_trace_box_replays_as_a_conversation(tiny_llama):
-    from thinkviz.replay import load_trace, prepare
-    from thinkviz.ui.runs import RunInput
-    from thinkviz.ui.runs import prepare as prepare_input
+    from thinkviz.measure.replay import load_trace, prepare
+    from thinkviz.measure.requests import RunInput
+    from thinkviz.measure.requests import prepare as prepare_input
 
     loaded = tiny_model("llama", max_context=8192)
     choice = inputs.choose_preset("think_drop_syntax_error")
-    prompt, ids = prepare_input(loaded, inputs.run_input("replay", choice.system, choice.preset.question, choice.trace))
+    prompt, ids = prepare_input(loaded, run_input("replay", choice.system, choice.preset.question, choice.trace))
     want_prompt, want_ids = prepare(loaded, load_trace("think_drop_syntax_error"))
     assert (prompt.ids, ids, prompt.roles) == (want_prompt.ids, want_ids, want_prompt.roles)
     standalone = "SYSTEM: Be brief.\nUSER: Add 2 and 3.\nASSISTANT: <think>\n2 + 3 = 5\n</think>\n5\nTOOL: ok"

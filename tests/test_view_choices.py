@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from thinkviz.chat import build_chat
-from thinkviz.engine import DecodeSettings, Run
+from thinkviz.text.chat import build_chat
+from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.policies import make_policy
-from thinkviz.ui import explore
+from thinkviz.ui import explore_views
 from thinkviz.ui.tabs.compare import column_view_choices
 from thinkviz.ui.tabs.live import view_choices
 
@@ -44,7 +44,7 @@ def test_explore_offers_mass_when_the_recorded_steps_carry_one(tiny_llama_d32, n
     run = Run(tiny_llama_d32, policy, prompt, DecodeSettings(max_new_tokens=24, stop_at_eos=False), threading.Event())
     for _ in run.generate():
         pass
-    assert explore.fits_bias(run.record) is mass
+    assert explore_views.fits_bias(run.record) is mass
 
 
 def test_compare_offers_mass_when_a_checked_column_fits_biases():

@@ -7,11 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from thinkviz.engine import DecodeSettings
-from thinkviz.metrics import TokenFidelity
+from thinkviz.core.engine import DecodeSettings
+from thinkviz.measure.metrics import TokenFidelity
 from thinkviz.policies import make_policy
-from thinkviz.ui.compare import FIDELITY_COLUMNS, compare_frames
-from thinkviz.ui.runs import RunInput
+from thinkviz.ui.compare_run import FIDELITY_COLUMNS, compare_frames
+from thinkviz.measure.requests import RunInput
 from thinkviz.ui.stream import TokenChannel
 from thinkviz.ui.throttle import FramePacer
 from thinkviz.viz.fidelity import fidelity_figure, smoothed

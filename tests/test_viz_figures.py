@@ -9,8 +9,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
-from thinkviz.events import RunRecord, StepEvent
-from thinkviz.kvquant import KVQuant
+from thinkviz.core.events import RunRecord, StepEvent
+from thinkviz.core.kvquant import KVQuant
 from thinkviz.memory import GIB, TARGETS, Projection, TargetModel
 from thinkviz.units import format_bytes
 from thinkviz.viz.tables import stats_strip
@@ -399,8 +399,8 @@ def test_placeholder_figure_shows_only_its_hint():
 
 
 def test_keep_heatmap_marks_where_each_turn_of_a_transcript_begins(loaded, tmp_path):
-    from thinkviz.engine import DecodeSettings, Run
-    from thinkviz.events import RunRecord
+    from thinkviz.core.engine import DecodeSettings, Run
+    from thinkviz.core.events import RunRecord
     from thinkviz.policies import make_policy
     from thinkviz.viz.figures import turn_starts
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from thinkviz.policies import ScoreScale, policy_class, policy_names
-from thinkviz.segments import Span
+from thinkviz.text.segments import Span
 from thinkviz.viz.legend import PREDICTION_SCALES, legend_html, pin_host, view_kinds, view_legend
 from thinkviz.viz.tokens import MODE_PARTS, MODES, PREDICTION_MODES, SEGMENT_KINDS, token_view
 

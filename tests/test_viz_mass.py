@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from thinkviz.ui.explore import explore_view
+from thinkviz.ui.explore_views import explore_view
 from thinkviz.viz.legend import view_legend
 from thinkviz.viz.tables import MASS_HEADER, SEGMENT_TABLE_HEADERS, segment_headers, segment_table
 from thinkviz.viz.tokens import TokenData, token_looks, token_view

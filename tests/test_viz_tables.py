@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from thinkviz.events import RunRecord
-from thinkviz.metrics import TokenFidelity, summarize_by_kind
+from thinkviz.core.events import RunRecord
+from thinkviz.measure.metrics import TokenFidelity, summarize_by_kind
 from thinkviz.viz.tables import fidelity_table, segment_table, stats_strip
 from viz_records import replayed
 from tiny_models import tiny_model
@@ -90,9 +90,9 @@ def test_fidelity_table_from_metric_summaries(run):
 
 
 def test_turn_preview_lists_every_message_with_its_tokens_and_blocks():
-    from thinkviz.inspection import inspect_trace
-    from thinkviz.replay import Trace
-    from thinkviz.transcript import Message
+    from thinkviz.measure.inspection import inspect_trace
+    from thinkviz.measure.replay import Trace
+    from thinkviz.text.transcript import Message
     from thinkviz.viz.tables import TURN_PREVIEW_HEADERS, turn_preview
 
     from thought_trace import MESSAGES

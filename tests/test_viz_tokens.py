@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thinkviz.chat import RoleSpan
-from thinkviz.events import RunRecord, StepEvent
-from thinkviz.segments import Segmenter
+from thinkviz.text.chat import RoleSpan
+from thinkviz.core.events import RunRecord, StepEvent
+from thinkviz.text.segments import Segmenter
 from thinkviz.viz.tokens import (
     HEAT_LEVELS,
     MODES,

@@ -53,7 +53,7 @@ All tests pass now.
 
 def chat_and_trace(tokenizer):
     """``(ChatPrompt, trace ids)`` for the loop above (the prompt opens the first block)."""
-    from thinkviz.chat import build_chat
+    from thinkviz.text.chat import build_chat
 
     prompt = build_chat(tokenizer, SYSTEM, QUESTION)
     return prompt, list(tokenizer(TRACE, add_special_tokens=False)["input_ids"])
@@ -101,7 +101,7 @@ MESSAGES = (
 def conversation_and_trace(loaded):
     """``(ChatPrompt, trace ids)`` for the transcript above: the prompt ends with the first user
     turn and carries every later turn's role span (``ahead``)."""
-    from thinkviz.replay import prepare_transcript
-    from thinkviz.transcript import Message
+    from thinkviz.measure.replay import prepare_transcript
+    from thinkviz.text.transcript import Message
 
     return prepare_transcript(loaded, [Message(role, content) for role, content in MESSAGES])

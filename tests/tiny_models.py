@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 import transformers
 
-from thinkviz import cpu_int4
+from thinkviz.models import cpu_int4
 from thinkviz.memory import TargetModel
-from thinkviz.model import LoadedModel, embedded_tokenizer
+from thinkviz.models.loading import LoadedModel, embedded_tokenizer
 
 ARCHS = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),

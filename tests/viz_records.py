@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from thinkviz.chat import build_chat
-from thinkviz.engine import DecodeSettings, Run
-from thinkviz.kvquant import KVQuant
+from thinkviz.text.chat import build_chat
+from thinkviz.core.engine import DecodeSettings, Run
+from thinkviz.core.kvquant import KVQuant
 from thinkviz.policies import make_policy
 
 TRACE = (

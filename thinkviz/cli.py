@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .commands.common import COMMANDS, CliError
 from .commands import bench, generate, inspect, policies, presets, train_predictor  # noqa: F401  (each registers itself)
-from .faults import RunFault
+from .core.faults import RunFault
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """Export and import of recordings and figures, as files a browser can download or upload.
 
 A recording downloads as one ``.zip`` holding the ``NAME.json`` + ``NAME.npz`` pair that
-:meth:`~thinkviz.events.RunRecord.save` writes; it uploads back either as that zip or as
+:meth:`~thinkviz.core.events.RunRecord.save` writes; it uploads back either as that zip or as
 the two files.  Figures download as one self-contained HTML page (plotly.js inlined, so it
 opens offline in a classroom).
 """
@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 from collections.abc import Mapping, Sequence
 
-from .events import MAX_RECORDING_BYTES, RecordingError, RunRecord
+from .core.events import MAX_RECORDING_BYTES, RecordingError, RunRecord
 
 
 def record_stem(record: RunRecord) -> str:
@@ -41,7 +41,7 @@ def export_recording(record: RunRecord, folder: str | Path | None = None) -> Pat
 def import_recording(paths: Sequence[str | Path]) -> RunRecord:
     """Load a recording from an exported ``.zip`` or from its ``.json`` + ``.npz`` pair.
 
-    Raises :class:`~thinkviz.events.RecordingError` with a message fit for the user.
+    Raises :class:`~thinkviz.core.events.RecordingError` with a message fit for the user.
     """
     paths = [Path(p) for p in paths if p]
     if not paths:

@@ -7,7 +7,7 @@ policy would not:
 
     KV bytes per token = 2 (K and V) · layers · kv_heads · head_dim · dtype bytes
 
-at full precision; a quantized KV format (:mod:`thinkviz.kvquant`) prices a token at that
+at full precision; a quantized KV format (:mod:`thinkviz.core.kvquant`) prices a token at that
 format's bytes instead (codes and scales; KIVI at its steady state, one key group's scales
 shared by ``residual`` tokens).
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kvquant import KVQuant
+from .core.kvquant import KVQuant
 
 GIB = 1024**3
 
@@ -242,7 +242,7 @@ def device_memory(device=None) -> dict[str, int | str]:
 
 
 def with_device_memory(events: Iterable, device=None) -> Iterator:
-    """Yield each :class:`~thinkviz.events.StepEvent` of a run with the device memory measured
+    """Yield each :class:`~thinkviz.core.events.StepEvent` of a run with the device memory measured
     right after its step in ``event.info["device_memory"]`` (what :func:`device_memory` returns),
     so the recording carries ``torch.cuda.memory_allocated`` (or the RSS on a CPU) per step."""
     for event in events:

@@ -24,6 +24,8 @@ Training and evaluation live in :mod:`thinkviz.commands.predictor_training`, dri
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -230,3 +232,19 @@ def find_predictor(
             f"but {model_name} has only 0 .. {depth} (embeddings, {depth} layers)"
         )
     return predictor
+
+
+def content_digest(path: Path) -> str:
+    """A short digest of a file's content: its bytes, except that a ``.safetensors`` file's JSON
+    header is read with its keys sorted — safetensors writes the metadata in an arbitrary order,
+    so the same tensors and metadata saved twice differ in bytes but not here."""
+    data = path.read_bytes()
+    if path.suffix == ".safetensors" and len(data) >= 8:
+        size = int.from_bytes(data[:8], "little")
+        try:
+            header = json.loads(data[8 : 8 + size])
+        except ValueError:
+            pass  # not a readable header: the bytes are the content
+        else:
+            data = json.dumps(header, sort_keys=True).encode() + data[8 + size :]
+    return hashlib.sha256(data).hexdigest()[:16]

@@ -1,4 +1,9 @@
-"""Human-readable units."""
+"""Human-readable units and table cells."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
 
 
 def format_bytes(n: float) -> str:
@@ -9,3 +14,8 @@ def format_bytes(n: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def cell(value: Any, spec: str) -> str:
+    """``value`` formatted with ``spec`` for a Markdown table; a missing value (None, NaN) is "–"."""
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)

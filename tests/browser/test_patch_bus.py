@@ -8,10 +8,10 @@ from pathlib import Path
 import plotly
 import pytest
 
-from thinkviz.engine import DecodeSettings
+from thinkviz.core.engine import DecodeSettings
 from thinkviz.policies import make_policy
-from thinkviz.ui.live import live_frames
-from thinkviz.ui.runs import RunInput
+from thinkviz.ui.live_run import live_frames
+from thinkviz.measure.requests import RunInput
 from thinkviz.ui.stream import (
     PATCH_BUS_JS,
     RESYNC_BUTTON_ID,

@@ -2,7 +2,7 @@
 
 The app is built in this process around a tiny model, so the test can see the server's objects:
 the client's :class:`~thinkviz.ui.session.Session`, its recordings and token-view channels, and the
-engine's :class:`~thinkviz.engine.Run` while it streams.  Gradio's heartbeat is shortened so a
+engine's :class:`~thinkviz.core.engine.Run` while it streams.  Gradio's heartbeat is shortened so a
 closed client is noticed at once (the release itself is what is tested, not how soon it comes).
 """
 
@@ -20,7 +20,7 @@ from gradio_client.exceptions import AppError
 from test_ui_browser import wait_for_text
 from tiny_app import served_demo
 
-from thinkviz.engine import Run
+from thinkviz.core.engine import Run
 from thinkviz.export import import_recording
 from thinkviz.ui.session import Session
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterator, Sequence
 
-from ..presets import load_preset
+from ..demos.presets import load_preset
 from .trace_profile import TRACE_CATEGORIES
 
 CHROMIUM = "/usr/bin/chromium"

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 import transformers
 
-from ..engine import DecodeSettings, Run
-from ..model import LoadedModel
+from ..core.engine import DecodeSettings, Run
+from ..models.loading import LoadedModel
 from ..policies import make_policy
-from ..viz.tables import cell
+from ..units import cell
 from .overhead import time_engine, time_generate
 
 CONTEXTS = (2048, 8192, 32768)

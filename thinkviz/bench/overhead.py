@@ -26,13 +26,13 @@ from collections.abc import Sequence
 import torch
 from transformers import StoppingCriteria
 
-from ..attention import attention_implementation
-from ..chat import REASONING_SYSTEM_PROMPT, build_chat
-from ..engine import DecodeSettings, Run, attention_kernel
-from ..kvquant import KVQuant
-from ..model import LoadedModel
+from ..core.attention import attention_implementation
+from ..text.chat import REASONING_SYSTEM_PROMPT, build_chat
+from ..core.engine import DecodeSettings, Run, attention_kernel
+from ..core.kvquant import KVQuant
+from ..models.loading import LoadedModel
 from ..policies import make_policy
-from ..presets import PRESETS_DIR
+from ..demos.presets import PRESETS_DIR
 
 PROMPT = "Explain step by step why the sum of two odd numbers is always even."
 

@@ -24,9 +24,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..chat import REASONING_SYSTEM_PROMPT, build_chat
-from ..engine import DecodeSettings, Run
-from ..model import LoadedModel
+from ..text.chat import REASONING_SYSTEM_PROMPT, build_chat
+from ..core.engine import DecodeSettings, Run
+from ..models.loading import LoadedModel
 from ..policies import make_policy
 from .overhead import PROMPT
 

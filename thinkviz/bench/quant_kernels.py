@@ -7,7 +7,7 @@ of activation rows (1 = a decode step, 32 = a replay chunk), the time of one cal
 - ``bitsandbytes NF4``: ``bnb.nn.Linear4bit`` (its fused CPU kernel where the CPU has
   avx512_bf16, else dequantize-then-matmul); not for the head, which transformers keeps in
   float32 when it loads a model with bitsandbytes;
-- ``torch-int4``: :class:`~thinkviz.cpu_int4.Int4Linear` (``Int8Linear`` for the head), casts
+- ``torch-int4``: :class:`~thinkviz.models.cpu_int4.Int4Linear` (``Int8Linear`` for the head), casts
   included;
 - ``int4 kernel, float32 input``: the same PyTorch kernel fed float32 activations, which
   shows why the backend casts to bfloat16.
@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .. import cpu_int4
+from ..models import cpu_int4
 
 KERNELS = ("float32", "bitsandbytes NF4", "torch-int4", "int4 kernel, float32 input")
 

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from ..metrics import kl_divergence, log_probs, token_nll, top1_agreement
-from ..model import LoadedModel
+from ..measure.metrics import kl_divergence, log_probs, token_nll, top1_agreement
+from ..models.loading import LoadedModel
 from .overhead import time_generate
 from .replay_cost import time_plain_pass
 

@@ -3,7 +3,7 @@
 All timings come from one process on one loaded model, alternating, best of ``repeats``
 after a warm-up, so machine noise hits every contender alike:
 
-- *replay*: :meth:`thinkviz.engine.Run.replay` of the trace through the policy, ``interval``
+- *replay*: :meth:`thinkviz.core.engine.Run.replay` of the trace through the policy, ``interval``
   tokens per forward, attention captured, scores computed, cache gathered at each compression;
 - *one pass*: the bare model over prompt + trace in a single forward (the cheapest way to get
   the full cache's logits) — the ratio's denominator;
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from ..chat import ChatPrompt
-from ..engine import DecodeSettings, Run
-from ..model import LoadedModel
+from ..text.chat import ChatPrompt
+from ..core.engine import DecodeSettings, Run
+from ..models.loading import LoadedModel
 from ..policies import make_policy
 
 

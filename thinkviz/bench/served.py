@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
-from ..model import embedded_tokenizer
-from ..replay import load_trace
+from ..models.loading import embedded_tokenizer
+from ..measure.replay import load_trace
 from .browser import BenchError, app_process
 
 HEARTBEAT_SECONDS = 1.0  # Gradio's heartbeat for an app the benchmark starts (GRADIO_HEARTBEAT_INTERVAL)

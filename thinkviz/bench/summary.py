@@ -1,6 +1,6 @@
 """One table across sweeps: a row per (policy, budget, KV format), a column per trace.
 
-``bench sweep`` writes one ``sweep.json`` per run (see :mod:`thinkviz.sweep`).  When
+``bench sweep`` writes one ``sweep.json`` per run (see :mod:`thinkviz.sweep.grid`).  When
 several traces were swept separately, :func:`summary_table` lines their rows up so that a
 policy can be read across traces at a glance: the chosen metric per trace, its mean over
 the traces, and the largest peak KV fraction the policy reached at that budget.  Sweeps
@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from ..metrics import METRICS
+from ..measure.metrics import METRICS
 from ..policies import REFERENCE_POLICY
-from ..viz.tables import cell, kv_label, mixes_formats, run_label
+from ..units import cell
+from ..viz.tables import kv_label, mixes_formats, run_label
 
 REQUIRED = ("trace", "policy", "budget", "kv_fraction", *METRICS)
 BUDGET_SLACK = 0.005  # peak KV (fraction of full) within which a row counts as holding its budget

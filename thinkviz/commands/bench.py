@@ -26,14 +26,14 @@ from ..bench.served import served_app, short_replay
 from ..bench.soak import soak, soak_table
 from ..bench.summary import SummaryError, load_sweep_rows, select_runs, summary_table
 from ..cores import AUTO, TORCH, choose_threads, usable_cores
-from ..model import ModelLoadError, choose_backend, load_model
+from ..models.loading import ModelLoadError, choose_backend, load_model
 from ..policies import PolicyConfigError, make_policy
-from ..presets import MAX_NEW_TOKENS_RANGE, list_presets, load_preset
-from ..ui.demo import recording_problem
-from ..replay import TraceError, load_trace, prepare
-from ..engine import EngineError
-from ..kvquant import KVQuant
-from ..sweep import (
+from ..demos.presets import MAX_NEW_TOKENS_RANGE, list_presets, load_preset
+from ..demos.record import recording_problem
+from ..measure.replay import TraceError, load_trace, prepare
+from ..core.engine import EngineError
+from ..core.kvquant import KVQuant
+from ..sweep.grid import (
     SweepSettings,
     check_params,
     check_vary,
@@ -45,9 +45,9 @@ from ..sweep import (
     plan_groups,
     write_rows,
 )
-from ..sweep_run import GroupsProgress, SweepOutcome, open_executor, run_groups
-from ..sweep_store import GroupStore
-from ..sweep_work import ModelSpec, WorkerError
+from ..sweep.runner import GroupsProgress, SweepOutcome, open_executor, run_groups
+from ..sweep.store import GroupStore
+from ..sweep.work import ModelSpec, WorkerError
 from .common import (
     CliError,
     add_kv_quant_args,

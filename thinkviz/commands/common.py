@@ -11,11 +11,11 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from ..kvquant import RESIDUAL_RANGE, KVQuant, KVQuantError, format_names
+from ..core.kvquant import RESIDUAL_RANGE, KVQuant, KVQuantError, format_names
 from ..memory import VramCapError, set_vram_cap
-from ..model import BACKENDS, QUANTIZATIONS, ModelLoadError
+from ..models.loading import BACKENDS, QUANTIZATIONS, ModelLoadError
 from ..policies import PolicyConfigError, make_policy, policy_names
-from ..random_model import load_any
+from ..models.sources import load_any
 
 
 class CliError(Exception):

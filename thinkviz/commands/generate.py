@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..chat import REASONING_SYSTEM_PROMPT, build_chat
-from ..engine import DecodeSettings, EngineError, Run
-from ..faults import guard_frames
+from ..text.chat import REASONING_SYSTEM_PROMPT, build_chat
+from ..core.engine import DecodeSettings, EngineError, Run
+from ..core.faults import guard_frames
 from ..memory import with_device_memory
 from ..units import format_bytes
 from .common import (

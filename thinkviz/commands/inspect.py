@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..inspection import format_report, inspect_trace
-from ..model import ModelLoadError, load_tokenizer
-from ..replay import TraceError, load_trace
+from ..measure.inspection import format_report, inspect_trace
+from ..models.loading import ModelLoadError, load_tokenizer
+from ..measure.replay import TraceError, load_trace
 from .common import CliError, command
 
 

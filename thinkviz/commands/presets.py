@@ -2,7 +2,7 @@
 
 Each preset is run on the embedded model in 4 bits, as the Live tab (its policy, fidelity measured
 against the full cache) and the Compare tab (its columns) would run it, and saved as
-``presets/recordings/<preset>.zip`` (:mod:`thinkviz.recordings`).  ``presets check`` reads every
+``presets/recordings/<preset>.zip`` (:mod:`thinkviz.demos.recordings`).  ``presets check`` reads every
 recording back and says which are missing or stale, without a model.  Recording every preset takes
 the better part of an hour on a shared 2-core CPU: run it niced, with ``OMP_NUM_THREADS=1``.
 """
@@ -13,10 +13,10 @@ import argparse
 import sys
 import time
 
-from ..model import load_model
-from ..presets import list_presets
-from ..recordings import RECORDINGS_DIR, recording_path, save
-from ..ui.demo import RECORDING_MODEL, record_preset, recording_problem
+from ..models.loading import load_model
+from ..demos.presets import list_presets
+from ..demos.recordings import RECORDINGS_DIR, recording_path, save
+from ..demos.record import RECORDING_MODEL, record_preset, recording_problem
 from ..units import format_bytes
 from .common import CliError, command
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .. import predictor as P
-from ..chat import REASONING_SYSTEM_PROMPT
+from ..text.chat import REASONING_SYSTEM_PROMPT
 from .common import CliError, add_model_args, command, load_from_args
-from ..presets import PRESETS_DIR, list_presets, load_preset
-from ..replay import Trace, TraceError, load_trace
+from ..demos.presets import PRESETS_DIR, list_presets, load_preset
+from ..measure.replay import Trace, TraceError, load_trace
 from .predictor_training import corpus as C
 from .predictor_training import evaluate as E
 from .predictor_training import histories as H
@@ -124,7 +124,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def reasoning_traces() -> dict[str, Trace]:
     """Each shipped trace or transcript with a ``</think>`` (an answer to label with), as replayed
-    by its first preset: ``{trace file stem: thinkviz.replay.Trace}``."""
+    by its first preset: ``{trace file stem: thinkviz.measure.replay.Trace}``."""
     by_text = {}
     for name in list_presets():
         preset = load_preset(name)

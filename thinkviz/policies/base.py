@@ -15,8 +15,6 @@ The budget is ``budget`` tokens (``budget_mode`` ``tokens``) or ``⌈budget_frac
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -27,21 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-
-def content_digest(path: Path) -> str:
-    """A short digest of a file's content: its bytes, except that a ``.safetensors`` file's JSON
-    header is read with its keys sorted — safetensors writes the metadata in an arbitrary order,
-    so the same tensors and metadata saved twice differ in bytes but not here."""
-    data = path.read_bytes()
-    if path.suffix == ".safetensors" and len(data) >= 8:
-        size = int.from_bytes(data[:8], "little")
-        try:
-            header = json.loads(data[8 : 8 + size])
-        except ValueError:
-            pass  # not a readable header: the bytes are the content
-        else:
-            data = json.dumps(header, sort_keys=True).encode() + data[8 + size :]
-    return hashlib.sha256(data).hexdigest()[:16]
+from ..predictor import content_digest
 
 
 class PolicyConfigError(ValueError):
@@ -262,7 +246,7 @@ class Policy:
     engine then runs the model's fused attention, which returns no weights);
     :meth:`hidden_layers`: which hidden states it reads;
     ``fits_bias``: whether the cache carries a per-slot attention bias the policy fits (the
-    attention-matching policies; the engine then runs :mod:`thinkviz.attention`'s biased
+    attention-matching policies; the engine then runs :mod:`thinkviz.core.attention`'s biased
     attention; every other policy runs the model's own attention unchanged);
     ``query_rows``: how many of the newest queries per layer and query head it reads in
     ``CacheView.queries`` (0: none kept);

@@ -20,7 +20,7 @@ there changes.  The weight of a kept slot in later merges is its own score again
 is not carried forward).  Because values change, a step after merging differs from the
 full-cache step with the evicted slots masked: the eviction oracle does not apply here.
 
-With a quantized KV format (:mod:`thinkviz.kvquant`) the fold reads keys and values as
+With a quantized KV format (:mod:`thinkviz.core.kvquant`) the fold reads keys and values as
 attention reads them (decoded), and only the kept slots that absorbed an evicted value get new
 values, re-encoded by the cache (every format quantizes values per token, so no other slot's
 codes change).  Each absorption therefore adds at most one rounding of that slot's new block;

@@ -48,3 +48,9 @@ def score_scale(name: str) -> ScoreScale | None:
     """What policy ``name``'s score grades (``None``: nothing graded, no heat to show); a policy
     this version does not know gets the generic scale."""
     return lookup(name).score_scale
+
+
+def policy_values(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The subset of ``params`` that policy ``name`` declares (others ignore a knob they lack)."""
+    declared = {p.name for p in policy_params(name)}
+    return {key: value for key, value in params.items() if key in declared}

@@ -36,7 +36,7 @@ from .base import CacheView, Policy, keep_top
 from .registry import register
 
 if TYPE_CHECKING:
-    from ..segments import Segmenter
+    from ..text.segments import Segmenter
 
 
 @functools.lru_cache(maxsize=256)

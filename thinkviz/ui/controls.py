@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 from ..policies import Param, PolicyConfigError, make_policy, policy_class, policy_names
 from ..policies.base import COMMON_PARAMS, Policy
-from ..sweep import check_params, policy_values
+from ..policies.registry import policy_values
+from ..sweep.grid import check_params
 
 COMMON_NAMES = tuple(p.name for p in COMMON_PARAMS)
 POOL_OF_KIND = {"int": "numbers", "float": "numbers", "bool": "flags", "choice": "choices"}

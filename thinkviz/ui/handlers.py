@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterator
 
 import gradio as gr
 
-from ..events import RecordingError, RunRecord
+from ..core.events import RecordingError, RunRecord
 from ..export import export_figures, export_recording
-from ..faults import RunFault
-from ..model import LoadedModel
+from ..core.faults import RunFault
+from ..models.loading import LoadedModel
 from .controls import ControlError
 from .model_slot import ModelSlot, ModelUnavailable
-from .runs import RunInputError
+from ..measure.requests import RunInputError
 from .session import Session
 from .text import no_markup
 

@@ -10,19 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..engine import DecodeSettings, EngineError
-from ..inspection import inspect_trace
-from ..kvquant import KVQuant, KVQuantError
+from ..measure.inspection import inspect_trace
+from ..core.kvquant import KVQuant, KVQuantError
 from ..memory import TARGETS, Projection
-from ..model import LoadedModel
-from ..presets import Preset, PresetError, list_presets, load_preset
-from ..replay import trace_from_text
-from ..transcript import MAX_TRACE_FILE_BYTES, TraceError, decode_trace
+from ..models.loading import LoadedModel
+from ..demos.presets import Preset, PresetError, list_presets, load_preset
+from ..measure.replay import trace_from_text
+from ..text.transcript import MAX_TRACE_FILE_BYTES, TraceError, decode_trace
 from ..viz.tables import turn_preview
-from .runs import RunInput, RunInputError
+from ..measure.requests import RunInputError
+from ..demos.record import named_preset
 from .text import no_markup
 
-RUN_MODES = ("generate", "replay")
 NO_PROJECTION = "none"
 PROJECTION_TARGETS = (NO_PROJECTION, *TARGETS)
 DEFAULT_TARGET = "Qwen3-4B"
@@ -40,6 +39,13 @@ class PresetChoice:
     @property
     def notice(self) -> str:
         return f"**{no_markup(self.preset.title)}**\n\n{no_markup(self.preset.notice)}"
+
+
+def choose_preset(name: str) -> PresetChoice:
+    """Load preset ``name`` (a name from :func:`list_presets`, never a path) for the controls;
+    :class:`RunInputError` with the preset's reason."""
+    preset = named_preset(name)
+    return PresetChoice(preset, preset.system_prompt, preset.trace or "")
 
 
 def preset_choices() -> list[tuple[str, str]]:
@@ -65,56 +71,6 @@ def replay_choices(choices: list[tuple[str, str]]) -> tuple[list[tuple[str, str]
     ]
     replay.sort()
     return replay, min((name for _, name in replay), key=lambda name: len(loaded[name].trace or ""), default=None)
-
-
-def choose_preset(name: str) -> PresetChoice:
-    """Load preset ``name`` (a name from :func:`list_presets`, never a path) for the controls;
-    :class:`RunInputError` with the preset's reason."""
-    if name not in list_presets():
-        raise RunInputError(f"unknown preset {name!r}; choose one from the list")
-    try:
-        preset = load_preset(name)
-    except PresetError as exc:
-        raise RunInputError(str(exc)) from None
-    return PresetChoice(preset, preset.system_prompt, preset.trace or "")
-
-
-def run_input(
-    mode: str, system: str | None, question: str | None, trace: str | None, max_tokens: Any = None
-) -> RunInput:
-    """The :class:`RunInput` the controls describe (an empty system box sends no system prompt;
-    ``max_tokens`` 0 or ``None``: the whole trace)."""
-    if mode not in RUN_MODES:
-        raise RunInputError(f"Unknown run mode {mode!r}; choose generate or replay.")
-    if mode == "replay" and not (trace or "").strip():
-        raise RunInputError(
-            "Replay mode needs a trace: pick a replay preset, paste the assistant's text or a "
-            "transcript, or upload one."
-        )
-    try:
-        limit = int(max_tokens or 0)
-    except (TypeError, ValueError):
-        raise RunInputError(f"The trace tokens to replay must be a whole number, got {max_tokens!r}.") from None
-    if limit < 0:
-        raise RunInputError(f"The trace tokens to replay cannot be negative, got {limit}.")
-    return RunInput(
-        system=(system or "").strip() or None,
-        question=question or "",
-        trace=trace if mode == "replay" else None,
-        max_tokens=limit or None,
-    )
-
-
-def decode_settings(max_new_tokens: Any, temperature: Any, stop_at_eos: Any = True) -> DecodeSettings:
-    """Validated decode settings (greedy when ``temperature`` is 0)."""
-    try:
-        settings = DecodeSettings(
-            max_new_tokens=int(max_new_tokens), temperature=float(temperature), stop_at_eos=bool(stop_at_eos)
-        )
-        settings.validate()
-    except (TypeError, ValueError) as exc:  # EngineError is a ValueError
-        raise RunInputError(str(exc) if isinstance(exc, EngineError) else f"Bad decode setting: {exc}") from None
-    return settings
 
 
 def kv_quant(fmt: Any, residual: Any = 32) -> KVQuant:

@@ -7,7 +7,7 @@ run: the engine's attention hooks live on the model, so two runs must never over
 (Gradio's queue already runs one model-using event at a time; the lock makes it a rule.)
 A new model replaces the old one by reference, so a run in progress keeps the model it
 started with.  Right after loading, a short calibration measures how fast the model runs on this
-machine (:func:`~thinkviz.estimate.measure_speed`): the status lines' run-time estimates.
+machine (:func:`~thinkviz.measure.estimate.measure_speed`): the status lines' run-time estimates.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 
-from ..estimate import Speed, measure_speed
-from ..model import LoadedModel, ModelLoadError, load_model
+from ..measure.estimate import Speed, measure_speed
+from ..models.loading import LoadedModel, ModelLoadError, load_model
 
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ Loader = Callable[..., LoadedModel]
 
 
 class ModelSlot:
-    """Holds the shared :class:`~thinkviz.model.LoadedModel` and its loading progress."""
+    """Holds the shared :class:`~thinkviz.models.loading.LoadedModel` and its loading progress."""
 
     def __init__(self, device: str | None = None, loader: Loader = load_model) -> None:
         self.device = device

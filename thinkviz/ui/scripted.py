@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from ..policies import Policy
 from .controls import json_knobs, policy_from_knobs
 from .inputs import choose_preset
-from .live import LiveFrame
+from .live_run import LiveFrame
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def script_request(
     With ``preset`` (a name from ``presets/``): the preset's chat, trace, run mode and new-token
     limit (``chat`` and ``max_new_tokens`` are not used), its policy unless ``policy`` names
     another, and its knobs (when its policy runs) with ``knobs`` over them.  Raises
-    :class:`~thinkviz.ui.controls.ControlError` or :class:`~thinkviz.ui.runs.RunInputError`
+    :class:`~thinkviz.ui.controls.ControlError` or :class:`~thinkviz.measure.requests.RunInputError`
     with the reason.
     """
     given = json_knobs(knobs)

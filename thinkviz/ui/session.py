@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Sequence
 
-from ..events import RunRecord
+from ..core.events import RunRecord
 from ..units import format_bytes
 from ..viz.tables import record_kv_quant
 from ..viz.tokens import TokenData

@@ -1,8 +1,8 @@
 """What the status line says about time: how long a request will take before it starts, how much is
 left while it runs, how long it took once done.
 
-A live run is priced by the machine's measured :class:`~thinkviz.estimate.Speed` and then by its own
-pace (:class:`~thinkviz.estimate.Progress`); once it ends normally its time corrects the speed for
+A live run is priced by the machine's measured :class:`~thinkviz.measure.estimate.Speed` and then by its own
+pace (:class:`~thinkviz.measure.estimate.Progress`); once it ends normally its time corrects the speed for
 the next estimate.  A playback knows its own length: the recorded time over the chosen speed.
 """
 
@@ -11,16 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..comparison import Comparison
-from ..estimate import Progress, Speed, format_seconds
-from ..playback import Playback
+from ..measure.comparison import Comparison
+from ..measure.estimate import Progress, Speed, format_seconds
+from ..demos.playback import Playback
 
 Clock = Callable[[], float]
 
 
 class RunTimer:
-    """The time of one request (a :class:`~thinkviz.comparison.Comparison` or a
-    :class:`~thinkviz.playback.Playback`): call :meth:`update` after each of its steps."""
+    """The time of one request (a :class:`~thinkviz.measure.comparison.Comparison` or a
+    :class:`~thinkviz.demos.playback.Playback`): call :meth:`update` after each of its steps."""
 
     def __init__(self, driver: Comparison | Playback, speed: Speed | None, clock: Clock = time.monotonic) -> None:
         self.driver, self.speed, self.clock = driver, speed, clock

@@ -19,15 +19,15 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import gradio as gr
 
-from ..chat import REASONING_SYSTEM_PROMPT
-from ..engine import DecodeSettings
-from ..kvquant import RESIDUAL_RANGE, KVQuant, format_names
+from ..text.chat import REASONING_SYSTEM_PROMPT
+from ..core.engine import DecodeSettings
+from ..core.kvquant import RESIDUAL_RANGE, KVQuant, format_names
 from ..memory import GIB, set_vram_cap, vram_cap_bytes
-from ..model import QUANTIZATIONS
+from ..models.loading import QUANTIZATIONS
 from ..policies import Policy, policy_names
-from ..playback import DEFAULT_SPEED, SPEEDS
+from ..demos.playback import DEFAULT_SPEED, SPEEDS
 from ..policies.base import COMMON_PARAMS, Param
-from ..presets import MAX_NEW_TOKENS_RANGE, Preset
+from ..demos.presets import MAX_NEW_TOKENS_RANGE, Preset
 from ..units import format_bytes
 from ..viz.tables import TURN_PREVIEW_HEADERS
 from . import inputs
@@ -42,11 +42,11 @@ from .controls import (
     pool_sizes,
     slot_specs,
 )
-from .demo import recording_problem
+from ..demos.record import recording_problem
 from .fields import numbers_only, slider
 from .handlers import MODEL_GROUP, shown, user_error
 from .model_slot import LoadStatus, ModelSlot, ModelUnavailable
-from .runs import RunInput, RunInputError
+from ..measure.requests import RUN_MODES, RunInput, RunInputError, decode_settings, run_input
 from .text import plain_markdown
 
 
@@ -502,7 +502,7 @@ class InputControls(Group):
     def request(values: Sequence[Any], limit: Any = None) -> RunInput:
         """The run the values (in :meth:`inputs` order) describe, replaying at most ``limit`` trace
         tokens (0 or ``None``: all); :class:`RunInputError` if none."""
-        return inputs.run_input(*values, max_tokens=limit)
+        return run_input(*values, max_tokens=limit)
 
     def preset_outputs(self) -> list:
         return [self.notice, self.run_mode, self.system, self.question, self.trace]
@@ -528,7 +528,7 @@ def input_controls(choices: list[tuple[str, str]], tab: str, slot: ModelSlot) ->
         elem_id=f"tv-{tab}-question",
     )
     mode = gr.Radio(
-        list(inputs.RUN_MODES),
+        list(RUN_MODES),
         value="generate",
         label="Run mode",
         elem_id=f"tv-{tab}-run-mode",
@@ -612,7 +612,7 @@ class DecodeControls(Group):
     @staticmethod
     def settings(values: Sequence[Any]) -> DecodeSettings:
         """Validated decode settings from the values (in :meth:`inputs` order)."""
-        return inputs.decode_settings(*values)
+        return decode_settings(*values)
 
 
 def decode_controls(tab: str) -> DecodeControls:

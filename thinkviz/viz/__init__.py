@@ -1,2 +1,2 @@
 """Pure renderers: token HTML (:mod:`.tokens`), plotly figures (:mod:`.figures`) and tables
-(:mod:`.tables`).  Functions of plain data and :class:`~thinkviz.events.RunRecord`; no Gradio here."""
+(:mod:`.tables`).  Functions of plain data and :class:`~thinkviz.core.events.RunRecord`; no Gradio here."""

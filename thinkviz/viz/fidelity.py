@@ -1,7 +1,7 @@
 """Per-token fidelity curves: how far each policy's next-token predictions move from the full cache's,
 token by token, smoothed, over bands showing which segment each token is in.
 
-A pure function of :class:`~thinkviz.metrics.TokenFidelity` values (one per policy, as a
+A pure function of :class:`~thinkviz.measure.metrics.TokenFidelity` values (one per policy, as a
 lockstep replay measures them) and a record's segment spans; the Compare tab draws it, and
 anything else that measures fidelity per token can.  Two panels share the x axis (the
 token's absolute position): ``ΔNLL = NLL(policy) − NLL(full)`` and ``KL(full ‖ policy)``,
@@ -19,7 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..metrics import TokenFidelity
+from ..measure.metrics import TokenFidelity
 from .figures import SeriesStyle, series_styles, streamed
 from .tokens import segment_colour
 
@@ -57,7 +57,7 @@ def fidelity_figure(
 ) -> go.Figure:
     """ΔNLL and KL per token for each policy in ``curves`` (name → its per-token fidelity).
 
-    ``segments``: spans over absolute positions (:class:`~thinkviz.segments.Span` or their
+    ``segments``: spans over absolute positions (:class:`~thinkviz.text.segments.Span` or their
     ``dict`` form); those of :data:`BAND_KINDS` inside the curves' range become background
     bands.  ``texts``: token texts by absolute position, shown on hover.  ``styles``: each policy's
     colour and dash, the same in both panels (default: :func:`~thinkviz.viz.figures.series_styles`

@@ -2,7 +2,7 @@
 policy comparisons, the step × position keep/evict heatmap, the layer × kv-head kept counts of
 one step, and the empty chart shown before a run.
 
-Pure functions of a :class:`~thinkviz.events.RunRecord` (and plain values); they read no
+Pure functions of a :class:`~thinkviz.core.events.RunRecord` (and plain values); they read no
 model and keep figures light: line traces are thinned to :data:`MAX_POINTS` points and
 heatmaps to :data:`MAX_ROWS` × :data:`MAX_COLS` cells.
 
@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from ..events import RunRecord
+from ..core.events import RunRecord
 from ..memory import GIB, Projection
 from ..policies import PolicyConfigError, policy_class
 from ..units import format_bytes

@@ -150,7 +150,7 @@ def legend_html(
 
 
 def view_kinds(spans: Sequence[Any], labels: Sequence[str] | None = None) -> list[str]:
-    """The segment kinds a token view shows: those of its spans (a :class:`~thinkviz.segments.Span`
+    """The segment kinds a token view shows: those of its spans (a :class:`~thinkviz.text.segments.Span`
     or its ``dict`` form), plus ``template`` where the labels mark chat markers."""
     kinds = [span.get("kind") if isinstance(span, dict) else getattr(span, "kind", None) for span in spans]
     if labels is not None and "template" in labels:

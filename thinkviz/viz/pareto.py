@@ -1,6 +1,6 @@
 """Pareto figure of a sweep: KV memory kept (x) against fidelity lost (y), per policy.
 
-Input rows are the sweep's (see :mod:`thinkviz.sweep`): at least ``trace``, ``policy``,
+Input rows are the sweep's (see :mod:`thinkviz.sweep.grid`): at least ``trace``, ``policy``,
 ``budget``, ``kv_fraction`` (peak KV bytes ÷ the full-precision full cache's) and the metric
 plotted; ``kv_quant`` (the KV format, full precision when absent) picks the marker, so
 "fewer tokens at full precision" and "every token at fewer bits" sit on one plot.  The
@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from ..kvquant import format_names
-from ..metrics import METRICS
+from ..core.kvquant import format_names
+from ..measure.metrics import METRICS
 from .tables import kv_label, run_label
 
 # one marker per KV format (circle: full precision)

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..events import RunRecord
-from ..kvquant import KVQuant, KVQuantError
-from ..metrics import TokenFidelity, summarize
+from ..core.events import RunRecord
+from ..core.kvquant import KVQuant, KVQuantError
+from ..measure.metrics import TokenFidelity, summarize
 from ..units import format_bytes
 
 SEGMENT_TABLE_HEADERS = ["segment", "tokens", "kept %", "mean importance"]
@@ -26,11 +26,6 @@ TURN_PREVIEW_HEADERS = ["turn", "role", "tokens", "blocks", "begins with"]  # bl
 _BARE_TAGS = ("<think>", "</think>")
 # Kinds listed in the segment table; steps and tags are too fine-grained for a table.
 TABLE_KINDS = ("system", "user", "tool", "signature", "think", "code", "answer")
-
-
-def cell(value: Any, spec: str) -> str:
-    """``value`` formatted with ``spec`` for a Markdown table; a missing value (None, NaN) is "–"."""
-    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
 def record_kv_quant(record: RunRecord) -> KVQuant:
@@ -164,7 +159,7 @@ def _stats(record: RunRecord) -> dict[str, str]:
 
 
 def fidelity_table(by_kind: Mapping[str, Mapping[str, float]]) -> list[list]:
-    """Rows ``[segment, tokens, NLL Δ, KL, top-1 %]`` from :func:`thinkviz.metrics.summarize_by_kind`.
+    """Rows ``[segment, tokens, NLL Δ, KL, top-1 %]`` from :func:`thinkviz.measure.metrics.summarize_by_kind`.
 
     Kinds with no tokens are left out; ``None`` marks a mean that is not a number.
     """
@@ -197,7 +192,7 @@ def turn_preview(messages: Sequence[Any], report: Mapping[str, Any] | None = Non
     """Rows ``[turn, role, tokens, think blocks, begins with]``, one per message of a conversation.
 
     ``messages`` have ``role`` and ``content``; ``report`` is an inspection of the same
-    conversation (:func:`thinkviz.inspection.inspect_trace`), whose turns give the token counts
+    conversation (:func:`thinkviz.measure.inspection.inspect_trace`), whose turns give the token counts
     and think blocks (``None`` without one, e.g. before a model is loaded).  The last column is
     the message's first line of text (blank lines and bare ``<think>`` / ``</think>`` lines
     skipped), cut to ``width`` characters (an empty tool output shows as "(empty)").

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..events import RunRecord
+from ..core.events import RunRecord
 from ..policies import lookup
 
 MODES = ("importance", "mass", "segments", "evicted", "combined")
@@ -129,7 +129,7 @@ class TokenData:
     latest step's values for the same tokens (``None``: unknown); ``labels`` ``(n,)`` the
     segmenter's per-token labels (only ``"template"``, a chat-template marker, changes the
     view; ``None``: none known); ``spans`` the segments over absolute positions
-    (:class:`~thinkviz.segments.Span` or the ``dict`` form a recording stores); ``ranked`` ``(n,)``
+    (:class:`~thinkviz.text.segments.Span` or the ``dict`` form a recording stores); ``ranked`` ``(n,)``
     bool, the tokens whose score is ranked for heat (``None``: all): the policy's recent window,
     which it keeps whatever the score, is left out (:func:`outside_recent`); ``mass`` ``(n,)``
     ``e^β`` per token for a run that fits attention biases (``None``: the run has none).
@@ -305,7 +305,7 @@ def keep_levels(keep_fraction: Sequence[float] | np.ndarray | None, n: int) -> n
 
 # ---- segments ----------------------------------------------------------------------
 def _field(span: Any, name: str, default: Any = None) -> Any:
-    """Read a span field from a :class:`~thinkviz.segments.Span` or its ``dict`` form (recordings)."""
+    """Read a span field from a :class:`~thinkviz.text.segments.Span` or its ``dict`` form (recordings)."""
     return span.get(name, default) if isinstance(span, dict) else getattr(span, name, default)
 
 

@@ -12,7 +12,7 @@ stops as soon as its fate is known — ``think_tokens`` without a ``</think>`` (
 ``answer_tokens`` after it (kept, answer cut there) — and a batch ends when all its rows have.
 Each batch seeds the sampler with ``seed + batch number``, so the corpus is deterministic and
 an interrupted run resumes at the next batch: finished batches are appended (one JSON line each) to a
-cache under :func:`thinkviz.model.cache_dir` (``dynts-corpus/``), keyed by the model, its
+cache under :func:`thinkviz.models.loading.cache_dir` (``dynts-corpus/``), keyed by the model, its
 quantization and 4-bit backend, the prompt-set digest and these settings.
 """
 
@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from ...chat import REASONING_SYSTEM_PROMPT
-from ...model import LoadedModel, cache_dir
+from ...text.chat import REASONING_SYSTEM_PROMPT
+from ...models.loading import LoadedModel, cache_dir
 from ...predictor import model_slug
-from ...replay import ASSISTANT_PREFIX
+from ...measure.replay import ASSISTANT_PREFIX
 from .prompts import DEMONSTRATIONS, CorpusPrompt, prompt_set_digest
 
 CLOSE = "</think>"

@@ -21,9 +21,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from ...chat import REASONING_SYSTEM_PROMPT
-from ...replay import ASSISTANT_PREFIX
-from ...transcript import Message
+from ...text.chat import REASONING_SYSTEM_PROMPT
+from ...measure.replay import ASSISTANT_PREFIX
+from ...text.transcript import Message
 from .corpus import Generation
 
 TOKENS = (1500, 4000)  # a history's length is drawn uniformly from this range (generated tokens)

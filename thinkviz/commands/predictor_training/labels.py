@@ -3,8 +3,8 @@ baselines knew before it.
 
 A trace is the assistant's text: thinking, the last ``</think>``, then the answer (a
 transcript: a whole conversation, whose answer is everything after its last ``</think>``).  It is
-teacher-forced under the same chat the app replays it with (:func:`thinkviz.chat.build_chat`,
-assistant turn opened with ``<think>\\n``) through :func:`thinkviz.answer_attention.attention_maps`
+teacher-forced under the same chat the app replays it with (:func:`thinkviz.text.chat.build_chat`,
+assistant turn opened with ``<think>\\n``) through :func:`thinkviz.measure.answer_attention.attention_maps`
 (one eager forward, full cache).  For the ``n`` positions before the answer:
 
 - ``labels``: attention each position receives from the answer tokens, mean over answer
@@ -26,11 +26,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ...answer_attention import attention_maps, from_answer
-from ...chat import anchor, build_chat, build_conversation, token_boundary
-from ...model import LoadedModel
-from ...replay import ASSISTANT_PREFIX, Trace
-from ...transcript import Message
+from ...measure.answer_attention import attention_maps, from_answer
+from ...text.chat import anchor, build_chat, build_conversation, token_boundary
+from ...models.loading import LoadedModel
+from ...measure.replay import ASSISTANT_PREFIX, Trace
+from ...text.transcript import Message
 
 RECENT = 32  # h2o's default local window: a token is first judged when it leaves it
 

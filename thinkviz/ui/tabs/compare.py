@@ -1,8 +1,8 @@
 """The Compare tab: 2–6 columns on the same input, streaming together, a memory overlay and the
 fidelity table; the same policy may fill several columns with different knobs ("vary").
 
-Frames come from :func:`thinkviz.ui.compare.compare_frames` (a live run) and
-:func:`thinkviz.ui.compare.playback_frames` (a preset's recording, no model); this module lays out
+Frames come from :func:`thinkviz.ui.compare_run.compare_frames` (a live run) and
+:func:`thinkviz.ui.compare_run.playback_frames` (a preset's recording, no model); this module lays out
 the controls and places what each frame carries.
 """
 
@@ -15,19 +15,20 @@ from collections.abc import Callable, Sequence
 
 import gradio as gr
 
-from ...comparison import MAX_COLUMNS, MIN_COLUMNS, Column, preset_policies
-from ...kvquant import KVQuant
-from ...playback import SPEEDS
+from ...measure.comparison import MAX_COLUMNS, MIN_COLUMNS, Column, preset_policies
+from ...core.kvquant import KVQuant
+from ...demos.playback import SPEEDS
 from ...policies import REFERENCE_POLICY, Policy, make_policy, policy_names
-from ...presets import Preset
-from ...sweep import check_vary, parse_vary, vary_grid
+from ...demos.presets import Preset
+from ...sweep.grid import check_vary, parse_vary, vary_grid
 from ...viz.figures import compare_memory_figure, placeholder_figure
 from ...viz.legend import view_legend
 from ...viz.tokens import TokenData, view_mode_choices
 from .. import inputs
-from ..compare import FIDELITY_COLUMNS, check_columns, column_views, compare_frames, playback_frames
+from ..compare_run import FIDELITY_COLUMNS, check_columns, column_views, compare_frames, playback_frames
 from ..controls import ControlError, build_policy, default_view, format_knobs, knobs_for, parse_knobs
-from ..demo import load_preset_recording, preset_estimate
+from ...demos.record import load_preset_recording
+from ..price import preset_estimate
 from ..handlers import (
     MODEL_GROUP,
     PLAYBACK_GROUP,

@@ -1,6 +1,6 @@
 """The Explore tab: a recorded run at any step, averaged or for one layer / kv-head, and its recording.
 
-The views come from :func:`thinkviz.ui.explore.explore_view`, a pure function of the record.
+The views come from :func:`thinkviz.ui.explore_views.explore_view`, a pure function of the record.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import gradio as gr
 from ...export import import_recording
 from ...viz.legend import pin_host
 from ...viz.tokens import view_mode_choices
-from .. import explore
+from .. import explore_views
 from ..fields import slider
 from ..handlers import RUN_PICKER_INFO, figure_file, recording_file, shown
 from ..session import Session
@@ -47,10 +47,10 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
     with gr.Row():
         step = slider(0, 1, value=0, step=1, label="Step (timeline)", elem_id="tv-explore-step", scale=3)
         layer = gr.Dropdown(
-            [explore.AVERAGE], value=explore.AVERAGE, label="Layer", scale=1, elem_id="tv-explore-layer"
+            [explore_views.AVERAGE], value=explore_views.AVERAGE, label="Layer", scale=1, elem_id="tv-explore-layer"
         )
         head = gr.Dropdown(
-            [explore.AVERAGE], value=explore.AVERAGE, label="KV head", scale=1, elem_id="tv-explore-head"
+            [explore_views.AVERAGE], value=explore_views.AVERAGE, label="KV head", scale=1, elem_id="tv-explore-head"
         )
     mode = gr.Radio(view_mode_choices(False, False), value="combined", label="Token view", elem_id="tv-explore-mode")
     tokens = gr.HTML("", elem_id="tv-explore-tokens")
@@ -64,14 +64,14 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
     pickers = [step, layer, head]
     view_inputs = [session, step, layer, head, mode]
 
-    def view(s: Session, step_value, layer_value, head_value, mode_value) -> explore.ExploreView:
+    def view(s: Session, step_value, layer_value, head_value, mode_value) -> explore_views.ExploreView:
         try:
             number = int(step_value)
         except (TypeError, ValueError):
             raise gr.Error(
                 f"Step must be a whole number, got {no_markup(repr(step_value)[:40])}", print_exception=False
             ) from None
-        return shown(explore.explore_view, s.explore_record, number, layer_value, head_value, mode_value)
+        return shown(explore_views.explore_view, s.explore_record, number, layer_value, head_value, mode_value)
 
     def rendered(s: Session, *view_values) -> tuple[list, int | None]:
         """The view outputs, and the step shown (a layer or head moves it to its snapshot's step)."""
@@ -97,9 +97,9 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
         last = max(0, len(record.events) - 1)
         return [
             gr.update(maximum=max(1, last), value=last, interactive=last > 0),
-            gr.update(choices=explore.layer_choices(record), value=explore.AVERAGE),
-            gr.update(choices=explore.head_choices(record), value=explore.AVERAGE),
-            *rendered(s, last, explore.AVERAGE, explore.AVERAGE, mode_value)[0],
+            gr.update(choices=explore_views.layer_choices(record), value=explore_views.AVERAGE),
+            gr.update(choices=explore_views.head_choices(record), value=explore_views.AVERAGE),
+            *rendered(s, last, explore_views.AVERAGE, explore_views.AVERAGE, mode_value)[0],
         ]
 
     def refresh(s: Session, mode_value: str) -> list:
@@ -145,7 +145,7 @@ def build(app: AppContext, tab: gr.Tab) -> ExploreLink:
         if s.explore_record is None:
             return gr.skip()
         record = s.explore_record
-        choices = view_mode_choices(explore.predicts_importance(record), explore.fits_bias(record))
+        choices = view_mode_choices(explore_views.predicts_importance(record), explore_views.fits_bias(record))
         return gr.update(choices=choices, value=mode_value if mode_value in {m for _, m in choices} else "combined")
 
     modes = {

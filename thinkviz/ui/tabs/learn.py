@@ -1,10 +1,10 @@
-"""The Learn tab: every registered policy's rule, source and knobs (text from :mod:`thinkviz.ui.learn`)."""
+"""The Learn tab: every registered policy's rule, source and knobs (text from :mod:`thinkviz.ui.learn_cards`)."""
 
 from __future__ import annotations
 
 import gradio as gr
 
-from ..learn import learn_markdown
+from ..learn_cards import learn_markdown
 from . import AppContext
 
 

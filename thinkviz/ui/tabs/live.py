@@ -1,8 +1,8 @@
 """The Live tab: one policy streaming token by token, its memory chart and a projection onto a bigger
 model, and (optionally) its fidelity against the full cache, token by token.
 
-Frames come from :func:`thinkviz.ui.live.live_frames` (a run on the model) and
-:func:`thinkviz.ui.live.playback_frames` (a preset's recording, no model); this module lays out the
+Frames come from :func:`thinkviz.ui.live_run.live_frames` (a run on the model) and
+:func:`thinkviz.ui.live_run.playback_frames` (a preset's recording, no model); this module lays out the
 controls and places what each frame carries.
 """
 
@@ -15,16 +15,17 @@ from collections.abc import Callable, Sequence
 
 import gradio as gr
 
-from ...faults import RunFault
+from ...core.faults import RunFault
 from ...memory import CARDS_GB, Projection
-from ...playback import SPEEDS
+from ...demos.playback import SPEEDS
 from ...policies import Policy, make_policy
 from ...viz.figures import memory_figure, placeholder_figure
 from ...viz.legend import view_legend
 from ...viz.tokens import view_mode_choices
 from .. import inputs
 from ..controls import ControlError, default_view
-from ..demo import load_preset_recording, preset_estimate
+from ...demos.record import load_preset_recording
+from ..price import preset_estimate
 from ..handlers import (
     MODEL_GROUP,
     PLAYBACK_GROUP,
@@ -37,7 +38,7 @@ from ..handlers import (
     run_with_model,
     shown,
 )
-from ..live import live_frames, playback_frames
+from ..live_run import live_frames, playback_frames
 from ..scripted import run_summary, script_request
 from ..session import LIVE_TOKENS_ID, Session
 from ..stream import TokenChannel, bus_payload, chart_frame, container_html

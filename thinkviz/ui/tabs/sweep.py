@@ -1,7 +1,7 @@
 """The Sweep tab: one trace through policies × budgets in lockstep with the full cache, then the
 memory-vs-fidelity plot, the table and the result files.
 
-Frames come from :func:`thinkviz.ui.sweep.sweep_frames`; this module lays out the controls and
+Frames come from :func:`thinkviz.ui.sweep_run.sweep_frames`; this module lays out the controls and
 places what each frame carries.
 """
 
@@ -12,17 +12,17 @@ import tempfile
 import gradio as gr
 
 from ...policies import REFERENCE_POLICY, policy_names
-from ...replay import load_trace
-from ...sweep import check_vary, parse_budgets, parse_policies, parse_vary
+from ...measure.replay import load_trace
+from ...sweep.grid import check_vary, parse_budgets, parse_policies, parse_vary
 from ...viz.pareto import METRICS as PARETO_METRICS
 from ...viz.pareto import pareto_figure
 from .. import inputs
 from ..controls import ControlError, format_knobs, parse_knobs
 from ..fields import slider
 from ..handlers import MODEL_GROUP, WAITING, run_with_model, shown
-from ..runs import RunInputError
+from ...measure.requests import RunInputError
 from ..session import Session
-from ..sweep import TABLE_COLUMNS, SweepPreset, export_sweep, ray_target, sweep_frames, sweep_meta
+from ..sweep_run import TABLE_COLUMNS, SweepPreset, export_sweep, ray_target, sweep_frames, sweep_meta
 from ..widgets import knob_box
 from . import AppContext
 

@@ -1,0 +1,229 @@
+"""The Sweep tab's run: a trace through policies × budgets, then the memory-vs-fidelity plot.
+
+:func:`~thinkviz.sweep.grid.sweep_trace` reports progress through a callback, so it runs in
+a worker thread and :func:`sweep_frames` turns its progress into paced status frames; the
+last frame carries :func:`~thinkviz.viz.pareto.pareto_figure` and the result table.  With a
+:class:`RayTarget` (``app.py --ray-address``) the trace's groups run on that Ray cluster
+instead (:func:`~thinkviz.sweep.runner.run_groups`), each worker loading the app's model.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from collections.abc import Iterator, Sequence
+
+from ..core.faults import RunFault, fault_message, release_device_memory
+from ..models.loading import LoadedModel
+from ..policies import REFERENCE_POLICY, PolicyConfigError, policy_names
+from ..demos.presets import Preset
+from ..measure.replay import Trace, TraceError
+from ..sweep.grid import Budget, SweepSettings, plan_groups, sweep_trace, vary_grid, write_rows
+from ..sweep.runner import open_executor, run_groups
+from ..sweep.work import ModelSpec, WorkerError
+from ..units import format_bytes
+from ..viz.pareto import pareto_figure
+from ..viz.tables import run_label
+from .model_slot import ModelSlot
+from ..measure.requests import RunInputError
+
+TABLE_COLUMNS = ["policy", "budget", "peak KV", "KV kept", "compression", "ΔNLL (nats)", "KL(full‖policy)", "top-1"]
+
+
+@dataclass(frozen=True)
+class RayTarget:
+    """Where the Sweep tab runs its groups: the Ray cluster at ``address``, each worker loading ``spec``."""
+
+    address: str
+    spec: ModelSpec
+
+
+def ray_target(address: str | None, slot: ModelSlot, backend: str) -> RayTarget | None:
+    """The Ray cluster at ``address`` with workers loading the slot's model as it was asked for
+    (name, quantization, device, ``backend``); None without an address."""
+    if address is None:
+        return None
+    status = slot.status
+    return RayTarget(address, ModelSpec(status.name, status.quantization, slot.device, backend))
+
+
+@dataclass
+class SweepFrame:
+    """Progress of a sweep; ``rows`` / ``figure`` / ``table`` are set on the last frame."""
+
+    status: str
+    rows: list[dict[str, Any]] | None = None
+    figure: Any = None
+    table: list[list[Any]] | None = None
+
+
+@dataclass(frozen=True)
+class SweepPreset:
+    """What a replay preset sets in the Sweep tab: the policies it compares (the full cache is
+    always the reference), its interval and its knobs (the protection flags among them)."""
+
+    policies: list[str]
+    interval: int
+    params: dict[str, Any]
+
+    @classmethod
+    def of(cls, preset: Preset) -> SweepPreset:
+        wanted = [name for name in (preset.compare or (preset.policy,)) if name != REFERENCE_POLICY]
+        known = [name for name in wanted if name in policy_names()]
+        params = {key: value for key, value in preset.params.items() if key not in ("budget", "interval")}
+        return cls(known, int(preset.params.get("interval", 32)), params)
+
+
+def table_rows(rows: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    """The sweep rows as the tab's table (formatted, one per run, the full cache first)."""
+
+    def number(value: Any, fmt: str) -> str:
+        return "—" if value is None or value != value else format(value, fmt)
+
+    return [
+        [
+            run_label(row),
+            row["budget"],
+            format_bytes(row["peak_kv_bytes"]),
+            number(row["kv_fraction"], ".0%"),
+            number(row["compression"], ".1f") + "×",
+            number(row["nll_delta"], "+.4f"),
+            number(row["kl"], ".4f"),
+            number(row["top1"], ".1%"),
+        ]
+        for row in rows
+    ]
+
+
+def sweep_frames(
+    loaded: LoadedModel,
+    trace: Trace,
+    policies: Sequence[str],
+    budgets: Sequence[Budget],
+    interval: int,
+    params: dict[str, Any],
+    metric: str = "kl",
+    max_trace_tokens: int | None = None,
+    poll: float = 0.25,
+    ray: RayTarget | None = None,
+    vary: dict[str, list[str]] | None = None,
+) -> Iterator[SweepFrame]:
+    """Run the sweep in a worker thread (its groups on the ``ray`` cluster when given); yield a
+    status frame with the newest progress at most every ``poll`` seconds, then the result.
+    ``vary`` (:func:`~thinkviz.sweep.grid.parse_vary`) runs each policy once per value of the knobs it
+    declares, as ``bench sweep --vary`` does.  Raises :class:`RunInputError` for a bad trace or knob
+    and :class:`~thinkviz.core.faults.RunFault` when the model or a policy fails mid-sweep (on Ray: when
+    every group failed; otherwise the last frame names the failed ones)."""
+    if not policies:
+        raise RunInputError("Choose at least one policy to sweep.")
+    reports: queue.Queue = queue.Queue()
+    outcome: dict[str, Any] = {"failed": []}
+    variants = sum(len(vary_grid(name, vary or {})) for name in policies)
+    runs = 1 + variants * len(budgets)
+
+    def in_process() -> None:
+        def progress(name: str, done: int, total: int) -> None:
+            reports.put(f"Replaying {name} through {runs} runs in lockstep… {done}/{total} tokens")
+
+        outcome["rows"], _ = sweep_trace(
+            loaded,
+            trace,
+            policies,
+            budgets,
+            interval,
+            params,
+            progress=progress,
+            max_trace_tokens=max_trace_tokens,
+            vary=vary,
+        )
+
+    def on_ray() -> None:
+        settings = SweepSettings(tuple(policies), interval, dict(params), max_trace_tokens, dict(vary or {}))
+        groups = plan_groups([trace], budgets)
+        with open_executor(lambda: loaded, ray.spec, len(groups), ray.address) as executor:
+            reports.put(f"Replaying {trace.name} on Ray at {ray.address}: 0/{len(groups)} groups…")
+            done = run_groups(
+                groups,
+                settings,
+                executor,
+                progress=lambda finished, total, name: reports.put(
+                    f"Replaying {trace.name} on Ray at {ray.address}: {finished}/{total} groups…"
+                ),
+            )
+        if not done.results:
+            raise WorkerError("; ".join(failure.reason for failure in done.failures))
+        outcome["rows"], outcome["failed"] = done.rows(groups), done.failures
+
+    def work() -> None:
+        try:
+            (in_process if ray is None else on_ray)()
+        except (TraceError, PolicyConfigError) as exc:
+            outcome["error"] = RunInputError(str(exc))
+        except Exception as exc:  # a boundary: the tab must show why the sweep failed
+            outcome["error"] = RunFault(fault_message(exc, "the sweep"))
+        finally:
+            reports.put(None)
+
+    worker = threading.Thread(target=work, name="thinkviz-sweep", daemon=True)
+    worker.start()
+    where = "" if ray is None else f" — starting workers on Ray at {ray.address}"
+    varied = f" in {variants} variants" if variants != len(policies) else ""
+    yield SweepFrame(
+        f"Prefilling {runs} runs (the full cache + {len(policies)} policies{varied} × {len(budgets)} budgets){where}…"
+    )
+    finished = False
+    while not finished:
+        batch = [reports.get()]
+        while not reports.empty():
+            batch.append(reports.get_nowait())
+        finished = None in batch
+        progress = [report for report in batch if report is not None]
+        if progress:
+            yield SweepFrame(progress[-1])
+        if not finished:
+            time.sleep(poll)  # pace the frames; reports arriving meanwhile are merged
+    worker.join()
+    if "error" in outcome:
+        release_device_memory(loaded.device)  # the worker's runs are gone with its frames
+        raise outcome["error"]
+    rows = outcome["rows"]
+    failed = "".join(f" Failed twice: {failure.reason}." for failure in outcome["failed"])
+    yield SweepFrame(
+        f"Done: {len(rows)} runs on {trace.name}.{failed}", rows, pareto_figure(rows, metric), table_rows(rows)
+    )
+
+
+def sweep_meta(
+    loaded: LoadedModel,
+    trace: Trace,
+    policies: Sequence[str],
+    budgets: str,
+    interval: int,
+    max_trace_tokens: int | None,
+    params: dict[str, Any],
+    budget_mode: str = "tokens",
+    vary: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """What a sweep's result files say about how it was run (``budgets`` as the user wrote them)."""
+    return {
+        "model": loaded.name,
+        "quantization": loaded.quantization,
+        "backend": loaded.backend,
+        "trace": trace.name,
+        "interval": interval,
+        "budgets": budgets,
+        "budget_mode": budget_mode,
+        "policies": list(policies),
+        "params": dict(params),
+        "max_trace_tokens": max_trace_tokens,
+        "vary": dict(vary or {}),
+    }
+
+
+def export_sweep(rows: list[dict[str, Any]], meta: dict[str, Any], folder: str | Path) -> list[str]:
+    """Write the sweep's CSV, JSON and Pareto HTML into ``folder``; return their paths."""
+    return [str(path) for path in write_rows(rows, Path(folder), meta).values()]
