@@ -25,7 +25,7 @@ DEFERRED = {
     ("thinkviz.bench.served", "gradio_client"),  # with gradio: `bench gpu` runs on machines without either
     # plotly: the borrowed GPU machines lack it, and `bench gpu` runs there (tests/test_gpu_check.py)
     ("thinkviz.sweep.grid", "thinkviz.viz.pareto"),
-    ("thinkviz.commands.bench", "thinkviz.viz.pareto"),
+    ("thinkviz.commands.bench.summary", "thinkviz.viz.pareto"),
     # Ray is optional (requirements-dev): only a sweep that asks for workers imports it
     ("thinkviz.sweep.runner", "thinkviz.sweep.ray_pool"),
 }

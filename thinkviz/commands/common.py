@@ -72,15 +72,21 @@ def add_policy_args(parser: argparse.ArgumentParser, default_policy: str = "h2o"
         help="share of the tokens seen so far to keep, 0.01-1 (implies --budget-mode fraction)",
     )
     parser.add_argument("--interval", type=int, default=1, help="compress every N steps")
-    parser.add_argument(
-        "--param",
-        type=parse_param,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a policy parameter, e.g. --param recent=32, or a choice by name (repeatable; "
+    add_param_arg(
+        parser,
+        "a policy parameter, e.g. --param recent=32, or a choice by name (repeatable; "
         "'python -m thinkviz policies' lists each policy's parameters, ranges and choices)",
     )
+    add_protect_args(parser)
+
+
+def add_param_arg(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``--param KEY=VALUE``, repeatable: a policy knob set by hand."""
+    parser.add_argument("--param", type=parse_param, action="append", default=[], metavar="KEY=VALUE", help=help_text)
+
+
+def add_protect_args(parser: argparse.ArgumentParser) -> None:
+    """``--no-protect-system`` and ``--no-protect-question``: let the policy evict the prompt's parts."""
     parser.add_argument("--no-protect-system", action="store_true", help="allow evicting the system prompt")
     parser.add_argument("--no-protect-question", action="store_true", help="allow evicting the question")
 
