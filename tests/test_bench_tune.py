@@ -1,4 +1,5 @@
-"""``bench browser --tune`` checks its arguments before it starts an app or a browser."""
+"""``bench browser --tune`` checks its arguments before it starts an app or a browser, and runs
+end to end against the app it starts itself (no ``--url``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import subprocess
 import sys
 
 import pytest
+
+from thinkviz.cli import main
+from tiny_models import save_tiny_model
 
 
 @pytest.mark.parametrize(
@@ -28,3 +32,31 @@ def test_bad_tune_arguments_exit_with_one_line(args, reason):
     )
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and reason in done.stderr
+
+
+@pytest.mark.browser
+def test_bench_browser_tune_runs_end_to_end_on_a_tiny_model(tmp_path, capsys):
+    """The app started for the benchmark (no --url) serves a tiny model; one knob value, a short trace."""
+    folder = save_tiny_model(tmp_path / "tiny")
+    code = main(
+        [
+            "bench",
+            "browser",
+            "--tune",
+            "--model",
+            folder,
+            "--quant",
+            "none",
+            "--threads",
+            "1",
+            "--tune-tokens",
+            "24",
+            "--tune-vary",
+            "recent=8",
+        ]
+    )
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "math_h2o_vs_window (h2o), first 24 trace tokens measured against the full cache" in out.out
+    assert ", torch threads 1 (1)" in out.out
+    assert "recent ->      8: change -> new ΔNLL on screen" in out.out
