@@ -35,7 +35,7 @@ class ChoosyPolicy(Policy):
 
     def score(self, view) -> torch.Tensor:
         positions = view.positions.float()
-        return positions if self.config["keep"] == "newest" else -positions
+        return positions if self.keep == "newest" else -positions
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""dynts (seed 004) and its importance predictor: labels, files, fallback, what always survives."""
+"""dynts (DynTS, dynamic thinking-token selection) and its importance predictor: labels, files,
+fallback, what always survives."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""entropy (seed 001): importance 1/(H+ε), low relative-entropy anchors, capacity vs budget."""
+"""entropy (semantic KV-eviction by attention entropy): importance 1/(H+ε), low relative-entropy
+anchors, capacity vs budget."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""rkv (R-KV): a key repeated by a newer one is penalised.  merge (seed 002): evicted values are
+"""rkv (R-KV): a key repeated by a newer one is penalised.  merge (KV merging): evicted values are
 folded into their most similar kept slot exactly as documented."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""tam (seed 003): segment budgets ∝ √(w·n) that sum exactly, pivotal tokens, thought segments."""
+"""tam (TAM, thought-aware compaction): segment budgets ∝ √(w·n) that sum exactly, pivotal tokens,
+thought segments."""
 
 from __future__ import annotations
 

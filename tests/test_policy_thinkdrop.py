@@ -1,4 +1,5 @@
-"""think_drop (seed 000): whole completed think blocks go, oldest first, only after their code parses."""
+"""think_drop (dynamic token-dropping for reflection loops): whole completed think blocks go,
+oldest first, only after their code parses."""
 
 from __future__ import annotations
 

@@ -14,25 +14,12 @@ from thinkviz.core.kvquant import KVQuant
 from thinkviz.memory import GIB, TARGETS, Projection, TargetModel
 from thinkviz.units import format_bytes
 from thinkviz.viz.tables import stats_strip
-from thinkviz.viz.figures import (
-    MAX_COLS,
-    MAX_ROWS,
-    MIB,
-    bytes_per_token,
-    compare_memory_figure,
-    device_cap,
-    growth_rate,
-    keep_heatmap,
-    keep_matrix,
-    coinciding,
-    kept_figure,
-    memory_figure,
-    oom_step,
-    projection_outcome,
-    placeholder_figure,
-    streamed,
-    tokens_seen,
-)
+from thinkviz.viz.compare_chart import coinciding, compare_memory_figure
+from thinkviz.viz.figures import MIB, placeholder_figure, streamed
+from thinkviz.viz.keep_maps import MAX_COLS, MAX_ROWS, keep_heatmap, keep_matrix, kept_figure
+from thinkviz.viz.memory_chart import memory_figure
+from thinkviz.viz.memory_projection import growth_rate, projection_outcome
+from thinkviz.viz.run_series import bytes_per_token, device_cap, oom_step, tokens_seen
 from viz_records import generated, replayed
 from tiny_models import tiny_model
 
@@ -402,7 +389,7 @@ def test_keep_heatmap_marks_where_each_turn_of_a_transcript_begins(loaded, tmp_p
     from thinkviz.core.engine import DecodeSettings, Run
     from thinkviz.core.events import RunRecord
     from thinkviz.policies import make_policy
-    from thinkviz.viz.figures import turn_starts
+    from thinkviz.viz.keep_maps import turn_starts
 
     from thought_trace import conversation_and_trace
 

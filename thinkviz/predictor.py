@@ -1,7 +1,7 @@
 """The DynTS importance predictor and its file: what ``dynts`` loads at run time.
 
-Seed 004 (DynTS, "Dynamic Thinking-Token Selection for Efficient Reasoning in Large Reasoning
-Models") observes that few thinking tokens steer the answer and trains a small head on the
+DynTS ("Dynamic Thinking-Token Selection for Efficient Reasoning in Large Reasoning Models")
+observes that few thinking tokens steer the answer and trains a small head on the
 model's hidden state to spot them while they are generated.  Here:
 
 - model: a learned softmax mix of the hidden states of ``layers`` (each standardised with

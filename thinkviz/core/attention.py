@@ -9,7 +9,8 @@ layer at once), so the full matrices of all layers of a long forward never exist
 - ``received``  ``(L, H_kv, T)``   attention each slot received, summed over the ``q`` queries;
 - ``tail``      ``(L, H_kv, r, T)`` the last ``r = min(q, tail_rows)`` query rows;
 - ``row_entropy`` ``(q,)``        Shannon entropy (bits) of each new token's own attention
-  row, averaged over layers and query heads (seed 001's "focus" of a token).
+  row, averaged over layers and query heads (the "focus" of a token that semantic KV-eviction,
+  the ``entropy`` policy, reads).
 
 GQA: query heads are grouped ``H = H_kv * G``; a kv-head's score is the mean over its group.
 Optionally the hidden states ``(q, k, d)`` of ``k`` chosen layers are captured (the DynTS

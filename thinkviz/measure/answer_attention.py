@@ -1,6 +1,6 @@
 """How much attention the answer pays each earlier token, measured in one eager forward.
 
-The quantity DynTS learns to predict (seed 004), and what the app's "attention from the
+The quantity DynTS's importance predictor learns to predict, and what the app's "attention from the
 answer" heat shows.  :func:`attention_maps` runs token ids through the model (chunks of
 :data:`CHUNK` queries over a KV cache, so one chunk's attention exists at a time) while a hook
 on every layer's ``self_attn`` adds that layer's attention, averaged over query heads, into one

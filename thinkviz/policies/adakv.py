@@ -42,10 +42,10 @@ class AdaKV(Policy):
     def __init__(self, **values) -> None:
         super().__init__(**values)
         # only the scorer's score() is used: its budget just has to admit its default windows
-        self.scorer = policy_class(self.config["scorer"])(budget=16384)
+        self.ranker: Policy = policy_class(self.scorer)(budget=16384)
 
     def score(self, view: CacheView) -> torch.Tensor:
-        return self.scorer.score(view)
+        return self.ranker.score(view)
 
     def select(self, view: CacheView) -> torch.Tensor:
         layers, heads, total = view.positions.shape
@@ -55,7 +55,7 @@ class AdaKV(Policy):
         scores = torch.nan_to_num(self.score(view).float(), nan=-3e38, posinf=3e38, neginf=-3e38)
         ranked = torch.where(valid, scores, torch.full_like(scores, float("-inf")))
         # each head: its forced slots, then its own best ⌊alpha · budget⌋
-        floor = forced.sum(-1, keepdim=True) + int(self.config["alpha"] * budget)
+        floor = forced.sum(-1, keepdim=True) + int(self.alpha * budget)
         own = rank_desc(torch.where(forced, torch.full_like(ranked, float("inf")), ranked)) < floor
         own &= valid
         # the layer: those, then the best of all heads together up to budget · H_kv

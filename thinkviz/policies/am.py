@@ -61,7 +61,7 @@ class AttentionMatching(Matching, Policy):
         return True
 
     def score(self, view: CacheView) -> torch.Tensor:
-        rows = view.window[:, :, -self.config["window"] :, :].float()  # (L, H_kv, R, T)
+        rows = view.window[:, :, -self.window :, :].float()  # (L, H_kv, R, T)
         return rows.pow(2).mean(dim=2).sqrt()
 
     def compress(self, view: CacheView, cache) -> torch.Tensor:

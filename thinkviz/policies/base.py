@@ -257,6 +257,10 @@ class Policy:
     over budget; such a policy says so with ``"over_budget": True`` in :meth:`step_info`;
     ``score_scale``: what its score grades (the token view paints it as heat), or ``None`` when
     the score only orders slots by a rule (position, a flag, a random draw): no heat is shown.
+
+    Every declared knob (``COMMON_PARAMS`` + ``params``) is an instance attribute of its name
+    holding the validated value, of its :attr:`Param.kind` (``policy.window``, ``policy.budget``);
+    ``config`` keeps the same values as a ``{name: value}`` record for recordings and sweeps.
     """
 
     name: ClassVar[str] = ""
@@ -269,6 +273,17 @@ class Policy:
     evicts: ClassVar[bool] = True
     hard_budget: ClassVar[bool] = True
     score_scale: ClassVar[ScoreScale | None] = ScoreScale("the policy's score", "evicted first", "kept first")
+
+    # the knobs of COMMON_PARAMS, set from the validated config like every declared knob
+    budget: int
+    budget_mode: str
+    budget_fraction: float
+    interval: int
+    protect_system: bool
+    protect_question: bool
+    # forced slots: the first `n_sink` positions, the newest `recent` (0 unless a policy declares them)
+    n_sink: int = 0
+    recent: int = 0
 
     @property
     def fits_bias(self) -> bool:
@@ -313,13 +328,9 @@ class Policy:
         self.config: dict[str, Any] = {
             name: param.coerce(values.get(name, param.default)) for name, param in declared.items()
         }
-        self.budget: int = self.config["budget"]
-        self.fraction: Fraction | None = (
-            Fraction(str(self.config["budget_fraction"])) if self.config["budget_mode"] == "fraction" else None
-        )
-        self.interval: int = self.config["interval"]
-        self.n_sink: int = self.config.get("n_sink", 0)
-        self.recent: int = self.config.get("recent", 0)
+        for name, value in self.config.items():
+            setattr(self, name, value)
+        self.fraction: Fraction | None = Fraction(str(self.budget_fraction)) if self.budget_mode == "fraction" else None
         if self.evicts and self.fraction is None and self.n_sink + self.recent >= self.budget:
             raise PolicyConfigError(
                 f"budget ({self.budget}) must be larger than sinks + recent window ({self.n_sink} + {self.recent})"

@@ -1,7 +1,7 @@
 """dynts: Dynamic Thinking-Token Selection — question + local window + top tokens by *predicted* importance.
 
-Seed 004 (DynTS, "Dynamic Thinking-Token Selection for Efficient Reasoning in Large Reasoning
-Models"): only a fifth to a third of the thinking tokens matter to the answer, and a small
+DynTS ("Dynamic Thinking-Token Selection for Efficient Reasoning in Large Reasoning Models"):
+only a fifth to a third of the thinking tokens matter to the answer, and a small
 head on the model's hidden state can tell which, as each token is written — before any answer
 exists to attend to it.  At a compression DynTS keeps the question, a local window of the
 newest tokens and, for the rest of the budget, the tokens with the highest predicted importance.
@@ -140,7 +140,7 @@ class DynTS(Policy):
     def ranking(self, view: CacheView) -> tuple[str, ImportancePredictor | None, str]:
         """How this view's tokens are ranked: ``(score, predictor, in words)`` with ``score`` one of
         ``"predictor"``, ``"blend"`` and ``"attention"`` (``predictor`` ``None`` for the last)."""
-        if self.config["scorer"] == "attention":
+        if self.scorer == "attention":
             return "attention", None, "attention received per query (scorer: attention)"
         key, found = self._lookup(view)
         if isinstance(found, str):
@@ -151,7 +151,7 @@ class DynTS(Policy):
 
     def _rank_with(self, found: ImportancePredictor, model: str) -> tuple[str, ImportancePredictor | None, str]:
         path = predictor_path(model, self.predictor_folder)
-        scorer, why = self.config["scorer"], ""
+        scorer, why = self.scorer, ""
         if scorer == "auto":
             measured = _heldout_spearman(eval_path(path))
             scorer = max(measured, key=measured.get) if measured else "predictor"
@@ -162,7 +162,7 @@ class DynTS(Policy):
         if scorer == "fallback":
             return "attention", None, f"attention fallback{why}: attention ranked held-out traces best"
         if scorer == "blend":
-            return "blend", found, f"blend of {path.name} (weight {self.config['weight']:g}) and attention so far{why}"
+            return "blend", found, f"blend of {path.name} (weight {self.weight:g}) and attention so far{why}"
         return "predictor", found, f"predicted by {path.name}{why}"
 
     def score(self, view: CacheView) -> torch.Tensor:
@@ -174,7 +174,7 @@ class DynTS(Policy):
         if kind == "predictor":
             return view.by_position(predicted.exp())
         attention = view.received / view.queries_seen
-        return blend(attention, view.by_position(predicted), self.config["weight"], view.valid).exp()
+        return blend(attention, view.by_position(predicted), self.weight, view.valid).exp()
 
     def step_info(self, view: CacheView) -> dict[str, Any]:
         """``importance``: which score ranked the tokens, and why; ``predicted`` (with

@@ -1,9 +1,10 @@
-"""entropy: keep the tokens whose own attention is focused (low entropy) — seed 001.
+"""entropy: keep the tokens whose own attention is focused (low entropy): semantic KV-eviction.
 
-Seed 001 ("semantic KV-eviction via attention-weight entropy") reads the Shannon entropy of a
+Semantic KV-eviction via attention-weight entropy (the article "The Death of the Static Prompt:
+How Semantic KV-Eviction is Supercharging Local Reasoning Models") reads the Shannon entropy of a
 token's attention row as a signal: a row spread evenly over the context marks grammatical
 glue, a row that looks at a few slots marks a logical anchor (a formula, a definition).
-Importance is ``1 / (H + ε)``; the seed names two knobs, ``max_capacity_tokens`` and
+Importance is ``1 / (H + ε)``; the article names two knobs, ``max_capacity_tokens`` and
 ``retention_threshold``, without fixing what the threshold does.  The rule here:
 
 1. ``H_p`` = ``CacheView.token_entropy[p]`` (bits; mean over layers and query heads of token
@@ -16,7 +17,7 @@ Importance is ``1 / (H + ε)``; the seed names two knobs, ``max_capacity_tokens`
    uniform).  Raw entropy favours early tokens, which simply had fewer slots to spread over;
    ``ρ`` does not.  Tokens with ``ρ_p ≤ retention_threshold`` are *anchors*.  (Measured on the
    embedded SmolLM2 over a coding trace: ``ρ`` spans about 0.3–0.6, median 0.39; the default
-   0.3 makes the most focused few percent — code identifiers, numbers — anchors.  The seed's
+   0.3 makes the most focused few percent — code identifiers, numbers — anchors.  The article's
    0.15 would leave only the first token.)
 4. When the cache exceeds ``budget`` it is cut to
    ``k = min(budget, max(max_capacity_tokens, forced + anchors))`` slots (never fewer than the
@@ -95,13 +96,13 @@ class EntropyAnchors(Policy):
 
     def anchors(self, view: CacheView) -> torch.Tensor:
         """``(N,)`` bool: tokens with relative entropy at or below ``retention_threshold``."""
-        return relative_entropy(view.token_entropy) <= self.config["retention_threshold"]
+        return relative_entropy(view.token_entropy) <= self.retention_threshold
 
     def select(self, view: CacheView) -> torch.Tensor:
         forced = self.forced(view)
         anchors = view.by_position(self.anchors(view))  # (L, H_kv, T)
         n_forced = int(forced.sum(-1).max())
-        wanted = max(self.config["max_capacity_tokens"], int((forced | anchors).sum(-1).max()))
+        wanted = max(self.max_capacity_tokens, int((forced | anchors).sum(-1).max()))
         k = min(forced.shape[-1], max(n_forced, min(self.target(view.seen), wanted)))
         importance = self.score(view)
         priority = anchors.float() + importance / (1.0 + importance)  # anchors above all others, in [0, 2)

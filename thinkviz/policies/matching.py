@@ -14,7 +14,7 @@ Both are small linear problems once the keys are fixed:
 - **Values** (least squares): with ``x_rj = w_j p_rj / Σ_{i∈S} w_i p_ri`` the compacted attention,
   ``Σ_{j∈S} x_rj C_j ≈ Σ_j p_rj V_j``.
 
-*Groups* (TAM's thought segments, seed 003; one group for ``am``) split both problems
+*Groups* (TAM's thought segments; one group for ``am``) split both problems
 block-wise: each group's kept slots match that group's own mass and its own share of the
 output, ``Σ_{j∈S_g} w_j p_rj ≈ Σ_{j∈g} p_rj`` and ``Σ_{j∈S_g} x_rj C_j ≈ Σ_{j∈g} p_rj V_j``
 (the paper's chunked compaction: per-chunk mass and output add up to the whole).  A group with
@@ -452,11 +452,13 @@ class Matching:
     head are the reference queries while :attr:`fits_bias`, :meth:`match` fits a compaction and
     keeps its :class:`MatchStats`, which :meth:`take_fit_info` hands to ``step_info`` once."""
 
+    window: int  # the host policy's knobs
+    ridge: float
     last_fit: MatchStats | None = None
 
     @property
     def query_rows(self) -> int:
-        return self.config["window"] if self.fits_bias else 0
+        return self.window if self.fits_bias else 0
 
     def match(
         self,
@@ -466,7 +468,7 @@ class Matching:
         groups: torch.Tensor | None = None,
         own: GroupQueries | None = None,
     ) -> None:
-        self.last_fit = match_cache(view, cache, keep, groups, ridge=self.config["ridge"], own=own)
+        self.last_fit = match_cache(view, cache, keep, groups, ridge=self.ridge, own=own)
 
     def take_fit_info(self) -> dict[str, float | int]:
         fit, self.last_fit = self.last_fit, None

@@ -1,7 +1,8 @@
 """merge: h2o selection, but an evicted value is folded into its most similar kept slot.
 
-Seed 002 ("layer-wise KV merging": redundant steps are summarised and merged rather than
-thrown away); the folding rule follows KV-merging work such as CaM (Zhang et al., ICML 2024)
+Layer-wise KV merging (redundant steps are summarised and merged rather than thrown away, as
+the article "The Death of the Static Token: How KV-Cache Compression is Revolutionizing Local
+AI Reasoning" puts it); the folding rule follows KV-merging work such as CaM (Zhang et al., ICML 2024)
 and D2O (Wan et al., 2024): what an evicted entry contributed is kept, approximately, by the
 kept entry it most resembles.
 

@@ -73,6 +73,6 @@ class PyramidKV(SnapKV):
         layers, heads, _ = view.positions.shape
         forced = self.forced(view)
         floor = int(forced.sum(-1).max())
-        budgets = pyramid_budgets(self.target(view.seen), layers, view.seen, floor, self.config["beta"])
+        budgets = pyramid_budgets(self.target(view.seen), layers, view.seen, floor, self.beta)
         counts = torch.tensor(budgets)[:, None].expand(layers, heads)
         return keep_counts(self.score(view), forced, counts, view.valid)

@@ -33,7 +33,7 @@ class RandomEviction(Policy):
 
     def __init__(self, **values) -> None:
         super().__init__(**values)
-        self._generator = torch.Generator().manual_seed(self.config["seed"])
+        self._generator = torch.Generator().manual_seed(self.seed)
         self._priority: torch.Tensor | None = None  # (L, H_kv, N)
 
     def priorities(self, layers: int, heads: int, seen: int) -> torch.Tensor:

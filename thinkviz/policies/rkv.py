@@ -59,10 +59,10 @@ class RedundancyAwareKV(Policy):
     window_rows = 64
 
     def score(self, view: CacheView) -> torch.Tensor:
-        attention = view.window[:, :, -self.config["window"] :, :].mean(dim=2)  # (L, H_kv, T)
+        attention = view.window[:, :, -self.window :, :].mean(dim=2)  # (L, H_kv, T)
         peak = attention.amax(-1, keepdim=True)
         normalised = torch.where(peak > 0, attention / peak.clamp(min=1e-30), torch.zeros_like(attention))
         repeated = torch.stack(
             [redundancy(keys[0], view.positions[layer]).cpu() for layer, keys in enumerate(view.keys)]
         )  # (L, H_kv, T)
-        return normalised - self.config["lam"] * repeated
+        return normalised - self.lam * repeated

@@ -36,15 +36,14 @@ class SnapKV(Policy):
 
     def __init__(self, **values) -> None:
         super().__init__(**values)
-        if self.config["kernel"] % 2 == 0:
-            raise PolicyConfigError(f"kernel must be odd, got {self.config['kernel']}")
-        self.recent = self.config["window"]
+        if self.kernel % 2 == 0:
+            raise PolicyConfigError(f"kernel must be odd, got {self.kernel}")
+        self.recent = self.window
         if self.fraction is None and self.recent >= self.budget:
             raise PolicyConfigError(f"budget ({self.budget}) must be larger than window ({self.recent})")
 
     def score(self, view: CacheView) -> torch.Tensor:
-        votes = view.window[:, :, -self.config["window"] :, :].mean(dim=2)  # (L, H_kv, T)
+        votes = view.window[:, :, -self.window :, :].mean(dim=2)  # (L, H_kv, T)
         layers, heads, total = votes.shape
-        kernel = self.config["kernel"]
-        pooled = F.max_pool1d(votes.reshape(layers * heads, 1, total), kernel, stride=1, padding=kernel // 2)
+        pooled = F.max_pool1d(votes.reshape(layers * heads, 1, total), self.kernel, stride=1, padding=self.kernel // 2)
         return pooled.reshape(layers, heads, total)

@@ -1,8 +1,8 @@
 """tam: Thought-Aware attention Matching — budgets per reasoning step, ∝ √(importance · size).
 
-Seed 003 ("Thought-Aware KV Cache Compaction for Reasoning via Adaptive Attention Matching",
-TAM): a chain of thought is a sequence of steps of unequal value, so compress it step by step
-instead of as a flat sequence.  Three mechanisms, at every compression and in every
+TAM ("Thought-Aware KV Cache Compaction for Reasoning via Adaptive Attention Matching"): a
+chain of thought is a sequence of steps of unequal value, so compress it step by step instead
+of as a flat sequence.  Three mechanisms, at every compression and in every
 (layer, kv-head):
 
 1. *Thought segmentation.*  Segments are the segmenter's reasoning steps (a think block split
@@ -35,7 +35,7 @@ allocation is optimal under its convex error model.
    head — the same rows that weigh segments and tokens, so the fit matches what the newest
    tokens attend to, the best cheap guess of what the next ones will (a segment nobody attends
    to keeps its selection: the ridge holds ``w = 1`` and its values where its rows carry no
-   mass).  ``window+own`` (seed 003's other candidate): each segment's fit also matches a sample
+   mass).  ``window+own`` (the paper's other candidate): each segment's fit also matches a sample
    of that segment's *own* queries, what its tokens asked while it was written (attending, at
    its position, only to what came before; a fit of an orphan segment's slots joined to a
    neighbour takes its sample along).  The sample is at most ``own_rows`` rows per segment,
@@ -199,12 +199,12 @@ class ThoughtAwareMatching(Matching, Policy):
 
     @property
     def fits_bias(self) -> bool:
-        return self.config["compaction"] == "match"
+        return self.compaction == "match"
 
     @property
     def uses_own_queries(self) -> bool:
         """Whether the fit also uses the segments' own queries (``reference=window+own``)."""
-        return self.fits_bias and self.config["reference"] == "window+own"
+        return self.fits_bias and self.reference == "window+own"
 
     @property
     def own_queries(self) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -216,11 +216,11 @@ class ThoughtAwareMatching(Matching, Policy):
     def query_rows(self) -> int:
         # with own queries, a replayed chunk of `interval` tokens passes all its queries (up to 64)
         if self.uses_own_queries:
-            return min(max(self.config["window"], self.interval), self.window_rows)
+            return min(max(self.window, self.interval), self.window_rows)
         return super().query_rows
 
     def score(self, view: CacheView) -> torch.Tensor:
-        return view.window[:, :, -self.config["window"] :, :].mean(dim=2)  # (L, H_kv, T)
+        return view.window[:, :, -self.window :, :].mean(dim=2)  # (L, H_kv, T)
 
     def segment_ids(self, view: CacheView) -> torch.Tensor:
         """``(N,)`` segment number of every position (step 1 of the module docstring)."""
@@ -231,7 +231,7 @@ class ThoughtAwareMatching(Matching, Policy):
         starts = {0} | {i for i in range(1, total) if labels[i] != labels[i - 1]}
         starts |= {s.start for s in view.segments.spans() if s.kind == "step" and s.start < total}
         ids = torch.empty(total, dtype=torch.long)
-        for number, (lo, hi) in enumerate(merge_short([*sorted(starts), total], self.config["l_min"])):
+        for number, (lo, hi) in enumerate(merge_short([*sorted(starts), total], self.l_min)):
             ids[lo:hi] = number
         return ids
 
@@ -260,7 +260,7 @@ class ThoughtAwareMatching(Matching, Policy):
         if left <= 0:
             return chosen
         free = ~forced
-        pivotal = free & (attention > self.config["pivot_factor"] * attention.mean())
+        pivotal = free & (attention > self.pivot_factor * attention.mean())
         strongest = torch.where(pivotal, attention, torch.full_like(attention, -1.0)).argsort(descending=True)
         chosen[strongest[: min(left, int(pivotal.sum()))]] = True
         left -= int(chosen.sum())
@@ -292,7 +292,7 @@ class ThoughtAwareMatching(Matching, Policy):
         fresh = view.queries[:, :, new.to(view.queries.device)]
         queries = fresh if self._own_queries is None else torch.cat([self._own_queries, fresh], dim=2)
         positions = torch.cat([self._own_positions, view.query_positions[new].cpu()])
-        kept = own_sample(positions, self.segment_ids(view)[positions], self.config["own_rows"])
+        kept = own_sample(positions, self.segment_ids(view)[positions], self.own_rows)
         self._own_queries = queries[:, :, kept.to(queries.device)].clone()
         self._own_positions = positions[kept]
 
@@ -304,7 +304,7 @@ class ThoughtAwareMatching(Matching, Policy):
             own = None
             if self.uses_own_queries and view.query_positions is not None and len(view.query_positions):
                 self.collect(view)
-                rows = self.config["window"]
+                rows = self.window
                 view = dataclasses.replace(
                     view, queries=view.queries[:, :, -rows:], query_positions=view.query_positions[-rows:]
                 )

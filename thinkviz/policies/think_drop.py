@@ -1,6 +1,7 @@
-"""think_drop: drop whole finished ``<think>`` blocks, oldest first, once their code parses — seed 000.
+"""think_drop: drop whole finished ``<think>`` blocks, oldest first, once their code parses.
 
-Seed 000 ("dynamic token-dropping for local reflection loops"): an agent that drafts, tests and
+Dynamic token-dropping for local reflection loops (the article "Dynamic Token-Dropping:
+Optimizing Edge KV-Cache Slices for Local Reflection Loops"): an agent that drafts, tests and
 rewrites code leaves a ``<think>`` block behind every loop.  Once a loop is over and the code
 it produced is sound, its reasoning is the cheapest thing to forget.  The rules:
 

@@ -1,7 +1,7 @@
 """window: FIFO sliding window — keep only the most recent ``budget`` tokens.
 
-The baseline seed 001 criticises: an early formula or definition is dropped as soon as it
-is ``budget`` tokens old, however important it was.
+The static baseline that semantic KV-eviction (the ``entropy`` policy) criticises: an early
+formula or definition is dropped as soon as it is ``budget`` tokens old, however important it was.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from ..policies import Policy
 from ..demos.recordings import Recording
 from ..units import format_bytes
 from ..viz.fidelity import fidelity_figure
-from ..viz.figures import compare_memory_figure, series_styles
+from ..viz.compare_chart import compare_memory_figure, series_styles
 from ..viz.legend import view_legend
 from ..viz.tables import stats_html
 from ..viz.tokens import TokenData, token_view

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..core.events import RunRecord
-from ..viz.figures import keep_heatmap, kept_figure
+from ..viz.keep_maps import keep_heatmap, kept_figure
 from ..viz.legend import view_legend
 from ..viz.tables import segment_headers, segment_table
 from ..viz.tokens import TokenData, render_tokens, token_view

@@ -37,7 +37,7 @@ from ..demos.playback import Playback
 from ..policies import Policy
 from ..demos.recordings import Recording
 from ..viz.fidelity import fidelity_figure
-from ..viz.figures import memory_figure
+from ..viz.memory_chart import memory_figure
 from ..viz.legend import view_legend
 from ..viz.tables import stats_html
 from ..viz.tokens import TokenData, token_view

@@ -20,7 +20,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..measure.metrics import TokenFidelity
-from .figures import SeriesStyle, series_styles, streamed
+from .compare_chart import SeriesStyle, series_styles
+from .figures import streamed, thin
 from .tokens import segment_colour
 
 DEFAULT_WINDOW = 32
@@ -43,10 +44,6 @@ def _field(span: Any, name: str, default: Any = None) -> Any:
     return span.get(name, default) if isinstance(span, dict) else getattr(span, name, default)
 
 
-def _thin(n: int, limit: int) -> np.ndarray:
-    return np.arange(n) if n <= limit else np.unique(np.linspace(0, n - 1, limit).round().astype(np.int64))
-
-
 def fidelity_figure(
     curves: Mapping[str, TokenFidelity],
     segments: Sequence[Any] = (),
@@ -60,7 +57,7 @@ def fidelity_figure(
     ``segments``: spans over absolute positions (:class:`~thinkviz.text.segments.Span` or their
     ``dict`` form); those of :data:`BAND_KINDS` inside the curves' range become background
     bands.  ``texts``: token texts by absolute position, shown on hover.  ``styles``: each policy's
-    colour and dash, the same in both panels (default: :func:`~thinkviz.viz.figures.series_styles`
+    colour and dash, the same in both panels (default: :func:`~thinkviz.viz.compare_chart.series_styles`
     of ``curves``; the Compare tab passes its columns' styles, so a policy matches its memory line).
     """
     styles = series_styles(list(curves)) if styles is None else styles
@@ -81,7 +78,7 @@ def fidelity_figure(
             continue
         lo = positions[0] if lo is None else min(lo, positions[0])
         hi = positions[-1] if hi is None else max(hi, positions[-1])
-        pick = _thin(len(positions), MAX_POINTS)
+        pick = thin(len(positions), MAX_POINTS)
         hover_text = [texts[p] if texts is not None and 0 <= p < len(texts) else "" for p in positions[pick]]
         style = styles[name]
         for row, values, what in ((1, fidelity.nll - fidelity.nll_full, "ΔNLL"), (2, fidelity.kl, "KL")):

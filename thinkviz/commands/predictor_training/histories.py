@@ -9,7 +9,7 @@ answered generations (:func:`build_histories`): the reasoning system prompt, the
 generation's question and its assistant turn (``<think>``, its thinking, the answer), until
 the generations' tokens reach a length drawn from ``tokens``.  It is labelled as a transcript
 (:func:`~.labels.label_transcript`): the attention the last answer pays every earlier
-assistant token, the kind of multi-turn history seed 000's agent setting has.
+assistant token, the kind of multi-turn history an agent's reflection loops (draft, test, rewrite) leave.
 
 Deterministic: a ``random.Random(seed)`` draws each history's length and its generations (no
 generation twice in one history).  Only the generations handed in are used, so histories built

@@ -197,7 +197,7 @@ _EXPLAIN_FORMS = ("Explain {topic}.", "Explain {topic} in a few sentences to a t
 def corpus_prompts() -> list[CorpusPrompt]:
     """The prompt set, kinds taken in turn (word problem, coding task, explanation, ...), so that
     any leading part of it is balanced; :data:`WORD_PROBLEMS` word problems, 60 of each other kind."""
-    rng = random.Random(4)  # seed 004
+    rng = random.Random(4)  # a fixed draw: the same prompt set on every machine
     math = []
     templates = itertools.cycle(_WORD_TEMPLATES)
     for _ in range(WORD_PROBLEMS):

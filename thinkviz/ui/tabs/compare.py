@@ -21,7 +21,8 @@ from ...demos.playback import SPEEDS
 from ...policies import REFERENCE_POLICY, Policy, make_policy, policy_names
 from ...demos.presets import Preset
 from ...sweep.grid import check_vary, parse_vary, vary_grid
-from ...viz.figures import compare_memory_figure, placeholder_figure
+from ...viz.compare_chart import compare_memory_figure
+from ...viz.figures import placeholder_figure
 from ...viz.legend import view_legend
 from ...viz.tokens import TokenData, view_mode_choices
 from .. import inputs

@@ -19,7 +19,8 @@ from ...core.faults import RunFault
 from ...memory import CARDS_GB, Projection
 from ...demos.playback import SPEEDS
 from ...policies import Policy, make_policy
-from ...viz.figures import memory_figure, placeholder_figure
+from ...viz.figures import placeholder_figure
+from ...viz.memory_chart import memory_figure
 from ...viz.legend import view_legend
 from ...viz.tokens import view_mode_choices
 from .. import inputs
