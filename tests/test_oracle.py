@@ -1,5 +1,6 @@
 """Eviction is exact: a step on an evicted cache equals the same step on the full cache with
-the evicted slots hidden from the new queries only (DESIGN §4).
+the evicted slots hidden from the new queries only: "real eviction" removes the slots from the
+tensors and changes nothing else.
 
 Quantized storage is exact in the same sense: a step on a quantized cache equals a
 full-precision step on a cache holding the decoded keys and values, with and without

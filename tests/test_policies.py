@@ -1,4 +1,5 @@
-"""One matrix every registered policy runs through: the invariants of DESIGN §4–5."""
+"""One matrix every registered policy runs through: protected spans, sinks and the recent window
+are always kept, the budget holds per (layer, kv-head), declared knob ranges are honoured."""
 
 from __future__ import annotations
 

@@ -184,8 +184,8 @@ class Run:
             self.segmenter = Segmenter(
                 prompt.roles,
                 texts,
-                protect_system=policy.config["protect_system"],
-                protect_question=policy.config["protect_question"],
+                protect_system=policy.protect_system,
+                protect_question=policy.protect_question,
             )
         else:
             ids = [int(i) for i in prompt]
