@@ -39,9 +39,10 @@ class AppContext:
 class ExploreLink:
     """What Live and Compare need of the Explore tab: its run picker (they offer their runs in it)
     and ``refresh``, the event to run after a run ends, so that a run Explore opened while it was
-    still streaming is shown whole (``refresh(*inputs)`` returns the values for ``outputs``)."""
+    still streaming is shown whole (``refresh(*inputs)`` returns Gradio's dict outputs, ``{component:
+    value}`` for some of ``outputs``, or ``gr.skip()``)."""
 
     source: gr.Dropdown
-    refresh: Callable[..., list]
+    refresh: Callable[..., dict]
     inputs: list[Any]
     outputs: list[Any]
