@@ -5,6 +5,7 @@ a worker thread and :func:`sweep_frames` turns its progress into paced status fr
 last frame carries :func:`~thinkviz.viz.pareto.pareto_figure` and the result table.  With a
 :class:`RayTarget` (``app.py --ray-address``) the trace's groups run on that Ray cluster
 instead (:func:`~thinkviz.sweep.runner.run_groups`), each worker loading the app's model.
+:func:`sweep_request` checks the tab's control values into a :class:`SweepRequest`, by name.
 """
 
 from __future__ import annotations
