@@ -5,6 +5,7 @@ a worker thread and :func:`sweep_frames` turns its progress into paced status fr
 last frame carries :func:`~thinkviz.viz.pareto.pareto_figure` and the result table.  With a
 :class:`RayTarget` (``app.py --ray-address``) the trace's groups run on that Ray cluster
 instead (:func:`~thinkviz.sweep.runner.run_groups`), each worker loading the app's model.
+:func:`sweep_request` checks the tab's control values into a :class:`SweepRequest`, by name.
 """
 
 from __future__ import annotations
@@ -21,13 +22,25 @@ from ..core.faults import RunFault, fault_message, release_device_memory
 from ..models.loading import LoadedModel
 from ..policies import REFERENCE_POLICY, PolicyConfigError, policy_names
 from ..demos.presets import Preset
-from ..measure.replay import Trace, TraceError
-from ..sweep.grid import Budget, SweepSettings, plan_groups, sweep_trace, vary_grid, write_rows
+from ..measure.replay import Trace, TraceError, load_trace
+from ..sweep.grid import (
+    Budget,
+    SweepSettings,
+    check_vary,
+    parse_budgets,
+    parse_policies,
+    parse_vary,
+    plan_groups,
+    sweep_trace,
+    vary_grid,
+    write_rows,
+)
 from ..sweep.runner import open_executor, run_groups
 from ..sweep.work import ModelSpec, WorkerError
 from ..units import format_bytes
 from ..viz.pareto import pareto_figure
 from ..viz.tables import run_label
+from .controls import ControlError, parse_knobs
 from .model_slot import ModelSlot
 from ..measure.requests import RunInputError
 
@@ -197,30 +210,82 @@ def sweep_frames(
     )
 
 
-def sweep_meta(
-    loaded: LoadedModel,
-    trace: Trace,
-    policies: Sequence[str],
-    budgets: str,
-    interval: int,
-    max_trace_tokens: int | None,
-    params: dict[str, Any],
-    budget_mode: str = "tokens",
-    vary: dict[str, list[str]] | None = None,
-) -> dict[str, Any]:
-    """What a sweep's result files say about how it was run (``budgets`` as the user wrote them)."""
+@dataclass(frozen=True)
+class SweepRequest:
+    """A sweep as the Sweep tab's controls describe it, checked (:func:`sweep_request`)."""
+
+    trace: Trace
+    policies: list[str]
+    budgets: list[Budget]
+    budgets_text: str | None  # the budgets as the user wrote them (the result files keep them so)
+    budget_mode: str  # "tokens": a fraction of the whole trace; "fraction": of the tokens seen so far
+    interval: int  # tokens per forward pass
+    max_trace_tokens: int | None  # replay only the trace's first tokens (None: all of it)
+    params: dict[str, Any]  # the policies' knobs, the protection flags among them
+    vary: dict[str, list[str]]  # knob → values: each policy that takes the knob runs once per value
+
+
+def sweep_request(
+    *,
+    trace: str | None,
+    policies: Sequence[str] | None,
+    budgets: str | None,
+    budget_mode: str,
+    interval: float,
+    protect_system: bool,
+    protect_question: bool,
+    knobs: str,
+    trace_tokens: float,
+    vary: str | None,
+) -> SweepRequest:
+    """The sweep the controls' values describe (``trace``: a trace file; ``knobs``: ``name=value, …``;
+    ``vary``: ``KNOB=V1,V2;…``; ``trace_tokens`` 0: the whole trace).  Raises :class:`RunInputError`
+    or :class:`~thinkviz.ui.controls.ControlError` with the reason."""
+    if not trace:
+        raise RunInputError("Choose a trace to sweep.")
+    chosen = parse_policies(",".join(policies or []))
+    own = parse_knobs(knobs, chosen)
+    params = {**own, "protect_system": bool(protect_system), "protect_question": bool(protect_question)}
+    try:
+        varied = parse_vary(vary or "")
+        check_vary(chosen, varied)
+    except ValueError as exc:
+        raise ControlError(f"{exc} (vary)") from None
+    both = sorted(set(varied) & set(own))
+    if both:
+        raise ControlError(f"{', '.join(both)} is both varied and set in the policy knobs: give it one way.")
+    running = budget_mode == "fraction"
+    if running and "budget" in varied:
+        raise ControlError(
+            "The budget is a fraction of the tokens seen: give its values in Budgets, not in Vary a knob."
+        )
+    return SweepRequest(
+        trace=load_trace(trace),
+        policies=chosen,
+        budgets=parse_budgets(budgets or "", running),
+        budgets_text=budgets,
+        budget_mode=budget_mode,
+        interval=int(interval),
+        max_trace_tokens=int(trace_tokens) or None,
+        params=params,
+        vary=varied,
+    )
+
+
+def sweep_meta(loaded: LoadedModel, request: SweepRequest) -> dict[str, Any]:
+    """What a sweep's result files say about how it was run."""
     return {
         "model": loaded.name,
         "quantization": loaded.quantization,
         "backend": loaded.backend,
-        "trace": trace.name,
-        "interval": interval,
-        "budgets": budgets,
-        "budget_mode": budget_mode,
-        "policies": list(policies),
-        "params": dict(params),
-        "max_trace_tokens": max_trace_tokens,
-        "vary": dict(vary or {}),
+        "trace": request.trace.name,
+        "interval": request.interval,
+        "budgets": request.budgets_text,
+        "budget_mode": request.budget_mode,
+        "policies": list(request.policies),
+        "params": dict(request.params),
+        "max_trace_tokens": request.max_trace_tokens,
+        "vary": dict(request.vary),
     }
 
 

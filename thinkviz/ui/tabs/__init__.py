@@ -1,9 +1,11 @@
 """The app's tabs, one Blocks module each: ``build(app)`` lays the tab out and wires its events.
 
-A tab never imports another; what two tabs share comes from :mod:`thinkviz.ui.widgets`
-(control groups) and :mod:`thinkviz.ui.handlers` (the handler skeleton).  The one link
-between tabs, Live and Compare offering their runs to Explore, goes through
-:func:`thinkviz.ui.app.build_app`: their ``build`` returns a function it calls with the
+A tab declares its components once (a frozen dataclass of them); its handlers are module-level
+functions that return Gradio's dict outputs, ``{component: value}``, bound to those components
+with :func:`thinkviz.ui.wiring.bind`.  A tab never imports another; what two tabs share comes
+from :mod:`thinkviz.ui.widgets` (control groups) and :mod:`thinkviz.ui.handlers` (the handler
+skeleton).  The one link between tabs, Live and Compare offering their runs to Explore, goes
+through :func:`thinkviz.ui.app.build_app`: their ``build`` returns a function it calls with the
 Explore tab's :class:`ExploreLink` once that tab exists.
 """
 
@@ -39,9 +41,10 @@ class AppContext:
 class ExploreLink:
     """What Live and Compare need of the Explore tab: its run picker (they offer their runs in it)
     and ``refresh``, the event to run after a run ends, so that a run Explore opened while it was
-    still streaming is shown whole (``refresh(*inputs)`` returns the values for ``outputs``)."""
+    still streaming is shown whole (``refresh(*inputs)`` returns Gradio's dict outputs, ``{component:
+    value}`` for some of ``outputs``, or ``gr.skip()``)."""
 
     source: gr.Dropdown
-    refresh: Callable[..., list]
+    refresh: Callable[..., dict]
     inputs: list[Any]
     outputs: list[Any]
