@@ -1,5 +1,6 @@
 """The documentation says only what runs: every command in README.md and docs/*.md parses, every
-relative link and image resolves, and docs/cli.md is what the argument parsers generate.
+relative link and image resolves, docs/cli.md and the README's KV-format table are what the code
+generates, and docs/api.md names every endpoint and parameter of the app.
 
 A command is a line (or inline code span) that starts with ``python -m thinkviz``, ``thinkviz``,
 ``python app.py`` or ``make``, after any ``VAR=value`` prefix.  It is parsed as argparse would parse it
@@ -21,10 +22,13 @@ import pytest
 import app
 from scripts import docs_gen
 from thinkviz.cli import build_parser
+from thinkviz.ui.app import build_app
+from thinkviz.ui.model_slot import ModelSlot
+from tiny_models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.S | re.M)
 INLINE = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 HTML_TARGET = re.compile(r"<(?:img|a)\s[^>]*(?:src|href)=\"([^\"]+)\"")
@@ -119,7 +123,7 @@ def test_a_broken_command_is_noticed():
 
 def slug(heading: str) -> str:
     """GitHub's anchor for a Markdown heading."""
-    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower())
+    text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower())
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
@@ -156,6 +160,22 @@ def test_every_relative_link_and_image_resolves(page):
 
 def test_docs_cli_md_and_the_readme_kv_table_are_what_the_code_generates():
     assert docs_gen.stale() == []
+
+
+def test_docs_api_md_names_every_endpoint_and_parameter_of_the_app():
+    """docs/api.md has a section per endpoint of the app (built here around a tiny model) naming each parameter."""
+    tiny = tiny_model("llama")
+    slot = ModelSlot(loader=lambda name, quantization, device, progress=None: tiny)
+    slot.start("tiny", "none")
+    endpoints = build_app(slot, model="tiny", quantization="none").get_api_info()["named_endpoints"]
+    page = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    sections = dict(re.findall(r"^## `(/\w+)`\n(.*?)(?=^## |\Z)", page, re.S | re.M))
+    assert set(sections) == set(endpoints)
+    missing = {
+        name: [p["parameter_name"] for p in info["parameters"] if f"`{p['parameter_name']}`" not in sections[name]]
+        for name, info in endpoints.items()
+    }
+    assert {name: params for name, params in missing.items() if params} == {}
 
 
 def test_the_readme_is_short():
