@@ -4,7 +4,8 @@
     .venv/bin/python scripts/screenshots.py http://127.0.0.1:7911/
 
 Chromium is Debian's ``/usr/bin/chromium`` driven by Playwright (never ``playwright install``).  Live
-plays ``math_h2o_vs_window``, Compare plays ``compare_lru_all``; Explore then opens the Live run.
+plays ``math_h2o_vs_window`` (shot in presentation mode), Compare plays ``compare_lru_all``; Explore
+opens the Live run, scrolled to its keep heatmap.
 Writes docs/live.png, docs/compare.png and docs/explore.png.
 """
 
@@ -49,12 +50,17 @@ def main(url: str) -> None:
             "() => /Model: Ready/.test(document.querySelector('#tv-model-status')?.textContent)", timeout=900_000
         )
         play(page, "live", "math_h2o_vs_window")
+        page.click("#tv-present input")  # presentation mode: the token view and the memory chart side by side
+        page.wait_for_timeout(6_000)
         page.screenshot(path=DOCS / "live.png")
+        page.click("#tv-present input")
         page.get_by_role("tab", name="Explore").click()
         page.wait_for_function(
             "() => /Step/.test(document.querySelector('#tv-explore-caption')?.textContent)", timeout=120_000
         )
         page.wait_for_timeout(3_000)
+        page.evaluate("document.querySelector('#tv-explore-heatmap').scrollIntoView({block: 'end'})")
+        page.wait_for_timeout(1_000)
         page.screenshot(path=DOCS / "explore.png")
         page.get_by_role("tab", name="Compare").click()
         play(page, "compare", "compare_lru_all")
