@@ -351,17 +351,21 @@ def switch_mode(tab: LiveTab, s: Session, mode: str, chosen: str) -> Updates:
     return {tab.app.bus: bus_payload(s.live_channel.message(s.live_view, reset=True)), **legend}
 
 
+def memory_chart(s: Session, project_onto: str | None, card_gib: Any, process_memory: bool) -> Any:
+    """The last run's memory chart, on the projection and panels chosen."""
+    view = MemoryView.of(project_onto, card_gib, process_memory)
+    return view.figure(s.live_record, s.live_device_stats)
+
+
 def reproject(s: Session, project_onto: str | None, card_gib: Any, process_memory: bool) -> Any:
-    """The last run's memory chart, on the projection and panels now chosen."""
     if s.live_record is None or s.running:
         return gr.skip()
-    view = shown(MemoryView.of, project_onto, card_gib, process_memory)
-    return view.figure(s.live_record, s.live_device_stats)
+    return shown(memory_chart, s, project_onto, card_gib, process_memory)
 
 
 def export_memory_figure(s: Session, **values: Any) -> str:
     def figures() -> dict[str, Any]:
-        return {"KV-cache memory": MemoryView.of(**values).figure(s.live_record, s.live_device_stats)}
+        return {"KV-cache memory": memory_chart(s, **values)}
 
     return figure_file(s.live_record is not None, figures, stem="thinkviz-memory")
 
@@ -460,9 +464,8 @@ def run_policy(tab: LiveTab, s: Session, policy: str, knobs: str, preset: str, *
     `policy` / `knobs` say otherwise).  Returns the run's summary and its recording (a zip)."""
 
     def prepare() -> LiveRequest:
-        decode_values = tab.decode.of(values)
-        asked = script_request(policy, knobs, preset, tab.panel.of(values), decode_values[0])
-        settings = tab.decode.settings((asked.max_new_tokens, *decode_values[1:]))
+        asked = script_request(policy, knobs, preset, tab.panel.of(values), values["max_new_tokens"])
+        settings = tab.decode.settings(tab.decode.of({**values, "max_new_tokens": asked.max_new_tokens}))
         return LiveRequest(asked.policy, InputControls.request(asked.chat), settings, MemoryView(), KVQuant(), False)
 
     def frames(loaded, asked: LiveRequest, cancel) -> Iterator[Updates]:
