@@ -2,8 +2,9 @@
 pieces every tab streams through.
 
 Every handler turns component values into a request (:mod:`.widgets`, :mod:`.controls`),
-drives a plain generator (:mod:`.live`, :mod:`.compare`, :mod:`.sweep`) or a pure function
-(:mod:`.explore`, :mod:`.learn`, :mod:`thinkviz.export`) and places what it returns.  Events
+drives a plain generator (:mod:`.live_run`, :mod:`.compare_run`, :mod:`.sweep_run`) or a pure
+function (:mod:`.explore_views`, :mod:`.learn_cards`, :mod:`thinkviz.export`) and places what it
+returns by component (``{component: value}``, :mod:`.handlers`).  Events
 that run the model share one Gradio concurrency group of size one and borrow the model from
 a :class:`ModelSlot` (:func:`.handlers.run_with_model`).
 """

@@ -1,5 +1,9 @@
 """What every Gradio handler shares: the user errors it shows, and the one way to run the model.
 
+A handler is a module-level function of its tab's components and the event's values, bound to
+the components with :func:`bind`; it returns (or yields, frame by frame) ``{component: value}``
+for the outputs it updates, so nothing depends on the order of a list of outputs.
+
 A handler that runs the model follows :func:`run_with_model`: validate the controls (a bad
 value is a toast, before anything waits), wait for the model to load, borrow it for the
 run, show any user error the run raises as a toast, and always mark the session idle after.
@@ -9,9 +13,10 @@ one, across all sessions.
 
 from __future__ import annotations
 
+import functools
 import threading
-from typing import Any, TypeVar
-from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterator, Mapping
 
 import gradio as gr
 
@@ -23,7 +28,11 @@ from .controls import ControlError
 from .model_slot import ModelSlot, ModelUnavailable
 from ..measure.requests import RunInputError
 from .session import Session
+from .stream import chart_frame
 from .text import no_markup
+
+if TYPE_CHECKING:
+    from .tabs import ExploreLink
 
 MODEL_GROUP = "model"  # every event that runs the model: one at a time, across all sessions
 PLAYBACK_GROUP = "playback"  # playing recordings needs no model: beside a run, a few at a time
@@ -32,6 +41,15 @@ WAITING = "Waiting for the model to load…"
 RUN_PICKER_INFO = "this session's runs, newest first (the oldest go when they outgrow the session's budget)"
 
 Request = TypeVar("Request")
+Updates = dict[Any, Any]  # {component: value} for the outputs a handler changes (the others stay)
+
+
+def bind(handler: Callable[..., Any], *parts: Any) -> Callable[..., Any]:
+    """``handler`` with its first arguments (a tab's components) given, as Gradio sees a function of
+    the event's values: the parameters left, its name and its docstring (an endpoint's description)."""
+    call = functools.partial(handler, *parts)
+    call.__name__, call.__doc__ = handler.__name__, handler.__doc__  # type: ignore[attr-defined]
+    return call
 
 
 def user_error(exc: Exception) -> gr.Error:
@@ -50,10 +68,10 @@ def shown(compute: Callable[..., Any], *args: Any) -> Any:
 def run_with_model(
     slot: ModelSlot,
     prepare: Callable[[], Request],
-    run: Callable[[LoadedModel, Request, threading.Event | None], Iterator[list]],
-    waiting: Callable[[Request], list],
+    run: Callable[[LoadedModel, Request, threading.Event | None], Iterator[Any]],
+    waiting: Callable[[Request], Any],
     session: Session | None = None,
-) -> Iterator[list]:
+) -> Iterator[Any]:
     """The skeleton of a handler that runs the model; yields the outputs of each frame.
 
     ``prepare()`` validates the controls into a request; ``waiting(request)`` is the outputs to
@@ -82,11 +100,47 @@ def run_picker(session: Session, value: str | None = None) -> dict:
     return gr.update(choices=session.sources(), info=session.shelf.note or RUN_PICKER_INFO, **selected)
 
 
+def charted(
+    bus: Any, messages: list[dict[str, Any]], plots: Mapping[Any, Any], done: bool, revision: str, first: bool
+) -> Updates:
+    """A frame's updates of the patch ``bus`` (its ``messages``) and of the ``gr.Plot`` components
+    ``plots`` maps to the frame's figures (``None``: none due): :func:`~.stream.chart_frame`, by
+    component; a plot with no figure to set stays."""
+    charts = {plot.elem_id: figure for plot, figure in plots.items()}
+    payload, figures = chart_frame(messages, charts, done, revision, first=first)
+    return {bus: payload, **{plot: figure for plot, figure in zip(plots, figures) if figure is not None}}
+
+
+def streamed(
+    button: gr.Button,
+    handler: Callable[..., Iterator[Any]],
+    inputs: list[Any],
+    outputs: list[Any],
+    explore: ExploreLink,
+    api_name: str,
+    playback: bool = False,
+    inputs_kwargs: dict[str, Any] | None = None,
+) -> None:
+    """Wire ``button`` to a handler that streams a run's frames into ``outputs``: in the model's
+    group (one run at a time) or, a recording's ``playback``, in the playback group (a few at a
+    time); then refresh Explore, which may have opened the run while it streamed."""
+    button.click(
+        handler,
+        inputs,
+        outputs,
+        inputs_kwargs=inputs_kwargs,
+        concurrency_limit=4 if playback else 1,
+        concurrency_id=PLAYBACK_GROUP if playback else MODEL_GROUP,
+        api_name=api_name,
+        show_progress="hidden",
+    ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
+
+
 def play_recording(
     load: Callable[[], Request],
-    play: Callable[[Request, threading.Event], Iterator[list]],
+    play: Callable[[Request, threading.Event], Iterator[Any]],
     session: Session,
-) -> Iterator[list]:
+) -> Iterator[Any]:
     """The skeleton of a handler that plays a recording (no model): ``load()`` reads and checks it (a
     stale or missing one is a toast), ``play(recording, cancel)`` yields each frame's outputs; the
     session is marked running meanwhile, so its Stop button stops the playback."""

@@ -21,7 +21,7 @@ from .live_run import LiveFrame
 
 @dataclass(frozen=True)
 class ScriptRequest:
-    """The policy to run, the chat in :class:`~thinkviz.ui.widgets.InputControls` order (run mode,
+    """The policy to run, the chat in :class:`~thinkviz.ui.chat_controls.InputControls` order (run mode,
     system prompt, question, trace) and the new-token limit."""
 
     policy: Policy

@@ -1,13 +1,13 @@
-"""Control groups more than one tab shows: the chat to run, the policy and its knobs, the KV-cache
-format, decoding, export buttons, the model settings panel.
+"""Control groups more than one tab shows: the policy and its knobs, the KV-cache format, decoding,
+playback, export buttons, the model settings panel (the chat to run: :mod:`.chat_controls`).
 
 Each group is a dataclass of components built in the layout by its ``…_controls`` function;
 ``inputs()`` lists the components a handler receives, in order, and a method turns their
 values, in that order, into what the run needs (a policy, a request, decode settings).  Each
 input's API name is the name of the field that holds it (:meth:`Group.named`), so a control
 added to a group is named by adding it: an event wires groups with
-``inputs_kwargs=named(*groups)``, ``view_api()`` lists those names, and :func:`split` cuts a
-handler's keyword values into one tuple per group, so no handler counts positions.
+``inputs_kwargs=named(*groups)``, ``view_api()`` lists those names, and :meth:`Group.of` picks a
+group's values out of a handler's keyword values, so no handler counts positions.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import gradio as gr
 
-from ..text.chat import REASONING_SYSTEM_PROMPT
 from ..core.engine import DecodeSettings
 from ..core.kvquant import RESIDUAL_RANGE, KVQuant, format_names
 from ..memory import GIB, set_vram_cap, vram_cap_bytes
@@ -29,7 +28,6 @@ from ..demos.playback import DEFAULT_SPEED, SPEEDS
 from ..policies.base import COMMON_PARAMS, Param
 from ..demos.presets import MAX_NEW_TOKENS_RANGE, Preset
 from ..units import format_bytes
-from ..viz.tables import TURN_PREVIEW_HEADERS
 from . import inputs
 from .controls import (
     COMMON_NAMES,
@@ -46,7 +44,7 @@ from ..demos.record import recording_problem
 from .fields import numbers_only, slider
 from .handlers import MODEL_GROUP, shown, user_error
 from .model_slot import LoadStatus, ModelSlot, ModelUnavailable
-from ..measure.requests import RUN_MODES, RunInput, RunInputError, decode_settings, run_input
+from ..measure.requests import decode_settings
 from .text import plain_markdown
 
 
@@ -61,6 +59,16 @@ class Group:
 
     def inputs(self) -> list:
         raise NotImplementedError
+
+    def by_component(self, values: Sequence[Any]) -> dict[Any, Any]:
+        """``values`` (in :meth:`inputs` order, as the group's ``preset_values`` give them) as the
+        ``{component: value}`` a Gradio handler returns."""
+        return dict(zip(self.inputs(), values, strict=True))
+
+    def of(self, values: Mapping[str, Any]) -> tuple:
+        """This group's values among a handler's keyword values (wired by :func:`named`), in
+        :meth:`inputs` order: what the group's own methods read."""
+        return tuple(values[name] for name in self.named())
 
     def named(self) -> dict[str, Any]:
         """:meth:`inputs` by API name, in the same order."""
@@ -97,15 +105,6 @@ def named(*groups: Group) -> dict[str, Any]:
                 raise ValueError(f"two controls are named {name!r}")
             out[name] = component
     return out
-
-
-def split(values: Mapping[str, Any], *groups: Group) -> list[tuple]:
-    """``values`` (a handler's keyword arguments, wired by :func:`named`) as one tuple per group,
-    in each group's :meth:`~Group.inputs` order."""
-    expected = named(*groups)
-    if set(values) != set(expected):
-        raise ValueError(f"values for {sorted(values)}, controls {sorted(expected)}")
-    return [tuple(values[name] for name in group.named()) for group in groups]
 
 
 def load_status_markdown(status: LoadStatus) -> str:
@@ -243,19 +242,6 @@ def follow_toggle(tab: str) -> gr.Checkbox:
         elem_classes="tv-follow",
         container=False,
         interactive=True,
-    )
-
-
-def trace_limit(tab: str) -> gr.Slider:
-    """The first N trace tokens to replay (0: all), as the Sweep tab has: a quick look at a long trace."""
-    return slider(
-        0,
-        8192,
-        value=0,
-        step=32,
-        label="Trace tokens to replay (0 = the whole trace)",
-        info="replay mode: only the trace's first tokens, for a quick look or a tuning loop",
-        elem_id=f"tv-{tab}-limit",
     )
 
 
@@ -477,125 +463,6 @@ def kv_controls(tab: str) -> KVControls:
 def preset_kv(preset: Preset) -> list:
     """A preset's KV format and residual in :meth:`KVControls.inputs` order."""
     return [preset.kv_quant.format, preset.kv_quant.residual]
-
-
-# ---- what to run ------------------------------------------------------------------------------
-@dataclass
-class InputControls(Group):
-    """Preset picker and the chat to run (system, question, generate / replay, trace), with the
-    replay panel: a trace or transcript file to upload and a preview of its turns."""
-
-    preset: gr.Dropdown
-    notice: gr.Markdown
-    run_mode: gr.Radio
-    system: gr.Textbox
-    question: gr.Textbox
-    trace: gr.Textbox
-    upload: gr.File
-    preview_caption: gr.Markdown
-    preview: gr.Dataframe
-
-    def inputs(self) -> list:
-        return [self.run_mode, self.system, self.question, self.trace]
-
-    @staticmethod
-    def request(values: Sequence[Any], limit: Any = None) -> RunInput:
-        """The run the values (in :meth:`inputs` order) describe, replaying at most ``limit`` trace
-        tokens (0 or ``None``: all); :class:`RunInputError` if none."""
-        return run_input(*values, max_tokens=limit)
-
-    def preset_outputs(self) -> list:
-        return [self.notice, self.run_mode, self.system, self.question, self.trace]
-
-
-def input_controls(choices: list[tuple[str, str]], tab: str, slot: ModelSlot) -> InputControls:
-    """The chat controls; the turn preview follows them, counted with ``slot``'s tokenizer once loaded."""
-    preset = gr.Dropdown(
-        choices,
-        value=None,
-        label="Preset",
-        elem_id=f"tv-{tab}-preset",
-        elem_classes="tv-bar",
-        info="a question, a policy and, for replay, a hand-written reasoning trace",
-    )
-    notice = gr.Markdown("", elem_classes="tv-notice")
-    question = gr.Textbox(
-        "",
-        label="Question",
-        lines=2,
-        max_lines=8,
-        placeholder="Ask something that needs reasoning…",
-        elem_id=f"tv-{tab}-question",
-    )
-    mode = gr.Radio(
-        list(RUN_MODES),
-        value="generate",
-        label="Run mode",
-        elem_id=f"tv-{tab}-run-mode",
-        info="generate: the model writes; replay: teacher-force the trace",
-    )
-    with gr.Accordion("System prompt and replay trace or transcript", open=False):
-        system = gr.Textbox(label="System prompt (empty: none)", lines=3, value=REASONING_SYSTEM_PROMPT)
-        trace = gr.Textbox(
-            "",
-            label="Trace to replay: the assistant's text, or a transcript (lines starting "
-            "SYSTEM:, USER:, ASSISTANT:, TOOL:, or JSON / JSONL messages)",
-            lines=6,
-            max_lines=12,
-            elem_id=f"tv-{tab}-trace",
-        )
-        upload = gr.File(
-            label="…or upload one (.json, .jsonl, .txt, .md)",
-            type="filepath",
-            height=90,
-            file_types=[".json", ".jsonl", ".txt", ".md"],
-            elem_id=f"tv-{tab}-upload",
-        )
-        caption = gr.Markdown("", elem_id=f"tv-{tab}-turns-caption")
-        preview = gr.Dataframe(
-            headers=TURN_PREVIEW_HEADERS,
-            value=[],
-            label="Turns of the replay (blocks: think blocks)",
-            interactive=False,
-            wrap=True,
-            column_widths=["10%", "21%", "15%", "14%", "40%"],
-            elem_id=f"tv-{tab}-turns",
-        )
-    panel = InputControls(preset, notice, mode, system, question, trace, upload, caption, preview)
-
-    def uploaded(path: str | None) -> list:
-        try:
-            return [inputs.read_upload(path), "replay"]
-        except RunInputError as exc:
-            raise user_error(exc) from None
-
-    upload.upload(uploaded, upload, [trace, mode], show_progress="hidden", api_visibility="private")
-
-    def preview_turns(*values: Any) -> list:
-        caption_text, rows = inputs.trace_preview(slot.loaded, *values)
-        return [caption_text, gr.Dataframe(value=rows, visible=bool(rows))]
-
-    for control in panel.inputs():
-        control.change(
-            preview_turns,
-            panel.inputs(),
-            [caption, preview],
-            show_progress="hidden",
-            trigger_mode="always_last",
-            api_visibility="private",
-        )
-    return panel
-
-
-def preset_values(name: str | None) -> tuple[inputs.PresetChoice | None, list]:
-    """The loaded preset and the values for :meth:`InputControls.preset_outputs`."""
-    if not name:
-        return None, [gr.skip()] * 5
-    try:
-        choice = inputs.choose_preset(name)
-    except RunInputError as exc:
-        raise user_error(exc) from None
-    return choice, [choice.notice, choice.preset.mode, choice.system, choice.preset.question, choice.trace]
 
 
 @dataclass

@@ -9,58 +9,59 @@ the controls and places what each frame carries.
 from __future__ import annotations
 
 from collections import namedtuple
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import gradio as gr
 
-from ...measure.comparison import MAX_COLUMNS, MIN_COLUMNS, Column, preset_policies
+from ...core.engine import DecodeSettings
 from ...core.kvquant import KVQuant
 from ...demos.playback import SPEEDS
-from ...policies import REFERENCE_POLICY, Policy, make_policy, policy_names
 from ...demos.presets import Preset
+from ...demos.record import load_preset_recording
+from ...measure.comparison import MAX_COLUMNS, MIN_COLUMNS, Column, preset_policies
+from ...measure.requests import RunInput
+from ...policies import REFERENCE_POLICY, Policy, make_policy, policy_names
 from ...sweep.grid import check_vary, parse_vary, vary_grid
 from ...viz.compare_chart import compare_memory_figure
 from ...viz.figures import placeholder_figure
 from ...viz.legend import view_legend
 from ...viz.tokens import TokenData, view_mode_choices
 from .. import inputs
-from ..compare_run import FIDELITY_COLUMNS, check_columns, column_views, compare_frames, playback_frames
+from ..chat_controls import InputControls, input_controls, trace_limit
+from ..compare_run import FIDELITY_COLUMNS, CompareFrame, check_columns, column_views, compare_frames, playback_frames
 from ..controls import ControlError, build_policy, default_view, format_knobs, knobs_for, parse_knobs
-from ...demos.record import load_preset_recording
-from ..price import preset_estimate
 from ..handlers import (
-    MODEL_GROUP,
-    PLAYBACK_GROUP,
     USER_ERRORS,
     WAITING,
+    Updates,
+    bind,
+    charted,
     figure_file,
     play_recording,
     run_picker,
     run_with_model,
+    streamed,
 )
+from ..price import preset_estimate
 from ..session import COMPARE_TOKENS_IDS, Session
-from ..stream import bus_payload, chart_frame, container_html
+from ..stream import bus_payload, container_html
 from ..text import plain_markdown
 from ..widgets import (
     CommonControls,
+    DecodeControls,
     Group,
-    InputControls,
     PlaybackControls,
     common_controls,
     decode_controls,
     follow_toggle,
-    input_controls,
     knob_box,
     kv_format_dropdown,
     named,
     playback_controls,
     preset_knobs,
-    preset_values,
     residual_slider,
-    split,
-    trace_limit,
 )
 from . import AppContext, ExploreLink
 
@@ -114,6 +115,10 @@ class PolicySetControls(Group):
         """Values for :meth:`inputs` (without the measure flag) that compare ``policies`` with ``preset``'s knobs."""
         return [policies, *preset_knobs(preset.params), format_knobs(preset.params)]
 
+    def preset_updates(self, preset: Preset, policies: list[str]) -> Updates:
+        """:meth:`preset_values` by component (the measure flag stays)."""
+        return dict(zip(self.inputs()[:-1], self.preset_values(preset, policies), strict=True))
+
 
 def policy_set_controls() -> PolicySetControls:
     policies = gr.CheckboxGroup(
@@ -155,9 +160,9 @@ class ColumnFormats(Group):
         chosen = dict(zip(self.policies, formats))
         return [inputs.kv_quant(chosen.get(name, "none"), residual) for name in names]
 
-    def shown(self, names: Sequence[str]) -> list:
+    def shown(self, names: Sequence[str] | None) -> Updates:
         """Updates showing the dropdowns of the checked policies ``names``."""
-        return [gr.update(visible=name in names) for name in self.policies]
+        return {box: gr.update(visible=name in (names or [])) for box, name in zip(self.formats, self.policies)}
 
     def preset_values(self, preset: Preset, known: Sequence[str], formats: Sequence[KVQuant]) -> list:
         """Values for :meth:`inputs` that store the columns ``known`` in ``formats`` (one each)."""
@@ -204,8 +209,72 @@ def compare_options() -> CompareOptions:
     return CompareOptions(limit, vary)
 
 
-def build(app: AppContext) -> Callable[[ExploreLink], None]:
-    """Lay out the Compare tab; returns the function that wires Compare once the Explore tab exists."""
+MEMORY_PLACEHOLDER = "Each policy's KV cache appears here"
+FIDELITY_PLACEHOLDER = "ΔNLL and KL per token appear here once fidelity is measured"
+
+
+@dataclass(frozen=True)
+class CompareTab:
+    """The Compare tab's components, declared once: the app it is in, its controls (by group), its
+    buttons and what it shows (a header and a token view per column, up to six)."""
+
+    app: AppContext
+    panel: InputControls
+    run: gr.Button
+    stop: gr.Button
+    playback: PlaybackControls
+    chosen: PolicySetControls
+    kv: ColumnFormats
+    options: CompareOptions
+    decode: DecodeControls
+    status: gr.Markdown
+    view_mode: gr.Radio
+    legend: gr.HTML
+    headers: tuple[gr.HTML, ...]
+    columns: tuple[gr.Column, ...]
+    overlay: gr.Plot
+    table: gr.Dataframe
+    per_token: gr.Plot
+    export_figure: gr.Button
+    exported: gr.File
+
+    def run_groups(self) -> tuple[Group, ...]:
+        """The groups Compare reads, in the order of its API (after the view mode)."""
+        return self.panel, self.chosen, self.decode, self.kv, self.options
+
+
+@dataclass(frozen=True)
+class CompareScreen:
+    """What Compare and Play update, frame by frame; the fields' order (the headers and columns in
+    turn) is the events' outputs, and so the order an API client receives them in."""
+
+    status: gr.Markdown
+    bus: gr.Textbox
+    overlay: gr.Plot
+    table: gr.Dataframe
+    source: gr.Dropdown  # Explore's run picker: the columns are offered there from the first frame
+    headers: tuple[gr.HTML, ...]
+    columns: tuple[gr.Column, ...]
+    legend: gr.HTML
+    per_token: gr.Plot
+
+    def outputs(self) -> list:
+        parts = [getattr(self, field.name) for field in fields(self)]
+        return [c for part in parts for c in (part if isinstance(part, tuple) else [part])]
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    """One comparison, as the controls describe it (validated: a bad value was a toast)."""
+
+    columns: list[Column]
+    run_input: RunInput
+    settings: DecodeSettings
+    measure_fidelity: bool
+
+
+def layout(app: AppContext) -> CompareTab:
+    """Lay out the Compare tab's controls (left) and views (right)."""
     with gr.Row(elem_classes="tv-layout"):
         with gr.Column(scale=2, min_width=300, elem_classes="tv-controls"):
             panel = input_controls(app.presets, "compare", app.slot)
@@ -241,9 +310,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                         gr.HTML(container_html(target_id, follow="tv-compare-follow"))
                     columns.append(column)
             overlay = gr.Plot(
-                placeholder_figure("Each policy's KV cache appears here"),
-                label="KV-cache memory, all policies",
-                elem_id=MEMORY_ID,
+                placeholder_figure(MEMORY_PLACEHOLDER), label="KV-cache memory, all policies", elem_id=MEMORY_ID
             )
             table = gr.Dataframe(
                 headers=FIDELITY_COLUMNS,
@@ -253,7 +320,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                 wrap=True,
             )
             per_token = gr.Plot(
-                placeholder_figure("ΔNLL and KL per token appear here once fidelity is measured"),
+                placeholder_figure(FIDELITY_PLACEHOLDER),
                 label="Per-token fidelity against the full cache",
                 elem_id=FIDELITY_ID,
             )
@@ -265,234 +332,227 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                 elem_id="tv-compare-export",
                 elem_classes="tv-download",
             )
-    session = app.session
+    return CompareTab(
+        app, panel, run, stop, playback, chosen, kv, options, decode, status, view_mode, legend,
+        tuple(headers), tuple(columns), overlay, table, per_token, export_fig, exported,
+    )  # fmt: skip
 
-    def pick_preset(name: str | None) -> list:
-        choice, values = preset_values(name)
-        if choice is None:
-            return values + [gr.skip()] * (4 + len(chosen.common.inputs()) + len(kv.inputs()))
-        known, formats, left_out = preset_policies(choice.preset)
-        if left_out:
-            values[0] += f"\n\n_Showing {', '.join(known)}; also listed: {plain_markdown(', '.join(left_out))}._"
-        view = "combined" if "combined" in map(default_view, known) else "evicted"  # heat if any column has it
-        return values + [
-            *chosen.preset_values(choice.preset, known),
-            choice.preset.max_new_tokens,
-            view,
-            *kv.preset_values(choice.preset, known, formats),
-        ]
 
-    def clear_results(s: Session, mode: str) -> list:
-        """A new preset: the last comparison's columns, table and charts go (Explore keeps its runs)."""
-        if s.running:
-            return [gr.skip()] * (6 + len(headers))
-        s.compare_views = []
-        empty = [c.message(TokenData([]), reset=True) for c in s.compare_channels]
-        return [
-            bus_payload(empty),
-            *[""] * len(headers),
-            {"headers": FIDELITY_COLUMNS, "data": []},
-            placeholder_figure("Each policy's KV cache appears here"),
-            placeholder_figure("ΔNLL and KL per token appear here once fidelity is measured"),
-            view_legend(mode, "", None, parts=("keep", "segments", "boxes")),
-        ]
+# ---- the controls' own events -------------------------------------------------------------------
+def visible_columns(columns: Sequence[gr.Column], count: int) -> Updates:
+    """The first ``count`` columns shown, the others hidden."""
+    return {column: gr.update(visible=i < count) for i, column in enumerate(columns)}
 
-    panel.preset.change(
-        pick_preset,
-        panel.preset,
-        panel.preset_outputs() + chosen.inputs()[:-1] + [decode.max_new_tokens, view_mode] + kv.inputs(),
-        show_progress="hidden",
-        api_visibility="private",
-    ).then(
-        clear_results,
-        [session, view_mode],
-        [app.bus, *headers, table, overlay, per_token, legend],
-        show_progress="hidden",
-        api_visibility="private",
-    ).then(
-        lambda name, measure: [
-            PlaybackControls.offer(name),
-            preset_estimate(app.slot, name, "compare", measure) or gr.skip(),
-        ],
-        [panel.preset, chosen.measure_fidelity],
-        [playback.play, status],
-        show_progress="hidden",
-        api_visibility="private",
-    )
-    stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
-    export_fig.click(
-        lambda s: figure_file(
-            bool(s.compare_records),
-            lambda: {"KV cache by policy": compare_memory_figure(s.compare_records)},
-            stem="thinkviz-compare",
-            what="comparison",
-        ),
-        session,
-        exported,
-        api_name="export_compare_figure",
-    )
-    chosen.policies.change(
-        lambda names: [gr.update(visible=i < max(MIN_COLUMNS, len(names or []))) for i in range(len(columns))],
-        chosen.policies,
-        columns,
-        show_progress="hidden",
-        api_visibility="private",
-    )
-    chosen.policies.change(
-        lambda names: kv.shown(names or []),
-        chosen.policies,
-        list(kv.formats),
-        show_progress="hidden",
-        api_visibility="private",
-    )
 
-    def offer_views(names: list[str] | None, knob_text: str, mode: str):
-        """The token views the checked policies offer (:func:`column_view_choices`), keeping ``mode`` if offered."""
-        try:
-            names = list(names or [])
-            own = parse_knobs(knob_text, names)
-            choices = column_view_choices([make_policy(name, **knobs_for(name, own)) for name in names])
-        except USER_ERRORS:  # a knob half typed: the next change decides
-            return gr.skip()
-        return gr.update(choices=choices, value=mode if mode in {m for _, m in choices} else "combined")
+def checked_columns(tab: CompareTab, names: list[str] | None) -> Updates:
+    """As many columns as policies are checked (at least the fewest a comparison has)."""
+    return visible_columns(tab.columns, max(MIN_COLUMNS, len(names or [])))
 
-    for control in (chosen.policies, chosen.knobs):
-        control.change(
-            offer_views,
-            [chosen.policies, chosen.knobs, view_mode],
-            view_mode,
-            show_progress="hidden",
-            api_visibility="private",
+
+def pick_preset(tab: CompareTab, name: str | None) -> Updates:
+    """The preset's chat, the policies it compares with its knobs and KV formats, its token limit and
+    a view with heat where a column has it."""
+    choice, updates = tab.panel.preset_updates(name)
+    if choice is None:
+        return gr.skip()
+    known, formats, left_out = preset_policies(choice.preset)
+    if left_out:
+        updates[tab.panel.notice] += (
+            f"\n\n_Showing {', '.join(known)}; also listed: {plain_markdown(', '.join(left_out))}._"
         )
+    return {
+        **updates,
+        **tab.chosen.preset_updates(choice.preset, known),
+        tab.decode.max_new_tokens: choice.preset.max_new_tokens,
+        tab.view_mode: "combined" if "combined" in map(default_view, known) else "evicted",
+        **tab.kv.by_component(tab.kv.preset_values(choice.preset, known, formats)),
+    }
 
-    def switch_mode(s: Session, mode: str):
-        for channel in s.compare_channels:
-            channel.set_mode(mode)
-        records = list(s.compare_records.values())
-        shared, heads = column_views(mode, list(s.compare_records), records, s.compare_views, s.compare_fidelity)
-        heads += [gr.skip()] * (len(headers) - len(heads))
-        if s.running or not s.compare_views:
-            return [gr.skip(), shared, *([gr.skip()] * len(headers) if s.running else heads)]
-        return [
-            bus_payload([c.message(v, reset=True) for c, v in zip(s.compare_channels, s.compare_views)]),
-            shared,
-            *heads,
-        ]
 
-    view_mode.change(
-        switch_mode, [session, view_mode], [app.bus, legend, *headers], show_progress="hidden", api_visibility="private"
+def clear_results(tab: CompareTab, s: Session, mode: str) -> Updates:
+    """A new preset: the last comparison's columns, table and charts go (Explore keeps its runs)."""
+    if s.running:
+        return gr.skip()
+    s.compare_views = []
+    empty = [c.message(TokenData([]), reset=True) for c in s.compare_channels]
+    return {
+        tab.app.bus: bus_payload(empty),
+        **{header: "" for header in tab.headers},
+        tab.table: {"headers": FIDELITY_COLUMNS, "data": []},
+        tab.overlay: placeholder_figure(MEMORY_PLACEHOLDER),
+        tab.per_token: placeholder_figure(FIDELITY_PLACEHOLDER),
+        tab.legend: view_legend(mode, "", None, parts=("keep", "segments", "boxes")),
+    }
+
+
+def offer_preset(tab: CompareTab, name: str | None, measure: bool) -> Updates:
+    """Play, where the preset has a recording, and what a comparison of it would take."""
+    return {
+        tab.playback.play: PlaybackControls.offer(name),
+        tab.status: preset_estimate(tab.app.slot, name, "compare", measure) or gr.skip(),
+    }
+
+
+def export_overlay(s: Session) -> str:
+    def figures() -> dict[str, Any]:
+        return {"KV cache by policy": compare_memory_figure(s.compare_records)}
+
+    return figure_file(bool(s.compare_records), figures, stem="thinkviz-compare", what="comparison")
+
+
+def offer_views(names: list[str] | None, knob_text: str, mode: str) -> dict:
+    """The token views the checked policies offer (:func:`column_view_choices`), keeping ``mode`` if offered."""
+    try:
+        names = list(names or [])
+        own = parse_knobs(knob_text, names)
+        choices = column_view_choices([make_policy(name, **knobs_for(name, own)) for name in names])
+    except USER_ERRORS:  # a knob half typed: the next change decides
+        return gr.skip()
+    return gr.update(choices=choices, value=mode if mode in {m for _, m in choices} else "combined")
+
+
+def switch_mode(tab: CompareTab, s: Session, mode: str) -> Updates:
+    """Another token view: the shown columns redrawn in it (running ones redraw on their next frame)."""
+    for channel in s.compare_channels:
+        channel.set_mode(mode)
+    records = list(s.compare_records.values())
+    shared, heads = column_views(mode, list(s.compare_records), records, s.compare_views, s.compare_fidelity)
+    updates: Updates = {tab.legend: shared}
+    if not s.running:
+        updates.update(zip(tab.headers, heads))
+        if s.compare_views:
+            views = zip(s.compare_channels, s.compare_views)
+            updates[tab.app.bus] = bus_payload([c.message(v, reset=True) for c, v in views])
+    return updates
+
+
+# ---- a comparison's frames ----------------------------------------------------------------------
+def placed(screen: CompareScreen, s: Session, frames: Iterator[CompareFrame], count: int) -> Iterator[Updates]:
+    """What each frame updates; the columns go on the session's shelf with the first frame (Explore
+    may open them mid-run)."""
+    shelved = False
+    for frame in frames:
+        s.compare_records, s.compare_views, s.compare_fidelity = frame.records, frame.views, frame.measured
+        updates: Updates = {screen.status: frame.status, screen.table: frame.shown_table}
+        if not shelved:
+            s.keep_compare(frame.records.values(), list(frame.records))
+            updates[screen.source], shelved = run_picker(s), True
+        elif frame.done:
+            s.trim()
+            updates[screen.source] = run_picker(s)
+        head = frame.headers + [""] * (len(screen.headers) - len(frame.headers))
+        plots = {screen.overlay: frame.figure, screen.per_token: frame.fidelity}
+        first = not any(record.events for record in frame.records.values())
+        revision = s.compare_channels[0].run  # the run's id (each column's channel has one)
+        updates.update(charted(screen.bus, frame.bus, plots, frame.done, revision, first))
+        updates.update(zip(screen.headers, head))
+        updates.update(visible_columns(screen.columns, count))
+        updates[screen.legend] = frame.legend
+        yield updates
+
+
+def compare_request(tab: CompareTab, values: Mapping[str, Any]) -> CompareRequest:
+    """The comparison Compare's values (by API name) describe; a user error where one is bad."""
+    policies, measure_fidelity = tab.chosen.make(tab.chosen.of(values), values["vary"])
+    formats = tab.kv.kv_quants(tab.kv.of(values), [p.name for p in policies])
+    return CompareRequest(
+        columns=[Column(policy, fmt) for policy, fmt in zip(policies, formats)],
+        run_input=InputControls.request(tab.panel.of(values), values["max_trace_tokens"]),
+        settings=tab.decode.settings(tab.decode.of(values)),
+        measure_fidelity=measure_fidelity,
     )
 
-    def run_compare(s: Session, view_mode: str, **values):
-        def prepare():
-            chat, policy_values, decode_values, format_values, (limit, vary) = split(
-                values, panel, chosen, decode, kv, options
-            )
-            policies, measure_fidelity = chosen.make(policy_values, vary)
-            columns_ = [
-                Column(policy, fmt)
-                for policy, fmt in zip(policies, kv.kv_quants(format_values, [p.name for p in policies]))
-            ]
-            request = columns_, InputControls.request(chat, limit), decode.settings(decode_values), measure_fidelity
-            for channel in s.compare_channels[: len(columns_)]:
-                channel.set_mode(view_mode)
-            return request
 
-        def shown_columns(request) -> list:
-            return [gr.update(visible=i < len(request[0])) for i in range(len(columns))]
+def run_compare(tab: CompareTab, screen: CompareScreen, s: Session, view_mode: str, **values: Any) -> Iterator[Updates]:
+    def prepare() -> CompareRequest:
+        request = compare_request(tab, values)
+        for channel in s.compare_channels[: len(request.columns)]:
+            channel.set_mode(view_mode)
+        return request
 
-        def waiting(request) -> list:
-            return [
-                WAITING,
-                *[gr.skip()] * 4,
-                *[gr.skip()] * len(headers),
-                *shown_columns(request),
-                gr.skip(),
-                gr.skip(),
-            ]
+    def waiting(asked: CompareRequest) -> Updates:
+        return {screen.status: WAITING, **visible_columns(screen.columns, len(asked.columns))}
 
-        def frames(loaded, request, cancel):
-            columns_, run_input, settings, measure_fidelity = request
-            channels = s.compare_channels[: len(columns_)]
-            yield from placed(
-                s,
-                compare_frames(
-                    loaded, columns_, run_input, settings, cancel, channels, measure_fidelity, speed=app.slot.speed
-                ),
-                len(columns_),
-            )
+    def frames(loaded, asked: CompareRequest, cancel) -> Iterator[Updates]:
+        channels = s.compare_channels[: len(asked.columns)]
+        run = compare_frames(
+            loaded,
+            asked.columns,
+            asked.run_input,
+            asked.settings,
+            cancel,
+            channels,
+            asked.measure_fidelity,
+            speed=tab.app.slot.speed,
+        )
+        yield from placed(screen, s, run, len(asked.columns))
 
-        yield from run_with_model(app.slot, prepare, frames, waiting, s)
+    yield from run_with_model(tab.app.slot, prepare, frames, waiting, s)
 
-    def placed(s: Session, frames, count: int):
-        """Each frame's outputs, in the order the Compare and Play events list them."""
-        shown = [gr.update(visible=i < count) for i in range(len(columns))]
-        shelved = False  # the columns go on the shelf with the first frame: Explore may open them mid-run
-        for frame in frames:
-            s.compare_records, s.compare_views, s.compare_fidelity = frame.records, frame.views, frame.measured
-            source = gr.skip()
-            if not shelved:
-                s.keep_compare(frame.records.values(), list(frame.records))
-                source, shelved = run_picker(s), True
-            elif frame.done:
-                s.trim()
-                source = run_picker(s)
-            head = frame.headers + [""] * (len(headers) - len(frame.headers))
-            bus, charts = chart_frame(
-                frame.bus,
-                {MEMORY_ID: frame.figure, FIDELITY_ID: frame.fidelity},
-                frame.done,
-                s.compare_channels[0].run,  # the run's id (each column's channel has one)
-                first=not any(record.events for record in frame.records.values()),
-            )
-            figure, fidelity = (gr.skip() if chart is None else chart for chart in charts)
-            yield [
-                frame.status,
-                bus,
-                figure,
-                frame.shown_table,
-                source,
-                *head,
-                *shown,
-                frame.legend,
-                fidelity,
-            ]
 
-    def play_compare(s: Session, view_mode: str, preset: str | None, speed: str):
-        def load():
-            if not preset:
-                raise ControlError("Pick a preset to play its recording.")
-            return load_preset_recording(preset)
+def play_compare(
+    screen: CompareScreen, s: Session, view_mode: str, preset: str | None, speed: str
+) -> Iterator[Updates]:
+    def load():
+        if not preset:
+            raise ControlError("Pick a preset to play its recording.")
+        return load_preset_recording(preset)
 
-        def play(recording, cancel):
-            count = len(recording.labels)
-            channels = s.compare_channels[:count]
-            for channel in channels:
-                channel.set_mode(view_mode)
-            yield from placed(s, playback_frames(recording, SPEEDS.get(speed, 4.0), cancel, channels), count)
+    def play(recording, cancel) -> Iterator[Updates]:
+        count = len(recording.labels)
+        channels = s.compare_channels[:count]
+        for channel in channels:
+            channel.set_mode(view_mode)
+        yield from placed(screen, s, playback_frames(recording, SPEEDS.get(speed, 4.0), cancel, channels), count)
 
-        yield from play_recording(load, play, s)
+    yield from play_recording(load, play, s)
 
-    def connect(explore: ExploreLink) -> None:
-        outputs = [status, app.bus, overlay, table, explore.source, *headers, *columns, legend, per_token]
-        run.click(
-            run_compare,
-            [session, view_mode],
-            outputs,
-            inputs_kwargs=named(panel, chosen, decode, kv, options),
-            concurrency_limit=1,
-            concurrency_id=MODEL_GROUP,
-            api_name="compare",
-            show_progress="hidden",
-        ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
-        playback.play.click(
-            play_compare,
-            [session, view_mode, panel.preset, playback.speed],
-            outputs,
-            concurrency_limit=4,
-            concurrency_id=PLAYBACK_GROUP,
-            api_name="play_compare",
-            show_progress="hidden",
-        ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
 
-    return connect
+# ---- the wiring ---------------------------------------------------------------------------------
+def build(app: AppContext) -> Callable[[ExploreLink], None]:
+    """Lay out the Compare tab and wire its events; returns the function that wires Compare and Play
+    once the Explore tab exists."""
+    tab = layout(app)
+    session, chosen, hidden = app.session, tab.chosen, {"show_progress": "hidden", "api_visibility": "private"}
+    tab.panel.preset.change(
+        bind(pick_preset, tab),
+        tab.panel.preset,
+        tab.panel.preset_outputs()
+        + chosen.inputs()[:-1]
+        + [tab.decode.max_new_tokens, tab.view_mode]
+        + tab.kv.inputs(),
+        **hidden,
+    ).then(
+        bind(clear_results, tab),
+        [session, tab.view_mode],
+        [app.bus, *tab.headers, tab.table, tab.overlay, tab.per_token, tab.legend],
+        **hidden,
+    ).then(
+        bind(offer_preset, tab),
+        [tab.panel.preset, chosen.measure_fidelity],
+        [tab.playback.play, tab.status],
+        **hidden,
+    )
+    tab.stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
+    tab.export_figure.click(export_overlay, session, tab.exported, api_name="export_compare_figure")
+    chosen.policies.change(bind(checked_columns, tab), chosen.policies, list(tab.columns), **hidden)
+    chosen.policies.change(tab.kv.shown, chosen.policies, list(tab.kv.formats), **hidden)
+    for control in (chosen.policies, chosen.knobs):
+        control.change(offer_views, [chosen.policies, chosen.knobs, tab.view_mode], tab.view_mode, **hidden)
+    tab.view_mode.change(
+        bind(switch_mode, tab), [session, tab.view_mode], [app.bus, tab.legend, *tab.headers], **hidden
+    )
+    return bind(connect, tab)
+
+
+def connect(tab: CompareTab, explore: ExploreLink) -> None:
+    """Wire Compare and Play, whose columns Explore's picker offers (and Explore shows whole once done)."""
+    screen = CompareScreen(
+        tab.status, tab.app.bus, tab.overlay, tab.table, explore.source, tab.headers, tab.columns, tab.legend,
+        tab.per_token,
+    )  # fmt: skip
+    session, outputs = [tab.app.session, tab.view_mode], screen.outputs()
+    run_inputs = named(*tab.run_groups())
+    streamed(tab.run, bind(run_compare, tab, screen), session, outputs, explore, "compare", inputs_kwargs=run_inputs)
+    play_inputs = [*session, tab.panel.preset, tab.playback.speed]
+    streamed(tab.playback.play, bind(play_compare, screen), play_inputs, outputs, explore, "play_compare", True)

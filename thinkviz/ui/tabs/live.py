@@ -2,77 +2,103 @@
 model, and (optionally) its fidelity against the full cache, token by token.
 
 Frames come from :func:`thinkviz.ui.live_run.live_frames` (a run on the model) and
-:func:`thinkviz.ui.live_run.playback_frames` (a preset's recording, no model); this module lays out the
-controls and places what each frame carries.
+:func:`thinkviz.ui.live_run.playback_frames` (a preset's recording, no model); this module lays out
+the controls (:func:`layout`, once, into a :class:`LiveTab`) and wires module-level handlers to
+them (:func:`build`); a handler returns ``{component: value}`` for what it updates.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping
 
 import gradio as gr
 
+from ...core.events import RunRecord
 from ...core.faults import RunFault
-from ...memory import CARDS_GB, Projection
+from ...core.kvquant import KVQuant
+from ...core.engine import DecodeSettings
 from ...demos.playback import SPEEDS
+from ...demos.record import load_preset_recording
+from ...measure.requests import RunInput
+from ...memory import CARDS_GB, Projection
 from ...policies import Policy, make_policy
 from ...viz.figures import placeholder_figure
 from ...viz.memory_chart import memory_figure
 from ...viz.legend import view_legend
 from ...viz.tokens import view_mode_choices
 from .. import inputs
+from ..chat_controls import InputControls, input_controls, trace_limit
 from ..controls import ControlError, default_view
-from ...demos.record import load_preset_recording
-from ..price import preset_estimate
 from ..handlers import (
     MODEL_GROUP,
-    PLAYBACK_GROUP,
     USER_ERRORS,
     WAITING,
+    Updates,
+    bind,
+    charted,
     figure_file,
     play_recording,
     recording_file,
     run_picker,
     run_with_model,
+    streamed,
     shown,
 )
-from ..live_run import live_frames, playback_frames
+from ..live_run import LiveFrame, live_frames, playback_frames
+from ..price import preset_estimate
 from ..scripted import run_summary, script_request
 from ..session import LIVE_TOKENS_ID, Session
-from ..stream import TokenChannel, bus_payload, chart_frame, container_html
+from ..stream import TokenChannel, bus_payload, container_html
 from ..throttle import FramePacer
 from ..widgets import (
+    DecodeControls,
     Group,
-    InputControls,
     KVControls,
     PlaybackControls,
+    PolicyControls,
     decode_controls,
     export_controls,
     follow_toggle,
-    input_controls,
     kv_controls,
     model_settings,
     named,
     playback_controls,
     policy_controls,
     preset_kv,
-    preset_values,
-    split,
-    trace_limit,
 )
 from . import AppContext, ExploreLink
 
 DEFAULT_POLICY = "h2o"
 MEMORY_ID, FIDELITY_ID = "tv-live-memory", "tv-live-fidelity"  # the charts a run redraws in place
+FIDELITY_PLACEHOLDER = "ΔNLL and KL per token appear here with 'Measure against the full cache'"
 
 
 def view_choices(policy: Policy) -> list[tuple[str, str]]:
     """The token views a run of ``policy`` can show: ``mass`` for one that fits attention biases, the
     prediction modes for one that predicts importance."""
     return view_mode_choices(policy.predicts_importance, policy.fits_bias)
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    """What the memory chart shows besides the cache: the kept tokens priced on a bigger model
+    (``None``: not), and whether the process's memory and the weights get a panel."""
+
+    projection: Projection | None = None
+    show_device: bool = False
+
+    @staticmethod
+    def of(project_onto: str | None, card_gib: Any, process_memory: bool) -> MemoryView:
+        """The view :class:`ProjectionControls` describe (its values by API name)."""
+        return MemoryView(inputs.projection(project_onto, card_gib), bool(process_memory))
+
+    def figure(self, record: RunRecord, device_stats: dict[int, dict] | None) -> Any:
+        return memory_figure(
+            record, projection=self.projection, show_device=self.show_device, device_stats=device_stats
+        )
 
 
 @dataclass
@@ -86,14 +112,6 @@ class ProjectionControls(Group):
 
     def inputs(self) -> list:
         return [self.project_onto, self.card_gib, self.process_memory]
-
-    @staticmethod
-    def projection(values: Sequence[Any]) -> Projection | None:
-        return inputs.projection(*values[:2])
-
-    @staticmethod
-    def show_device(values: Sequence[Any]) -> bool:
-        return bool(values[2])
 
 
 def projection_controls() -> ProjectionControls:
@@ -138,11 +156,93 @@ def live_options() -> LiveOptions:
     return LiveOptions(limit, measure)
 
 
-FIDELITY_PLACEHOLDER = "ΔNLL and KL per token appear here with 'Measure against the full cache'"
+@dataclass(frozen=True)
+class ScriptInputs:
+    """``/run_policy``'s own inputs, hidden from the page: a policy by name, a JSON object of knobs and
+    a preset to take the chat from; its summary; the button its event hangs on."""
+
+    policy: gr.Textbox
+    knobs: gr.Textbox
+    preset: gr.Textbox
+    summary: gr.JSON
+    button: gr.Button
+
+    def named(self) -> dict[str, Any]:
+        return {"policy": self.policy, "knobs": self.knobs, "preset": self.preset}
 
 
-def build(app: AppContext) -> Callable[[ExploreLink], None]:
-    """Lay out the Live tab; returns the function that wires Generate once the Explore tab exists."""
+def script_inputs() -> ScriptInputs:
+    return ScriptInputs(
+        gr.Textbox(DEFAULT_POLICY, label="Policy name", visible=False),
+        gr.Textbox("{}", label="Knobs (JSON object by name)", visible=False),
+        gr.Textbox("", label="Preset name (empty: run the chat given)", visible=False),
+        gr.JSON(label="Run summary", visible=False),
+        gr.Button(visible=False),
+    )
+
+
+@dataclass(frozen=True)
+class LiveTab:
+    """The Live tab's components, declared once: the app it is in, its controls (by group), its
+    buttons and what it shows."""
+
+    app: AppContext
+    panel: InputControls
+    generate: gr.Button
+    stop: gr.Button
+    playback: PlaybackControls
+    controls: PolicyControls
+    kv: KVControls
+    options: LiveOptions
+    decode: DecodeControls
+    projection: ProjectionControls
+    status: gr.Markdown
+    stats: gr.HTML
+    view_mode: gr.Radio
+    legend: gr.HTML
+    memory: gr.Plot
+    fidelity: gr.Plot
+    export_run: gr.Button
+    export_figure: gr.Button
+    exported: gr.File
+    script: ScriptInputs
+
+    def run_groups(self) -> tuple[Group, ...]:
+        """The groups Generate reads, in the order of its API (after the view mode)."""
+        return self.panel, self.controls, self.decode, self.projection, self.kv, self.options
+
+
+@dataclass(frozen=True)
+class LiveScreen:
+    """What Generate and Play update, frame by frame; the fields' order is the events' outputs (and
+    so the order an API client receives them in)."""
+
+    status: gr.Markdown
+    bus: gr.Textbox
+    memory: gr.Plot
+    stats: gr.HTML
+    source: gr.Dropdown  # Explore's run picker: a run is offered there from its first frame
+    legend: gr.HTML
+    fidelity: gr.Plot
+
+    def outputs(self) -> list:
+        return [getattr(self, field.name) for field in fields(self)]
+
+
+@dataclass(frozen=True)
+class LiveRequest:
+    """One Live run, as the controls describe it (validated: a bad value was a toast)."""
+
+    policy: Policy
+    run_input: RunInput
+    settings: DecodeSettings
+    memory: MemoryView
+    kv_quant: KVQuant
+    measure: bool
+
+
+def layout(app: AppContext) -> LiveTab:
+    """Lay out the Live tab's controls (left) and views (right)."""
     with gr.Row(elem_classes="tv-layout"):
         with gr.Column(scale=2, min_width=320, elem_classes="tv-controls"):
             panel = input_controls(app.presets, "live", app.slot)
@@ -186,289 +286,259 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
                 label="Per-token fidelity against the full cache",
             )
             export_run, export_fig, exported = export_controls("live")
-    session = app.session
+    return LiveTab(
+        app, panel, generate, stop, playback, controls, kv, options, decode, projection, status, stats,
+        view_mode, legend, memory, fidelity, export_run, export_fig, exported, script_inputs(),
+    )  # fmt: skip
 
-    def pick_preset(name: str | None) -> list:
-        choice, values = preset_values(name)
-        if choice is None:
-            return values + [gr.skip()] * (len(controls.inputs()) + len(kv.inputs()) + 2)
-        preset = choice.preset
-        return values + [
-            *controls.preset_values(preset.policy, preset.params),
-            *preset_kv(preset),
-            preset.max_new_tokens,
-            view_for(make_policy(preset.policy, **preset.params)),
-        ]
 
-    def view_for(policy: Policy, mode: str | None = None):
-        """The view modes ``policy`` offers (:func:`view_choices`), showing ``mode`` while it is one of them,
-        else the policy's default view."""
-        choices = view_choices(policy)
-        return gr.update(choices=choices, value=mode if mode in {m for _, m in choices} else default_view(policy.name))
+# ---- the controls' own events -------------------------------------------------------------------
+def view_for(policy: Policy, mode: str | None = None) -> dict:
+    """The view modes ``policy`` offers (:func:`view_choices`), showing ``mode`` while it is one of them,
+    else the policy's default view."""
+    choices = view_choices(policy)
+    return gr.update(choices=choices, value=mode if mode in {m for _, m in choices} else default_view(policy.name))
 
-    def knob_views(mode: str, *values):
-        """The view modes once a knob changed by hand (``tam``'s compaction decides whether it has a mass)."""
-        try:
-            return view_for(controls.make(values), mode)
-        except USER_ERRORS:  # a knob half typed: the next change decides
-            return gr.skip()
 
-    def shown_legend(s: Session, mode: str, chosen: str) -> str:
-        """The legend of what the view shows: the last run (its policy), else the chosen policy."""
-        if s.live_record is None:
-            return view_legend(mode, chosen, None)
-        return view_legend(mode, str(s.live_record.meta.get("policy")), s.live_view)
+def policy_views(name: str) -> dict:
+    """The view modes once a policy is chosen by hand."""
+    return view_for(make_policy(name))
 
-    legend_inputs = [session, view_mode, controls.policy]
-    panel.preset.change(
-        pick_preset,
-        panel.preset,
-        panel.preset_outputs() + controls.inputs() + kv.inputs() + [decode.max_new_tokens, view_mode],
-        show_progress="hidden",
-        api_visibility="private",
-    ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private").then(
-        lambda name, measure: [
-            PlaybackControls.offer(name),
-            preset_estimate(app.slot, name, "live", measure) or gr.skip(),
-        ],
-        [panel.preset, options.measure_fidelity],
-        [playback.play, status],
-        show_progress="hidden",
-        api_visibility="private",
+
+def knob_views(controls: PolicyControls, mode: str, *values: Any) -> dict:
+    """The view modes once a knob changed by hand (``tam``'s compaction decides whether it has a mass)."""
+    try:
+        return view_for(controls.make(values), mode)
+    except USER_ERRORS:  # a knob half typed: the next change decides
+        return gr.skip()
+
+
+def pick_preset(tab: LiveTab, name: str | None) -> Updates:
+    """The preset's chat, policy, knobs, KV format, token limit and view."""
+    choice, chat = tab.panel.preset_updates(name)
+    if choice is None:
+        return gr.skip()
+    preset = choice.preset
+    return {
+        **chat,
+        **tab.controls.by_component(tab.controls.preset_values(preset.policy, preset.params)),
+        **tab.kv.by_component(preset_kv(preset)),
+        tab.decode.max_new_tokens: preset.max_new_tokens,
+        tab.view_mode: view_for(make_policy(preset.policy, **preset.params)),
+    }
+
+
+def offer_preset(tab: LiveTab, name: str | None, measure: bool) -> Updates:
+    """Play, where the preset has a recording, and what a run of it would take."""
+    return {
+        tab.playback.play: PlaybackControls.offer(name),
+        tab.status: preset_estimate(tab.app.slot, name, "live", measure) or gr.skip(),
+    }
+
+
+def shown_legend(s: Session, mode: str, chosen: str) -> str:
+    """The legend of what the view shows: the last run (its policy), else the chosen policy."""
+    if s.live_record is None:
+        return view_legend(mode, chosen, None)
+    return view_legend(mode, str(s.live_record.meta.get("policy")), s.live_view)
+
+
+def switch_mode(tab: LiveTab, s: Session, mode: str, chosen: str) -> Updates:
+    """Another token view: the shown run redrawn in it (a running one redraws on its next frame)."""
+    s.live_channel.set_mode(mode)
+    legend = {tab.legend: shown_legend(s, mode, chosen)}
+    if s.running or s.live_view is None:
+        return legend
+    return {tab.app.bus: bus_payload(s.live_channel.message(s.live_view, reset=True)), **legend}
+
+
+def memory_chart(s: Session, project_onto: str | None, card_gib: Any, process_memory: bool) -> Any:
+    """The last run's memory chart, on the projection and panels chosen."""
+    view = MemoryView.of(project_onto, card_gib, process_memory)
+    return view.figure(s.live_record, s.live_device_stats)
+
+
+def reproject(s: Session, project_onto: str | None, card_gib: Any, process_memory: bool) -> Any:
+    if s.live_record is None or s.running:
+        return gr.skip()
+    return shown(memory_chart, s, project_onto, card_gib, process_memory)
+
+
+def export_memory_figure(s: Session, **values: Any) -> str:
+    def figures() -> dict[str, Any]:
+        return {"KV-cache memory": memory_chart(s, **values)}
+
+    return figure_file(s.live_record is not None, figures, stem="thinkviz-memory")
+
+
+def export_run(s: Session) -> str:
+    return recording_file(s.live_record)
+
+
+# ---- a run's frames -----------------------------------------------------------------------------
+def placed(screen: LiveScreen, s: Session, frames: Iterator[LiveFrame], memory: MemoryView) -> Iterator[Updates]:
+    """What each frame updates; the run goes on the session's shelf with its first frame (Explore
+    may open it mid-run)."""
+    frame, sent, label = None, None, None
+    try:
+        for frame in frames:
+            s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
+            updates: Updates = {screen.status: frame.status, screen.stats: frame.stats}
+            if label is None:
+                label = s.keep_live(frame.record)
+                updates[screen.source] = run_picker(s, label)
+            elif frame.done:
+                s.trim()
+                updates[screen.source] = run_picker(s)
+            plots = {screen.memory: frame.figure, screen.fidelity: frame.fidelity}
+            first = not frame.record.events
+            updates.update(charted(screen.bus, frame.bus, plots, frame.done, s.live_channel.run, first))
+            if frame.legend != sent:
+                updates[screen.legend] = sent = frame.legend
+            yield updates
+    except RunFault as fault:  # the chart up to the failure stays: an out-of-memory shows where it hit
+        if frame is not None:
+            yield {screen.status: f"Stopped: {fault}", screen.memory: memory.figure(frame.record, frame.device_stats)}
+        raise
+
+
+def live_request(tab: LiveTab, values: Mapping[str, Any]) -> LiveRequest:
+    """The run Generate's values (by API name) describe; a user error where one is bad."""
+    return LiveRequest(
+        policy=tab.controls.make(tab.controls.of(values)),
+        run_input=InputControls.request(tab.panel.of(values), values["max_trace_tokens"]),
+        settings=tab.decode.settings(tab.decode.of(values)),
+        memory=MemoryView.of(*tab.projection.of(values)),
+        kv_quant=KVControls.make(tab.kv.of(values)),
+        measure=bool(values["measure_fidelity"]),
     )
-    controls.policy.input(
-        lambda name: view_for(make_policy(name)),
-        controls.policy,
-        view_mode,
-        show_progress="hidden",
-        api_visibility="private",
-    ).then(shown_legend, legend_inputs, legend, show_progress="hidden", api_visibility="private")
+
+
+def run_live(tab: LiveTab, screen: LiveScreen, s: Session, view_mode: str, **values: Any) -> Iterator[Updates]:
+    def prepare() -> LiveRequest:
+        request = live_request(tab, values)
+        s.live_channel.set_mode(view_mode)
+        return request
+
+    def frames(loaded, asked: LiveRequest, cancel) -> Iterator[Updates]:
+        run = live_frames(
+            loaded,
+            asked.policy,
+            asked.run_input,
+            asked.settings,
+            cancel,
+            s.live_channel,
+            asked.memory.projection,
+            kv_quant=asked.kv_quant,
+            show_device=asked.memory.show_device,
+            measure=asked.measure,
+            speed=tab.app.slot.speed,
+        )
+        yield from placed(screen, s, run, asked.memory)
+
+    yield from run_with_model(tab.app.slot, prepare, frames, lambda _: {screen.status: WAITING}, s)
+
+
+def play_live(screen: LiveScreen, s: Session, view_mode: str, preset: str | None, **values: Any) -> Iterator[Updates]:
+    memory = MemoryView.of(values["project_onto"], values["card_gib"], values["process_memory"])
+
+    def load():
+        if not preset:
+            raise ControlError("Pick a preset to play its recording.")
+        return load_preset_recording(preset)
+
+    def play(recording, cancel) -> Iterator[Updates]:
+        s.live_channel.set_mode(view_mode)
+        speed = SPEEDS.get(values["speed"], 4.0)
+        run = playback_frames(
+            recording, speed, cancel, s.live_channel, memory.projection, show_device=memory.show_device
+        )
+        yield from placed(screen, s, run, memory)
+
+    yield from play_recording(load, play, s)
+
+
+def run_policy(tab: LiveTab, s: Session, policy: str, knobs: str, preset: str, **values: Any) -> Iterator[Updates]:
+    """Run `policy` with `knobs`, a JSON object by knob name (budget, interval, protect_system,
+    protect_question and the policy's own; `python -m thinkviz policies` lists them), on the
+    chat given, or on `preset`'s chat, trace and new-token limit (its policy and knobs unless
+    `policy` / `knobs` say otherwise).  Returns the run's summary and its recording (a zip)."""
+
+    def prepare() -> LiveRequest:
+        asked = script_request(policy, knobs, preset, tab.panel.of(values), values["max_new_tokens"])
+        settings = tab.decode.settings(tab.decode.of({**values, "max_new_tokens": asked.max_new_tokens}))
+        return LiveRequest(asked.policy, InputControls.request(asked.chat), settings, MemoryView(), KVQuant(), False)
+
+    def frames(loaded, asked: LiveRequest, cancel) -> Iterator[Updates]:
+        once = FramePacer(math.inf)  # the first frame and the last: nobody watches this run
+        channel = TokenChannel(LIVE_TOKENS_ID)
+        for frame in live_frames(
+            loaded, asked.policy, asked.run_input, asked.settings, cancel, channel, pacer=once, figure_pacer=once
+        ):
+            s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
+        summary = run_summary(s.keep_live(frame.record), frame)
+        yield {tab.script.summary: summary, tab.exported: recording_file(frame.record)}
+
+    yield from run_with_model(tab.app.slot, prepare, frames, lambda _: gr.skip(), s)
+
+
+# ---- the wiring ---------------------------------------------------------------------------------
+def build(app: AppContext) -> Callable[[ExploreLink], None]:
+    """Lay out the Live tab and wire its events; returns the function that wires Generate and Play
+    once the Explore tab exists."""
+    tab = layout(app)
+    session, controls, hidden = app.session, tab.controls, {"show_progress": "hidden", "api_visibility": "private"}
+    legend_inputs = [session, tab.view_mode, controls.policy]
+    tab.panel.preset.change(
+        bind(pick_preset, tab),
+        tab.panel.preset,
+        tab.panel.preset_outputs() + controls.inputs() + tab.kv.inputs() + [tab.decode.max_new_tokens, tab.view_mode],
+        **hidden,
+    ).then(shown_legend, legend_inputs, tab.legend, **hidden).then(
+        bind(offer_preset, tab),
+        [tab.panel.preset, tab.options.measure_fidelity],
+        [tab.playback.play, tab.status],
+        **hidden,
+    )
+    controls.policy.input(policy_views, controls.policy, tab.view_mode, **hidden).then(
+        shown_legend, legend_inputs, tab.legend, **hidden
+    )
     for slot in controls.slots:
-        slot.input(
-            knob_views, [view_mode, *controls.inputs()], view_mode, show_progress="hidden", api_visibility="private"
-        )
-
-    def switch_mode(s: Session, mode: str, chosen: str):
-        s.live_channel.set_mode(mode)
-        if s.running or s.live_view is None:
-            return gr.skip(), shown_legend(s, mode, chosen)  # a running generator resets the view on its next frame
-        return bus_payload(s.live_channel.message(s.live_view, reset=True)), shown_legend(s, mode, chosen)
-
-    view_mode.change(switch_mode, legend_inputs, [app.bus, legend], show_progress="hidden", api_visibility="private")
-
-    def figure_for(s: Session, *projection_values):
-        return memory_figure(
-            s.live_record,
-            projection=projection.projection(projection_values),
-            show_device=projection.show_device(projection_values),
-            device_stats=s.live_device_stats,
-        )
-
-    def reproject(s: Session, *projection_values):
-        if s.live_record is None or s.running:
-            return gr.skip()
-        return shown(figure_for, s, *projection_values)
-
-    for control in projection.inputs():
-        control.change(
-            reproject, [session, *projection.inputs()], memory, show_progress="hidden", api_visibility="private"
-        )
-
-    stop.click(Session.stop, session, None, queue=False, api_name="stop")
-    export_run.click(lambda s: recording_file(s.live_record), session, exported, api_name="export_recording")
-    export_fig.click(
-        lambda s, **values: figure_file(
-            s.live_record is not None,
-            lambda: {"KV-cache memory": figure_for(s, *split(values, projection)[0])},
-            stem="thinkviz-memory",
-        ),
+        slot.input(bind(knob_views, controls), [tab.view_mode, *controls.inputs()], tab.view_mode, **hidden)
+    tab.view_mode.change(bind(switch_mode, tab), legend_inputs, [app.bus, tab.legend], **hidden)
+    for control in tab.projection.inputs():
+        control.change(reproject, [session, *tab.projection.inputs()], tab.memory, **hidden)
+    tab.stop.click(Session.stop, session, None, queue=False, api_name="stop")
+    tab.export_run.click(export_run, session, tab.exported, api_name="export_recording")
+    tab.export_figure.click(
+        export_memory_figure,
         [session],
-        exported,
-        inputs_kwargs=projection.named(),
+        tab.exported,
+        inputs_kwargs=tab.projection.named(),
         api_name="export_figure",
     )
-
-    def placed(s: Session, frames, memory_projection, show_device):
-        """Each frame's outputs, in the order the Generate and Play events list them."""
-        frame, sent, label = None, None, None
-        try:
-            for frame in frames:
-                s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
-                source = gr.skip()
-                if label is None:  # on the shelf from its first frame: Explore may open it mid-run
-                    label = s.keep_live(frame.record)
-                    source = run_picker(s, label)
-                elif frame.done:
-                    s.trim()
-                    source = run_picker(s)
-                bus, charts = chart_frame(
-                    frame.bus,
-                    {MEMORY_ID: frame.figure, FIDELITY_ID: frame.fidelity},
-                    frame.done,
-                    s.live_channel.run,
-                    first=not frame.record.events,
-                )
-                figure, curve = (gr.skip() if chart is None else chart for chart in charts)
-                legend_now, sent = (gr.skip() if frame.legend == sent else frame.legend), frame.legend
-                yield [frame.status, bus, figure, frame.stats, source, legend_now, curve]
-        except RunFault as fault:  # the chart up to the failure stays: an out-of-memory shows where it hit
-            if frame is not None:
-                figure = memory_figure(
-                    frame.record, projection=memory_projection, device_stats=frame.device_stats, show_device=show_device
-                )
-                yield [f"Stopped: {fault}", gr.skip(), figure, gr.skip(), gr.skip(), gr.skip(), gr.skip()]
-            raise
-
-    def run_live(s: Session, view_mode: str, **values):
-        def prepare():
-            chat, policy_values, decode_values, projection_values, kv_values, (limit, measure) = split(
-                values, panel, controls, decode, projection, kv, options
-            )
-            request = (
-                controls.make(policy_values),
-                InputControls.request(chat, limit),
-                decode.settings(decode_values),
-                projection.projection(projection_values),
-                projection.show_device(projection_values),
-                KVControls.make(kv_values),
-                bool(measure),
-            )
-            s.live_channel.set_mode(view_mode)
-            return request
-
-        def frames(loaded, request, cancel):
-            policy, run_input, settings, memory_projection, show_device, kv_quant, measure = request
-            yield from placed(
-                s,
-                live_frames(
-                    loaded,
-                    policy,
-                    run_input,
-                    settings,
-                    cancel,
-                    s.live_channel,
-                    memory_projection,
-                    kv_quant=kv_quant,
-                    show_device=show_device,
-                    measure=measure,
-                    speed=app.slot.speed,
-                ),
-                memory_projection,
-                show_device,
-            )
-
-        yield from run_with_model(app.slot, prepare, frames, lambda _: [WAITING, *[gr.skip()] * 6], s)
-
-    def play_live(s: Session, view_mode: str, preset: str | None, **values):
-        (speed,), projection_values = split(values, playback, projection)
-        memory_projection = projection.projection(projection_values)
-        show_device = projection.show_device(projection_values)
-
-        def load():
-            if not preset:
-                raise ControlError("Pick a preset to play its recording.")
-            return load_preset_recording(preset)
-
-        def play(recording, cancel):
-            s.live_channel.set_mode(view_mode)
-            yield from placed(
-                s,
-                playback_frames(
-                    recording,
-                    SPEEDS.get(speed, 4.0),
-                    cancel,
-                    s.live_channel,
-                    memory_projection,
-                    show_device=show_device,
-                ),
-                memory_projection,
-                show_device,
-            )
-
-        yield from play_recording(load, play, s)
-
-    # /run_policy: a policy by name and a JSON object of knobs, for scripts (no controls in the page)
-    by_name = {
-        "policy": gr.Textbox(DEFAULT_POLICY, label="Policy name", visible=False),
-        "knobs": gr.Textbox("{}", label="Knobs (JSON object by name)", visible=False),
-        "preset": gr.Textbox("", label="Preset name (empty: run the chat given)", visible=False),
-    }
-    script_summary = gr.JSON(label="Run summary", visible=False)
-
-    def run_policy(s: Session, policy: str, knobs: str, preset: str, **values):
-        """Run `policy` with `knobs`, a JSON object by knob name (budget, interval, protect_system,
-        protect_question and the policy's own; `python -m thinkviz policies` lists them), on the
-        chat given, or on `preset`'s chat, trace and new-token limit (its policy and knobs unless
-        `policy` / `knobs` say otherwise).  Returns the run's summary and its recording (a zip)."""
-
-        def prepare():
-            chat, decode_values = split(values, panel, decode)
-            asked = script_request(policy, knobs, preset, chat, decode_values[0])
-            return (
-                asked.policy,
-                InputControls.request(asked.chat),
-                decode.settings((asked.max_new_tokens, *decode_values[1:])),
-            )
-
-        def frames(loaded, request, cancel):
-            policy_object, run_input, settings = request
-            once = FramePacer(math.inf)  # the first frame and the last: nobody watches this run
-            for frame in live_frames(
-                loaded,
-                policy_object,
-                run_input,
-                settings,
-                cancel,
-                TokenChannel(LIVE_TOKENS_ID),
-                pacer=once,
-                figure_pacer=once,
-            ):
-                s.live_record, s.live_view, s.live_device_stats = frame.record, frame.view, frame.device_stats
-            yield [run_summary(s.keep_live(frame.record), frame), recording_file(frame.record)]
-
-        yield from run_with_model(app.slot, prepare, frames, lambda _: [gr.skip(), gr.skip()], s)
-
-    gr.Button(visible=False).click(
-        run_policy,
+    tab.script.button.click(
+        bind(run_policy, tab),
         [session],
-        [script_summary, exported],
-        inputs_kwargs={**by_name, **named(panel, decode)},
+        [tab.script.summary, tab.exported],
+        inputs_kwargs={**tab.script.named(), **named(tab.panel, tab.decode)},
         concurrency_limit=1,
         concurrency_id=MODEL_GROUP,
         api_name="run_policy",
         show_progress="hidden",
     )
-
     if controls.slots:
-        app.demo.load(
-            lambda: controls.updates(DEFAULT_POLICY),
-            None,
-            controls.slots,
-            show_progress="hidden",
-            api_visibility="private",
-        )
+        app.demo.load(bind(controls.updates, DEFAULT_POLICY), None, controls.slots, **hidden)
+    return bind(connect, tab)
 
-    def connect(explore: ExploreLink) -> None:
-        outputs = [status, app.bus, memory, stats, explore.source, legend, fidelity]
-        generate.click(
-            run_live,
-            [session, view_mode],
-            outputs,
-            inputs_kwargs=named(panel, controls, decode, projection, kv, options),
-            concurrency_limit=1,
-            concurrency_id=MODEL_GROUP,
-            api_name="generate",
-            show_progress="hidden",
-        ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
-        playback.play.click(
-            play_live,
-            [session, view_mode, panel.preset],
-            outputs,
-            inputs_kwargs=named(playback, projection),
-            concurrency_limit=4,
-            concurrency_id=PLAYBACK_GROUP,
-            api_name="play",
-            show_progress="hidden",
-        ).then(explore.refresh, explore.inputs, explore.outputs, show_progress="hidden", api_visibility="private")
 
-    return connect
+def connect(tab: LiveTab, explore: ExploreLink) -> None:
+    """Wire Generate and Play, whose runs Explore's picker offers (and Explore shows whole once done)."""
+    screen = LiveScreen(tab.status, tab.app.bus, tab.memory, tab.stats, explore.source, tab.legend, tab.fidelity)
+    session = [tab.app.session, tab.view_mode]
+    outputs = screen.outputs()
+    run_inputs = named(*tab.run_groups())
+    streamed(tab.generate, bind(run_live, tab, screen), session, outputs, explore, "generate", inputs_kwargs=run_inputs)
+    play_inputs = named(tab.playback, tab.projection)
+    play = bind(play_live, screen)
+    streamed(tab.playback.play, play, [*session, tab.panel.preset], outputs, explore, "play", True, play_inputs)
