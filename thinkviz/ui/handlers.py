@@ -1,7 +1,7 @@
 """What every Gradio handler shares: the user errors it shows, and the one way to run the model.
 
 A handler is a module-level function of its tab's components and the event's values, bound to
-the components with :func:`bind`; it returns (or yields, frame by frame) ``{component: value}``
+the components with :func:`~thinkviz.ui.wiring.bind`; it returns (or yields, frame by frame) ``{component: value}``
 for the outputs it updates, so nothing depends on the order of a list of outputs.
 
 A handler that runs the model follows :func:`run_with_model`: validate the controls (a bad
@@ -13,7 +13,6 @@ one, across all sessions.
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import TYPE_CHECKING, Any, TypeVar
 from collections.abc import Callable, Iterator, Mapping
@@ -42,14 +41,6 @@ RUN_PICKER_INFO = "this session's runs, newest first (the oldest go when they ou
 
 Request = TypeVar("Request")
 Updates = dict[Any, Any]  # {component: value} for the outputs a handler changes (the others stay)
-
-
-def bind(handler: Callable[..., Any], *parts: Any) -> Callable[..., Any]:
-    """``handler`` with its first arguments (a tab's components) given, as Gradio sees a function of
-    the event's values: the parameters left, its name and its docstring (an endpoint's description)."""
-    call = functools.partial(handler, *parts)
-    call.__name__, call.__doc__ = handler.__name__, handler.__doc__  # type: ignore[attr-defined]
-    return call
 
 
 def user_error(exc: Exception) -> gr.Error:

@@ -32,11 +32,11 @@ from .. import inputs
 from ..chat_controls import InputControls, input_controls, trace_limit
 from ..compare_run import FIDELITY_COLUMNS, CompareFrame, check_columns, column_views, compare_frames, playback_frames
 from ..controls import ControlError, build_policy, default_view, format_knobs, knobs_for, parse_knobs
+from ..wiring import bind
 from ..handlers import (
     USER_ERRORS,
     WAITING,
     Updates,
-    bind,
     charted,
     figure_file,
     play_recording,

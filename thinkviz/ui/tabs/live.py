@@ -32,12 +32,12 @@ from ...viz.tokens import view_mode_choices
 from .. import inputs
 from ..chat_controls import InputControls, input_controls, trace_limit
 from ..controls import ControlError, default_view
+from ..wiring import bind
 from ..handlers import (
     MODEL_GROUP,
     USER_ERRORS,
     WAITING,
     Updates,
-    bind,
     charted,
     figure_file,
     play_recording,
