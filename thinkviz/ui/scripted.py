@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 from ..policies import Policy
+from ..measure.requests import RunInput, run_input
 from .controls import json_knobs, policy_from_knobs
 from .inputs import choose_preset
 from .live_run import LiveFrame
@@ -21,20 +22,20 @@ from .live_run import LiveFrame
 
 @dataclass(frozen=True)
 class ScriptRequest:
-    """The policy to run, the chat in :class:`~thinkviz.ui.chat_controls.InputControls` order (run mode,
-    system prompt, question, trace) and the new-token limit."""
+    """The policy to run, the chat to run it on and the new-token limit."""
 
     policy: Policy
-    chat: tuple[Any, ...]
+    run_input: RunInput
     max_new_tokens: Any
 
 
 def script_request(
-    policy: str | None, knobs: str | None, preset: str | None, chat: Sequence[Any], max_new_tokens: Any
+    policy: str | None, knobs: str | None, preset: str | None, chat: Mapping[str, Any], max_new_tokens: Any
 ) -> ScriptRequest:
     """What ``/run_policy`` runs.
 
-    Without ``preset``: policy ``policy`` with ``knobs`` (a JSON object by knob name) on ``chat``.
+    Without ``preset``: policy ``policy`` with ``knobs`` (a JSON object by knob name) on ``chat``
+    (the chat controls' values by API name: ``run_mode``, ``system``, ``question``, ``trace``).
     With ``preset`` (a name from ``presets/``): the preset's chat, trace, run mode and new-token
     limit (``chat`` and ``max_new_tokens`` are not used), its policy unless ``policy`` names
     another, and its knobs (when its policy runs) with ``knobs`` over them.  Raises
@@ -44,14 +45,15 @@ def script_request(
     given = json_knobs(knobs)
     name = (policy or "").strip()
     if not (preset or "").strip():
-        return ScriptRequest(policy_from_knobs(name, given), tuple(chat), max_new_tokens)
+        asked = run_input(chat["run_mode"], chat["system"], chat["question"], chat["trace"])
+        return ScriptRequest(policy_from_knobs(name, given), asked, max_new_tokens)
     choice = choose_preset(preset.strip())
     chosen = choice.preset
     name = name or chosen.policy
     merged = {**chosen.params, **given} if name == chosen.policy else given
     return ScriptRequest(
         policy_from_knobs(name, merged),
-        (chosen.mode, choice.system, chosen.question, choice.trace),
+        run_input(chosen.mode, choice.system, chosen.question, choice.trace),
         chosen.max_new_tokens,
     )
 

@@ -465,9 +465,9 @@ def run_policy(tab: LiveTab, s: Session, policy: str, knobs: str, preset: str, *
     `policy` / `knobs` say otherwise).  Returns the run's summary and its recording (a zip)."""
 
     def prepare() -> LiveRequest:
-        asked = script_request(policy, knobs, preset, tab.panel.of(values), values["max_new_tokens"])
+        asked = script_request(policy, knobs, preset, values, values["max_new_tokens"])
         settings = tab.decode.settings(tab.decode.of({**values, "max_new_tokens": asked.max_new_tokens}))
-        return LiveRequest(asked.policy, InputControls.request(asked.chat), settings, MemoryView(), KVQuant(), False)
+        return LiveRequest(asked.policy, asked.run_input, settings, MemoryView(), KVQuant(), False)
 
     def frames(loaded, asked: LiveRequest, cancel) -> Iterator[Updates]:
         once = FramePacer(math.inf)  # the first frame and the last: nobody watches this run
