@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test starts python -m thinkviz
+
 
 @pytest.mark.parametrize(
     "args, reason",
