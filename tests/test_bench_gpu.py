@@ -82,6 +82,7 @@ def test_report_json_and_markdown(small, tmp_path):
     assert len(rows) == (1 + 2) + (1 + 4)  # each table: a header, then scoring on/off and the four runs
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_the_command_refuses_without_cuda_in_one_line():
     result = subprocess.run(

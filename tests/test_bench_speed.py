@@ -7,6 +7,8 @@ import pytest
 from thinkviz.cli import main
 from tiny_models import save_tiny_model
 
+pytestmark = pytest.mark.slow  # each test times a benchmark
+
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):

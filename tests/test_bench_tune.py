@@ -11,6 +11,8 @@ import pytest
 from thinkviz.cli import main
 from tiny_models import save_tiny_model
 
+pytestmark = pytest.mark.slow  # each test starts python -m thinkviz
+
 
 @pytest.mark.parametrize(
     "args, reason",

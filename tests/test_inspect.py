@@ -16,6 +16,7 @@ from thinkviz.measure.replay import load_trace, prepare
 
 
 @pytest.mark.parametrize("preset", ["think_drop_syntax_error", "think_drop_lru"])
+@pytest.mark.slow
 def test_inspect_json_matches_what_a_replay_segments(preset, capsys):
     assert main(["inspect", preset, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -22,16 +22,9 @@ def _greedy(loaded, messages, new_tokens):
     return loaded.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def _embedded_4bit(embedded_model, backend):
-    """The shared 4-bit fixture when it already uses ``backend``, else the model loaded with it."""
-    if embedded_model.backend == backend:
-        return embedded_model
-    return load_model(EMBEDDED, "4bit", "cpu" if backend == "torch-int4" else None, backend=backend)
-
-
 @pytest.mark.integration
-def test_embedded_model_is_4bit_smollm2(embedded_model):
-    loaded = _embedded_4bit(embedded_model, "bitsandbytes")
+def test_embedded_model_is_4bit_smollm2(embedded_loads):
+    loaded = embedded_loads("4bit", None, "bitsandbytes")
     linears = [m for m in loaded.model.modules() if isinstance(m, torch.nn.Linear)]
     assert sum(isinstance(m, bnb.nn.Linear4bit) for m in linears) == 30 * 7  # q k v o gate up down
     assert loaded.name == "SmolLM2-135M-Instruct (embedded)"

@@ -160,6 +160,7 @@ def test_dynts_with_a_predictor_matches_masked_full_cache(tiny_llama, tmp_path, 
         ("entropy", {"max_capacity_tokens": 8, "retention_threshold": 0.15}),
     ],
 )
+@pytest.mark.slow
 def test_eviction_on_a_multi_turn_transcript_matches_masked_full_cache(tiny_llama, name, params):
     prompt, trace = conversation_and_trace(tiny_llama)
     assert any(role.role == "tool" for role in prompt.roles) and sum(r.role == "user" for r in prompt.roles) == 2
@@ -319,6 +320,7 @@ def _replay_compacted(loaded, policy, prompt, trace):
 
 @pytest.mark.parametrize("arch_fixture", ["tiny_llama", "tiny_qwen3"])
 @pytest.mark.parametrize("name, params", MATCHING)
+@pytest.mark.slow
 def test_matched_compaction_equals_full_cache_with_its_biases_and_values(arch_fixture, name, params, request):
     loaded = request.getfixturevalue(arch_fixture)
     prompt, trace = chat_and_trace(loaded.tokenizer)

@@ -84,6 +84,7 @@ def test_reference_queries_are_the_newest_and_reproduce_the_captured_attention(t
             assert torch.allclose(grouped, view.window[layer, :, -1], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_tam_match_starts_from_selections_keep_set_and_only_match_fits(tiny_llama):
     _, select = _replay(tiny_llama, "tam", l_min=4)
     _, match = _replay(tiny_llama, "tam", compaction="match", l_min=4)

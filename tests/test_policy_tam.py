@@ -38,7 +38,7 @@ def test_allocate_budgets_on_hand_numbers(weights, sizes, budget, expected):
     assert allocate_budgets(weights, sizes, budget) == expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(
     st.lists(st.tuples(st.floats(0, 1e3), st.integers(0, 60)), min_size=1, max_size=12),
     st.integers(0, 400),

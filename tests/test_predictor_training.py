@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 
@@ -186,9 +188,10 @@ def test_the_prompt_set_has_200_distinct_prompts_of_three_kinds_taken_in_turn():
 
 
 def _scripted(tiny_llama):
-    """The tiny Llama rewired so its next token depends only on the current one: after the
+    """A copy of the tiny Llama rewired so its next token depends only on the current one: after the
     prompt's last token it says either "Hmm" (then "Hmm" forever: never an answer) or
     "</think> ok" (then the end of the turn), each half of the time when sampled."""
+    tiny_llama = dataclasses.replace(tiny_llama, model=copy.deepcopy(tiny_llama.model))  # the fixture is shared
     tokenizer, model = tiny_llama.tokenizer, tiny_llama.model
     for layer in model.model.layers:  # the residual stream stays the token's embedding
         layer.self_attn.o_proj.weight.data.zero_()
@@ -315,6 +318,7 @@ def test_a_history_is_labelled_as_a_transcript_by_its_last_answer(tiny_llama):
 
 
 # ---- the command --------------------------------------------------------------------------
+@pytest.mark.slow
 def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama, tmp_path, monkeypatch, capsys):
     from thinkviz.cli import main
     from thinkviz.commands import train_predictor
@@ -361,6 +365,7 @@ def test_train_predictor_builds_the_corpus_fits_and_writes_the_table(tiny_llama,
     assert capsys.readouterr().err.strip().startswith("thinkviz: error: no predictor file at")
 
 
+@pytest.mark.slow
 def test_train_predictor_relabels_a_corpus_read_from_a_file(tiny_llama, tmp_path, monkeypatch, capsys):
     """--corpus: text generated earlier (say under another 4-bit backend) is labelled, not generated again."""
     from thinkviz.cli import main
@@ -465,6 +470,7 @@ def test_added_and_held_out_traces_are_checked_before_the_model_loads(tmp_path, 
             assert f"{flag} {path}: no answer after a </think> in an assistant turn" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_held_out_trace_of_ones_own_is_measured_and_a_shipped_one_it_holds_leaves_training(
     tiny_llama, tmp_path, monkeypatch, capsys
 ):

@@ -34,6 +34,7 @@ def test_every_committed_recording_belongs_to_a_shipped_preset():
 
 
 @pytest.mark.parametrize("name", COMMITTED)
+@pytest.mark.slow
 def test_a_committed_recording_matches_its_preset_and_plays_to_the_view_explore_shows(name):
     recording = load_preset_recording(name)  # refuses a stale one, naming what changed
     request = preset_request(name)

@@ -252,6 +252,7 @@ def test_load_trace_from_a_preset_or_a_file(tmp_path):
 @pytest.mark.parametrize(
     "name, params", [("think_drop", {}), ("h2o", {"recent": 8}), ("tam", {"recent": 4, "window": 8, "l_min": 4})]
 )
+@pytest.mark.slow
 def test_transcript_replay_equals_step_by_step_decoding(tiny_llama, monkeypatch, name, params):
     """The transcript's tokens forced one per decoding step (the live loop, compressing every k
     steps) and replayed k per forward give the same keep sets, logits and segments, tool and
@@ -320,6 +321,7 @@ def test_prepare_transcript_prefills_the_first_user_turn_and_forces_the_rest(tin
         prepare_transcript(tiny_llama, forged)
 
 
+@pytest.mark.slow
 def test_lockstep_fidelity_on_a_transcript_reports_tool_tokens(tiny_llama):
     from thought_trace import conversation_and_trace
 

@@ -389,7 +389,7 @@ def check_invariants(seg: Segmenter) -> None:
             assert s.protected and seg.protected_mask()[s.start : s.end].all()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(chats(), st.data(), st.booleans())
 def test_incremental_equals_batch(chat_case, data, finish):
     roles, prompt, generated = chat_case
@@ -418,7 +418,7 @@ def reference_blocks(text: str) -> list[tuple[int, int | None]]:
     return blocks
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(fragments.flatmap(tokens))
 def test_think_blocks_match_a_plain_string_search(texts):
     seg = Segmenter([], [])

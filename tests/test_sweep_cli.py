@@ -228,6 +228,7 @@ def _transcript_file(tmp_path, messages=None):
     return path
 
 
+@pytest.mark.slow
 def test_sweep_and_replay_cost_on_a_transcript(tiny_llama, tmp_path):
     from thinkviz.bench.replay_cost import measure_replay_cost
     from thinkviz.measure.replay import load_trace, prepare
@@ -316,6 +317,7 @@ def test_cli_sweep_and_replay_cost_on_a_transcript_file(tmp_path):
     assert "trace agent:" in cost.stdout and "ratio" in cost.stdout
 
 
+@pytest.mark.slow
 def test_sweep_adds_a_kv_format_dimension_against_the_full_precision_reference(tiny_llama_d32, tmp_path):
     formats = parse_kv_quants("none, q8_0,q4_0,q8_0")
     assert formats == [KVQuant("none"), KVQuant("q8_0"), KVQuant("q4_0")]

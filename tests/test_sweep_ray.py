@@ -26,6 +26,7 @@ from thinkviz.sweep.work import ModelSpec
 from thinkviz.ui.sweep_run import RayTarget, sweep_frames
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # a Ray runtime and a new Python process
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,8 @@ from thinkviz.sweep.grid import Group, SweepSettings
 from thinkviz.sweep.store import GroupStore, fingerprint
 from sweep_grid import GROUPS, same_results, sweep_grid, sweep_whole
 
+pytestmark = pytest.mark.slow  # whole sweeps of several groups, resumed and compared
+
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):

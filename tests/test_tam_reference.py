@@ -122,6 +122,7 @@ class _SegmentView:
         self.protected = torch.zeros(run.processed, dtype=torch.bool)
 
 
+@pytest.mark.slow
 def test_the_sample_is_bounded_deterministic_and_holds_its_segments_queries(tiny_llama):
     views = []
 
@@ -153,6 +154,7 @@ def test_the_sample_is_bounded_deterministic_and_holds_its_segments_queries(tiny
         assert torch.equal(queries[:, :, row], view.queries[:, :, at])
 
 
+@pytest.mark.slow
 def test_window_plus_own_fits_like_window_until_it_has_older_own_queries(tiny_llama):
     _, _, window_logits = _replay(tiny_llama)
     _, own_events, own_logits = _replay(tiny_llama, reference="window+own")

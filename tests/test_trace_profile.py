@@ -69,6 +69,7 @@ def test_a_trace_without_a_renderer_has_no_long_tasks():
     assert long_task_breakdown([_task(0, 500, key=OTHER)]) == []
 
 
+@pytest.mark.slow
 def test_profile_takes_one_run():
     done = subprocess.run(
         [sys.executable, "-m", "thinkviz", "bench", "browser", "--profile", "t.json", "--threads", "torch,auto"],

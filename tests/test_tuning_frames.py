@@ -57,6 +57,7 @@ def _live(tiny, run_input, **kwargs):
     )
 
 
+@pytest.mark.slow
 def test_live_measures_a_replay_against_the_full_cache_as_it_goes(tiny):
     frames = _live(tiny, TRACE, measure=True)
     measured = [f for f in frames if "ΔNLL" in f.stats]
@@ -128,6 +129,7 @@ def recording(tiny, tmp_path_factory):
     return load(save(record(tiny, request), tmp_path_factory.mktemp("rec") / "tiny_demo.zip"))
 
 
+@pytest.mark.slow
 def test_a_recording_plays_through_the_live_frames_to_the_view_explore_shows(recording):
     frames = list(playback_frames(recording, math.inf, threading.Event(), TokenChannel("t"), None, FramePacer(0.0)))
     final = frames[-1]

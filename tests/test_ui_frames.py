@@ -302,6 +302,7 @@ def test_sweep_can_replay_only_the_first_trace_tokens(tiny):
     assert {r["trace_tokens"] for r in rows} == {12}
 
 
+@pytest.mark.slow
 def test_live_and_compare_replay_a_transcript_with_its_tool_turns(tiny):
     import json
 

@@ -135,7 +135,7 @@ def test_newlines_are_kept_for_pre_wrap():
     assert "white-space: pre-wrap" in TOKEN_CSS
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(
     data=st.lists(
         st.tuples(
