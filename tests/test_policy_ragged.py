@@ -43,12 +43,22 @@ def test_pyramid_budgets_sum_to_budget_times_layers_and_shrink_with_depth(budget
         assert abs(budgets[-1] - (floor + (budget - floor) / beta)) <= 1
 
 
-def test_pyramid_budgets_stay_uniform_until_the_bottom_layer_can_fill():
+def test_pyramid_budgets_switch_where_the_authors_code_does():
+    """KVCache-Factory's PyramidKVCluster: uniform while seen < 2 (budget − window), the pyramid from there."""
     assert pyramid_budgets(64, 4, 70, 16, 20) == [64] * 4
-    assert pyramid_budgets(64, 4, 16 + 95, 16, 20) == [64] * 4
-    assert pyramid_budgets(64, 4, 16 + 96, 16, 20) == [110, 79, 49, 18]  # 16 + 93.6 − l · 30.4, rounded
+    assert pyramid_budgets(64, 4, 95, 16, 20) == [64] * 4
+    # at 96 their bottom layer is clipped to the 96 − 16 tokens before the window, the top takes the rest:
+    # 16 + 80 − l · 64/3 = 96, 74.7, 53.3, 32 (their integer steps: 96, 75, 54, 33)
+    assert pyramid_budgets(64, 4, 96, 16, 20) == [96, 75, 53, 32]
+    # unclipped: 16 + 93.6 − l · 30.4, rounded to the exact total (theirs: 110, 80, 50, 20)
+    assert pyramid_budgets(64, 4, 16 + 95, 16, 20) == [110, 79, 49, 18]
+    assert pyramid_budgets(64, 4, 1000, 16, 20) == [110, 79, 49, 18]
     assert pyramid_budgets(64, 4, 1000, 70, 20) == [64] * 4  # the floor alone exceeds the budget
     assert pyramid_budgets(64, 1, 1000, 16, 20) == [64]
+    # the issue's case, budget 256 and window 16: the pyramid starts at 480 (2 · 240), not at 496
+    assert pyramid_budgets(256, 28, 479, 16, 20) == [256] * 28
+    at_switch = pyramid_budgets(256, 28, 480, 16, 20)
+    assert (at_switch[0], at_switch[-1], sum(at_switch)) == (480, 32, 256 * 28)
 
 
 def test_pyramidkv_keeps_its_layer_budgets_by_snapkv_score():
@@ -84,16 +94,41 @@ def test_adakv_shares_a_layer_budget_over_heads_by_need_and_keeps_every_protecte
     assert torch.allclose(policy.score(view), attention)
     keep = policy.select(view)
     counts = keep.sum(-1)[0]
-    assert int(counts.sum()) == 80 * 2, "the layer keeps exactly budget × kv-heads"
     assert keep[0, :, 150:160].all() and keep[0, :, -8:].all(), "protected spans and the recent window stay"
-    assert keep[0, 0, :100].all() and keep[0, 1, :10].all(), "each head keeps what it attends to"
-    # head 1: its 18 forced slots and, as the safeguard, its own ⌊0.25 · 80⌋ = 20 best; head 0 gets
-    # its 100, the 4 slots left go to the next best scores (head 1's 0.002 over head 0's 0.001)
-    assert counts.tolist() == [100 + 18, 160 - 118]
-    # one budget per head would have cut head 0 to 80 of its 118; a larger safeguard moves slots back
-    # to head 1: 18 forced + ⌊0.5 · 80⌋ = 58 of its own, head 0 the rest
+    # 18 forced per head, 62 spare each: the layer's best 124 unforced scores are head 1's ten 0.5, head 0's
+    # 100 and 14 of head 1's 0.002, so c = (100, 24); each head keeps round(c · 0.75 + ⌊0.25 · 62⌋ = 15) more
+    assert counts.tolist() == [18 + 90, 18 + 33]
+    assert keep[0, 1, :10].all() and keep[0, 0, 10:100].all() and not keep[0, 0, :10].any()
+    # a larger alpha moves slots to the floor: ⌊0.5 · 62⌋ = 31, round(50 + 31), round(12 + 31)
     keep = make_policy("adakv", budget=80, scorer="h2o", alpha=0.5, recent=8).select(view)
-    assert keep.sum(-1)[0].tolist() == [102, 58]
+    assert keep.sum(-1)[0].tolist() == [18 + 81, 18 + 43]
+
+
+def _two_heads(head1_high: int):
+    """40 slots, h2o scores: head 0 distinct and high, head 1 a thousandth of them but ``head1_high`` at 0.95."""
+    total = 40
+    attention = torch.linspace(0.9, 0.5, total).expand(1, 2, total).clone()
+    attention[0, 1] *= 1e-3
+    attention[0, 1, :head1_high] = 0.95
+    return _view(attention * (total - torch.arange(total)).float())
+
+
+def test_adakv_blends_the_adaptive_count_with_the_floor_as_the_authors_code():
+    """AdaKV's ``round(c · (1 − α) + ⌊α · (B − W)⌋) + W``; budget 16, window (recent) 4, α 0.2: 12 spare
+    per head, the layer ranks 24, the floor is ⌊2.4⌋ = 2."""
+    policy = make_policy("adakv", budget=16, scorer="h2o", alpha=0.2, recent=4)
+    # head 1 starved (×10⁻³): c = (24, 0), it keeps the floor: 4 + 2 (the old safeguard kept 4 + ⌊0.2 · 16⌋ = 7)
+    assert policy.select(_two_heads(0)).sum(-1)[0].tolist() == [4 + 21, 4 + 2]  # round(19.2 + 2) = 21
+    # head 1's 5 best beat all of head 0's: c = (19, 5), round(15.2 + 2) = 17 and round(4 + 2) = 6
+    assert policy.select(_two_heads(5)).sum(-1)[0].tolist() == [4 + 17, 4 + 6]
+    # alpha 0: the adaptive counts alone, exactly budget × heads
+    assert make_policy("adakv", budget=16, scorer="h2o", alpha=0.0, recent=4).select(_two_heads(5)).sum() == 32
+
+
+def test_adakv_ranks_by_snapkv_as_adakv_runs_it():
+    ranker = make_policy("adakv").ranker
+    assert (ranker.name, ranker.window, ranker.kernel, ranker.pool) == ("snapkv", 32, 7, "max")
+    assert make_policy("adakv", recent=8).ranker.window == 8
 
 
 @pytest.mark.parametrize("name", ["pyramidkv", "adakv"])

@@ -3,7 +3,8 @@
 Cai et al., "PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information
 Funneling", 2024 (arXiv:2406.02069).  Lower layers spread their attention over the whole
 context, upper layers concentrate it on a few tokens, so the lower layers get more of the
-memory and the upper ones less, for the same total.
+memory and the upper ones less, for the same total.  The budgets follow the authors' code,
+``PyramidKVCluster.update_kv`` in Zefan-Cai/KVCache-Factory ``pyramidkv/pyramidkv_utils.py``.
 """
 
 from __future__ import annotations
@@ -21,18 +22,22 @@ def pyramid_budgets(budget: int, layers: int, seen: int, floor: int, beta: float
     """Tokens per kv-head for each layer, bottom first: an arithmetic sequence that sums to
     ``budget · layers`` exactly and never increases with depth.
 
-    Beyond the ``floor`` every layer must keep (the observation window, protected spans), the top
-    layer gets ``(budget − floor) / beta`` and the bottom layer ``2 (budget − floor)`` minus that, so
-    the mean is ``budget``.  Until the ``seen`` tokens beyond the floor can fill the bottom layer
-    (fewer than ``2 (budget − floor)``), or when ``floor ≥ budget``, every layer gets ``budget``:
-    the authors' code switches to the pyramid at the same length.  Rounding keeps the exact total:
-    the integer parts, plus one for the largest remainders (lower layers first on ties).
+    As in KVCache-Factory's ``PyramidKVCluster``, with ``S = budget − floor`` (``floor``: what every
+    layer must keep, the observation window and protected spans; theirs is the window): every
+    layer keeps ``budget`` while ``seen < 2 S`` (or ``S ≤ 0``); from ``seen = 2 S`` on, the top layer
+    keeps ``floor + S / beta`` and the bottom ``floor + 2 S − S / beta``, the bottom clipped to the
+    ``seen − floor`` tokens there are (the top then takes what the bottom gave up), the layers
+    between on the straight line.  One departure: they round down (``S // beta``, the step
+    ``// (layers − 1)``), so their layers sum to more than ``budget · layers`` and the top keeps
+    more (budget 256, window 16, beta 20, 28 layers: their top keeps 16 + 36 and their total is
+    5 % over; here 16 + 12 and the total exact).  Here the integer parts get one more for the
+    largest remainders (lower layers first on ties).
     """
     spare = budget - floor
-    if layers == 1 or spare <= 0 or seen - floor < 2 * spare:
+    if layers == 1 or spare <= 0 or seen < 2 * spare:
         return [budget] * layers
-    low = spare / beta
-    high = 2 * spare - low
+    high = min(2 * spare - spare / beta, seen - floor)
+    low = 2 * spare - high
     step = (high - low) / (layers - 1)
     exact = [floor + high - layer * step for layer in range(layers)]
     counts = [math.floor(x) for x in exact]
@@ -47,16 +52,22 @@ def pyramid_budgets(budget: int, layers: int, seen: int, floor: int, beta: float
 class PyramidKV(SnapKV):
     """Per layer ``l`` of ``L``: keep ``k_l`` slots in every kv-head, ``k_l`` from
     :func:`pyramid_budgets` (``Σ k_l = budget · L``, ``k_0 ≥ k_1 ≥ …``), chosen by the SnapKV score
-    ``(L, H_kv, T)`` (mean attention of the last ``window`` queries, max-pooled with ``kernel``).
+    ``(L, H_kv, T)`` (:class:`~thinkviz.policies.snapkv.SnapKV`'s: the last ``window`` queries' mean
+    attention, pooled with ``kernel`` over the tokens before the window).
     The protected spans and the observation window are always kept: they are the pyramid's floor,
     so the pyramid shares out the rest (if they alone exceed ``budget``, every layer keeps them
     and nothing else).  A layer never keeps more than it holds: when the pyramid starts, the
     bottom layers hold only ``budget`` and fill up to their share with the tokens that follow.
-    Returns a keep mask ``(L, H_kv, T)``: the layers' caches have different lengths."""
+    Returns a keep mask ``(L, H_kv, T)``: the layers' caches have different lengths.  Follows
+    Zefan-Cai/KVCache-Factory ``pyramidkv/pyramidkv_utils.py`` (``PyramidKVCluster``); departures:
+    the exact-total rounding of :func:`pyramid_budgets`, and it runs at decode time on every
+    compression, where theirs cuts the prompt once."""
 
     name = "pyramidkv"
     summary = "SnapKV with a pyramid: the lower layers, which look everywhere, get more memory than the upper ones."
-    source = "PyramidKV — Cai et al., 2024 (arXiv:2406.02069)"
+    source = (
+        "PyramidKV — Cai et al., 2024 (arXiv:2406.02069); code: Zefan-Cai/KVCache-Factory pyramidkv/pyramidkv_utils.py"
+    )
     params = (
         *SnapKV.params,
         Param(
