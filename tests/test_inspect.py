@@ -20,7 +20,8 @@ from thinkviz.measure.replay import load_trace, prepare
 def test_inspect_json_matches_what_a_replay_segments(preset, capsys):
     assert main(["inspect", preset, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report) == {"turns", "segments", "think_blocks", "protected_tokens"}
+    assert set(report) == {"turns", "segments", "think_blocks", "protected_tokens", "reasoning"}
+    assert report["reasoning"]["rule"] == "prompted"  # SmolLM2 has no reasoning format of its own
 
     loaded = tiny_model("llama", max_context=8192)  # the SmolLM2 tokenizer, as the CLI's embedded default
     prompt, ids = prepare(loaded, load_trace(preset))

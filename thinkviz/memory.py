@@ -88,6 +88,31 @@ class TargetModel:
     def params(self) -> int:
         return self.linear_params + self.other_params
 
+    @classmethod
+    def from_config(cls, name: str, config, dtype_bytes: int = 2) -> TargetModel:
+        """The geometry of a model from its transformers config (its text part), e.g. the one a
+        user loaded: layers and kv-heads as the config has them (grouped-query attention: the
+        cache holds ``num_key_value_heads`` heads), priced in ``dtype_bytes`` per value."""
+        text = config.get_text_config()
+        q_heads = text.num_attention_heads
+        family = text.model_type if text.model_type in ("llama", "qwen2", "qwen3") else "llama"
+        return cls(
+            name,
+            layers=text.num_hidden_layers,
+            q_heads=q_heads,
+            kv_heads=getattr(text, "num_key_value_heads", None) or q_heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // q_heads,
+            hidden=text.hidden_size,
+            intermediate=text.intermediate_size,
+            vocab=text.vocab_size,
+            tied_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
+            qk_norm=family == "qwen3",
+            qkv_bias=family == "qwen2" or bool(getattr(text, "attention_bias", False)),
+            dtype_bytes=dtype_bytes,
+            family=family,
+            max_context=text.max_position_embeddings,
+        )
+
     def weights_bytes(self, bits: int = 16) -> int:
         """Bytes of the weights with linear layers stored at ``bits`` (4, 8 or 16)."""
         if bits not in _SCALE_BITS:

@@ -34,8 +34,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default="embedded",
-        help="'embedded', a Hugging Face id, a local folder, or random:Qwen3-4B (that geometry "
-        "with random weights: real memory and speed, no text)",
+        help="'embedded', a .gguf file, ollama:NAME[:TAG] or lmstudio:PUBLISHER/MODEL (see "
+        "'python -m thinkviz models'), a Hugging Face id, a local folder, or random:Qwen3-4B (that "
+        "geometry with random weights: real memory and speed, no text)",
     )
     parser.add_argument("--quant", default="4bit", choices=QUANTIZATIONS, help="weight quantization")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

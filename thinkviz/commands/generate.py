@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_from_args(args)
     system = REASONING_SYSTEM_PROMPT if args.system is None else args.system
     prompt = build_chat(loaded.tokenizer, system or None, args.prompt)
+    print(f"[    ] reasoning: {prompt.reasoning.describe()}", file=sys.stderr)
     try:
         engine_run = Run(loaded, policy, prompt, settings, kv_quant=kv_quant)
         sys.stdout.write(prompt.assistant_prefix)

@@ -186,6 +186,7 @@ class Run:
                 texts,
                 protect_system=policy.protect_system,
                 protect_question=policy.protect_question,
+                tags=(prompt.reasoning.open, prompt.reasoning.close),
             )
         else:
             ids = [int(i) for i in prompt]

@@ -35,12 +35,21 @@ def inspect_trace(
     - ``segments``: the number of spans of each kind;
     - ``think_blocks``: ``index``, ``turn``, ``start``, ``end``, ``tokens``, ``closed`` and
       ``code`` (``pending``, ``parsed`` or ``syntax error``, think_drop's gate);
-    - ``protected_tokens``: how many tokens no policy may evict, under the two toggles.
+    - ``protected_tokens``: how many tokens no policy may evict, under the two toggles;
+    - ``reasoning``: the rule that found the model's think markers (``rule``, ``description``;
+      :mod:`thinkviz.text.reasoning`).
 
     Raises :class:`~thinkviz.measure.replay.TraceError` as a replay would.
     """
     prompt, ids = tokenize_trace(tokenizer, max_context, trace)
-    segmenter = Segmenter(prompt.roles, prompt.texts, protect_system=protect_system, protect_question=protect_question)
+    reasoning = prompt.reasoning
+    segmenter = Segmenter(
+        prompt.roles,
+        prompt.texts,
+        protect_system=protect_system,
+        protect_question=protect_question,
+        tags=(reasoning.open, reasoning.close),
+    )
     segmenter.feed(token_texts(tokenizer, ids, prefix_ids=prompt.ids[-8:]))
     segmenter.finish()
     n = segmenter.n_tokens
@@ -67,6 +76,7 @@ def inspect_trace(
         "segments": dict(Counter(span.kind for span in segmenter.spans())),
         "think_blocks": blocks,
         "protected_tokens": int(segmenter.protected_mask().sum()),
+        "reasoning": {"rule": reasoning.rule, "description": reasoning.describe()},
     }
 
 
@@ -93,4 +103,5 @@ def format_report(name: str, model: str, report: dict[str, Any]) -> str:
             f"({b['tokens']:,})  code after it: {state}"
         )
     lines.append(f"protected: {report['protected_tokens']:,} tokens")
+    lines.append(f"reasoning: {report['reasoning']['rule']} ({report['reasoning']['description']})")
     return "\n".join(lines) + "\n"

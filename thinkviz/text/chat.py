@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from .reasoning import PROMPTED, ReasoningFormat, reasoning_format
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -81,13 +83,15 @@ class ChatPrompt:
     """A tokenized chat: ids, one decoded text piece per id, role spans.
 
     ``assistant_prefix`` is the text already opened in the assistant turn (the
-    last tokens of ``ids``), e.g. ``"<think>\\n"``.
+    last tokens of ``ids``), e.g. ``"<think>\\n"``.  ``reasoning``: how the model marks its
+    thinking (:mod:`thinkviz.text.reasoning`), which the segmenter follows.
     """
 
     ids: list[int]
     texts: list[str]
     roles: list[RoleSpan]
     assistant_prefix: str
+    reasoning: ReasoningFormat = PROMPTED
 
     @property
     def text(self) -> str:
@@ -149,9 +153,11 @@ def token_texts(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], prefix_i
 Render = Callable[[list[dict[str, str]], bool], str]
 
 
-def _template_render(tokenizer: PreTrainedTokenizerBase) -> Render:
+def _template_render(tokenizer: PreTrainedTokenizerBase, reasoning: ReasoningFormat = PROMPTED) -> Render:
     def render(messages: list[dict[str, str]], generation: bool) -> str:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation, **reasoning.template_kwargs
+        )
 
     return render
 
@@ -195,9 +201,18 @@ def _body(
 
 
 def build_chat(
-    tokenizer: PreTrainedTokenizerBase, system: str | None, user: str, assistant: str = "<think>\n"
+    tokenizer: PreTrainedTokenizerBase,
+    system: str | None,
+    user: str,
+    assistant: str | None = None,
+    reasoning: ReasoningFormat | None = None,
 ) -> ChatPrompt:
     """Tokenize a system + user chat and open the assistant turn with ``assistant``.
+
+    ``reasoning`` (default: :func:`~thinkviz.text.reasoning.reasoning_format` of the tokenizer)
+    passes its template arguments (Qwen3's ``enable_thinking``) and gives ``assistant``'s
+    default: its opening marker (``"<think>\\n"``, or harmony's analysis channel), nothing where
+    Qwen3's thinking is switched off.
 
     ``system=None`` sends no system message (a template may still insert its own,
     which then counts as template markers of the user turn).  Role spans come from
@@ -208,9 +223,12 @@ def build_chat(
     already opens the assistant turn with ``assistant`` (DeepSeek-R1 distills add
     ``"<think>\\n"``) does not get it twice.
     """
+    reasoning = reasoning or reasoning_format(tokenizer)
+    if assistant is None:
+        assistant = "" if reasoning.template_kwargs.get("enable_thinking") is False else reasoning.prefix
     messages = [{"role": "system", "content": system}] if system is not None else []
     messages.append({"role": "user", "content": user})
-    render = _template_render(tokenizer) if getattr(tokenizer, "chat_template", None) else _plain_render
+    render = _template_render(tokenizer, reasoning) if getattr(tokenizer, "chat_template", None) else _plain_render
     prompt = render(messages, True)
     text = prompt if prompt.endswith(assistant) else prompt + assistant
     ids, texts, anchors, _ = _tokenize(tokenizer, text)
@@ -228,7 +246,7 @@ def build_chat(
         turn_start = len(rendered)
     assistant_start = len(text) - len(assistant)
     roles.append(RoleSpan("assistant", at(turn_start), len(ids), at(assistant_start), None))
-    return ChatPrompt(ids=ids, texts=texts, roles=roles, assistant_prefix=assistant)
+    return ChatPrompt(ids=ids, texts=texts, roles=roles, assistant_prefix=assistant, reasoning=reasoning)
 
 
 def has_tool_role(tokenizer: PreTrainedTokenizerBase) -> bool:
@@ -271,7 +289,8 @@ def build_conversation(
         found = next((t for t in specials if t in content), None)
         if found is not None:
             raise ValueError(f"message {k} ({role}) contains the special token {found!r} of the model's tokenizer")
-    render = _template_render(tokenizer) if getattr(tokenizer, "chat_template", None) else _plain_render
+    reasoning = reasoning_format(tokenizer)
+    render = _template_render(tokenizer, reasoning) if getattr(tokenizer, "chat_template", None) else _plain_render
     text, spans = _render_verbatim(render, turns, has_tool_role(tokenizer))
     ids, texts, anchors, offsets = _tokenize(tokenizer, text)
 
@@ -291,7 +310,7 @@ def build_conversation(
         lo, hi = at(body_start), at(body_end)
         roles.append(RoleSpan(role, start, turn_end(end, hi), max(lo, start), hi))
         start = roles[-1].end
-    return ChatPrompt(ids=ids, texts=texts, roles=roles, assistant_prefix="")
+    return ChatPrompt(ids=ids, texts=texts, roles=roles, assistant_prefix="", reasoning=reasoning)
 
 
 def split_conversation(chat: ChatPrompt, cut: int, stop: int | None = None) -> tuple[ChatPrompt, list[int]]:
@@ -317,7 +336,9 @@ def split_conversation(chat: ChatPrompt, cut: int, stop: int | None = None) -> t
                 body_end=None if role.body_end is None else min(role.body_end, stop),
             )
         )
-    prompt = ChatPrompt(ids=chat.ids[:cut], texts=chat.texts[:cut], roles=roles, assistant_prefix="")
+    prompt = ChatPrompt(
+        ids=chat.ids[:cut], texts=chat.texts[:cut], roles=roles, assistant_prefix="", reasoning=chat.reasoning
+    )
     return prompt, chat.ids[cut:stop]
 
 

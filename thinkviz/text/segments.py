@@ -24,6 +24,10 @@ Nothing spans two turns: a block or fence left open at the end of its assistant 
 there (still ``closed=False``), and the code that settles a block (:meth:`Segmenter.code_after`)
 is looked for in the block's own turn only.
 
+A model with another reasoning format has its own pair of markers in the tags' place
+(:mod:`thinkviz.text.reasoning`: gpt-oss's analysis channel opens with
+``<|channel|>analysis<|message|>`` and closes with ``<|end|>``).
+
 Detection runs on the concatenated text, so tags split over tokens (``<th`` +
 ``ink>``) are found; character offsets map back to tokens with the anchor rule of
 :mod:`thinkviz.text.chat`: a token belongs to the span containing its first
@@ -42,13 +46,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .chat import RoleSpan, anchor, token_boundary
+from .reasoning import THINK_CLOSE, THINK_OPEN
 
-_OPEN, _CLOSE, _FENCE = "<think>", "</think>", "```"
+_FENCE = "```"
 _BREAK = r"\n[^\S\n]*\n\s*(?=\S)"  # a blank line; the next step starts at the next visible char
-_IN_ANSWER = re.compile(f"{re.escape(_OPEN)}|{_FENCE}")  # also inside answer code
-_IN_THINK = re.compile(f"{re.escape(_CLOSE)}|{_FENCE}|{_BREAK}")
-_IN_THINK_CODE = re.compile(f"{re.escape(_CLOSE)}|{_FENCE}")
-_HOLD = len(_CLOSE) - 1  # longest partial match a scan may have to wait on
 
 _SIGNATURE = re.compile(
     r"^[^\S\n]*((?:async[^\S\n]+)?(?:def[^\S\n]+\w+[^\S\n]*\(|class[^\S\n]+\w+[^\S\n]*[(:]))", re.MULTILINE
@@ -143,7 +144,13 @@ class _Parser:
     Every decision depends only on the text so far, never on how it was split.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)) -> None:
+        self.tags = tags
+        opening, closing = map(re.escape, tags)
+        self._in_answer = re.compile(f"{opening}|{_FENCE}")  # also inside answer code
+        self._in_think = re.compile(f"{closing}|{_FENCE}|{_BREAK}")
+        self._in_think_code = re.compile(f"{closing}|{_FENCE}")
+        self._hold = max(map(len, tags)) - 1  # longest partial match a scan may have to wait on
         self.blocks: list[_Block] = []
         self.fences: list[_Fence] = []
         self._tail, self._tail_start = "", 0  # unscanned text and where it starts
@@ -166,13 +173,13 @@ class _Parser:
         while match := self._pattern().search(self._tail, self._pos - self._tail_start):
             self._on(match.group(), self._tail_start + match.start(), self._tail_start + match.end())
         n += len(text)
-        resume = max(self._pos, min(n - _HOLD, self._space_from))
+        resume = max(self._pos, min(n - self._hold, self._space_from))
         self._tail, self._tail_start = self._tail[resume - self._tail_start :], resume
 
     def _pattern(self) -> re.Pattern[str]:
         if not self.thinking:
-            return _IN_ANSWER
-        return _IN_THINK_CODE if self.open_fence else _IN_THINK
+            return self._in_answer
+        return self._in_think_code if self.open_fence else self._in_think
 
     def _on(self, found: str, at: int, stop: int) -> None:
         fence = self.open_fence
@@ -181,10 +188,10 @@ class _Parser:
                 fence.end, fence.closed = stop, True
             else:
                 self.fences.append(_Fence(at, len(self.blocks) - 1 if self.thinking else None))
-        elif found in (_OPEN, _CLOSE):
+        elif found in self.tags:
             if fence:
                 fence.end = at  # a tag ends an open fence, unclosed
-            if found == _OPEN:
+            if found == self.tags[0]:
                 self.blocks.append(_Block(at, stop))
             else:
                 self.blocks[-1].close, self.blocks[-1].end = at, stop
@@ -241,7 +248,9 @@ class Segmenter:
     token.  Spans marked ``ahead`` may lie beyond ``texts``: their tokens come later, as a
     replay teacher-forces a transcript, and are labelled as they arrive.  Tokens after the
     last span (when it is not open) are the assistant's.  Call :meth:`finish` when the
-    assistant turn has ended, so the last answer counts as complete.
+    assistant turn has ended, so the last answer counts as complete.  ``tags`` are the markers
+    that open and close a think block: ``<think>`` / ``</think>`` unless the model has its own
+    (:class:`~thinkviz.text.reasoning.ReasoningFormat`: harmony's analysis channel and ``<|end|>``).
     """
 
     def __init__(
@@ -252,6 +261,7 @@ class Segmenter:
         min_step_tokens: int = 8,
         protect_system: bool = True,
         protect_question: bool = True,
+        tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
     ) -> None:
         _check_roles(roles, len(texts))
         self.min_step_tokens = min_step_tokens
@@ -280,7 +290,7 @@ class Segmenter:
             self._regions.append(_Region(edge, None, "assistant", len(roles)))
         for region in self._regions:
             if region.role == "assistant":
-                region.parser = _Parser()
+                region.parser = _Parser(tags)
         self._labels: list[str] = []
         self._cursor = 0  # the region the next token falls in
         self._finished = False
