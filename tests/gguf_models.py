@@ -21,21 +21,21 @@ from thinkviz.models.loading import embedded_gguf_path
 _ARCHS = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3}
 
 QWEN3_TEMPLATE = (
-    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
-    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}"
-    "{%- endif %}"
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
 )
 R1_TEMPLATE = (
-    "{%- for message in messages %}{%- if message.role == 'user' %}<|User|>{{ message.content }}"
-    "{%- elif message.role == 'assistant' %}<|Assistant|>{{ message.content }}<|end▁of▁sentence|>"
-    "{%- else %}{{ message.content }}{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}<|Assistant|><think>\n{%- endif %}"
+    "{% for message in messages %}{% if message.role == 'user' %}<|User|>{{ message.content }}"
+    "{% elif message.role == 'assistant' %}<|Assistant|>{{ message.content }}<|end▁of▁sentence|>"
+    "{% else %}{{ message.content }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|Assistant|><think>\n{% endif %}"
 )
 HARMONY_TEMPLATE = (
-    "{%- for message in messages %}<|start|>{{ message.role }}<|message|>{{ message.content }}<|end|>"
-    "{%- endfor %}{%- if add_generation_prompt %}<|start|>assistant{%- endif %}"
-    "{#- the assistant writes <|channel|>analysis<|message|>…<|end|> then <|channel|>final<|message|>… #}"
+    "{% for message in messages %}<|start|>{{ message.role }}<|message|>{{ message.content }}<|end|>"
+    "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+    "{# the assistant writes <|channel|>analysis<|message|>…<|end|> then <|channel|>final<|message|>… #}"
 )
 
 
