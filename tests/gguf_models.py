@@ -9,6 +9,7 @@ test's choice.  No download: every byte comes from the random model and the inst
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -114,9 +115,10 @@ def write_gguf(
 
 def ollama_store(root: Path, gguf_path: Path, name: str = "tiny", tag: str = "latest") -> Path:
     """A fake Ollama store under ``root`` holding ``gguf_path`` as ``name:tag`` (manifest + blob)."""
-    digest = "0" * 48 + "feedfacecafebeef"  # any sha256-shaped name: Ollama's blobs are named by digest
+    data = gguf_path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()  # Ollama names a blob by its digest
     (root / "blobs").mkdir(parents=True, exist_ok=True)
-    (root / "blobs" / f"sha256-{digest}").write_bytes(gguf_path.read_bytes())
+    (root / "blobs" / f"sha256-{digest}").write_bytes(data)
     manifest = root / "manifests" / "registry.ollama.ai" / "library" / name / tag
     manifest.parent.mkdir(parents=True, exist_ok=True)
     layers = [

@@ -17,6 +17,7 @@ from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.measure.inspection import inspect_trace
 from thinkviz.measure.replay import LockstepReplay, Trace, prepare_trace
 from thinkviz.memory import TargetModel
+from thinkviz.models.gguf_file import file_digest
 from thinkviz.models.loading import ModelLoadError, embedded_tokenizer
 from thinkviz.models.sources import load_any, tokenizer_any
 from thinkviz.models.stores import resolve_store
@@ -134,6 +135,8 @@ def test_ollama_and_lm_studio_names_resolve_in_their_stores(home, capsys):
     assert resolve_store("lmstudio:someone/tiny-llama") == lmstudio / "tiny-llama-F32.gguf"
     with pytest.raises(ModelLoadError, match="Ollama has no model 'qwen3:0.6b'.*ollama:tiny-qwen3:q8"):
         resolve_store("ollama:qwen3:0.6b")
+    blob = resolve_store("ollama:tiny-qwen3:q8")
+    assert blob.parent.name == "blobs" and file_digest(blob) == file_digest(files["qwen3"])  # its converted cache
     loaded = load_any("ollama:tiny-qwen3:q8", "none", "cpu")
     assert loaded.name == "ollama:tiny-qwen3:q8"
     assert _greedy(loaded) == _greedy(dataclasses.replace(refs["qwen3"], tokenizer=loaded.tokenizer))

@@ -20,6 +20,7 @@ import collections
 import hashlib
 import os
 import pathlib
+import re
 from dataclasses import dataclass
 
 import gguf
@@ -31,6 +32,7 @@ from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURE
 _PLAIN = {Q.F32, Q.F16, Q.BF16, Q.F64, Q.I8, Q.I16, Q.I32, Q.I64}
 LOADABLE_TYPES = frozenset(_PLAIN | set(gguf.quants._type_traits))
 _CHUNK = 1 << 24
+_ADDRESSED = re.compile(r"sha256-([0-9a-f]{64})")
 
 
 class GGUFError(ValueError):
@@ -134,7 +136,12 @@ def _field(reader: gguf.GGUFReader, key: str):
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    """The first 16 hex digits of the file's SHA-256: the key its converted weights are cached under."""
+    """The first 16 hex digits of the file's SHA-256: the key its converted weights are cached under.
+
+    A content-addressed file (Ollama's blobs are named ``sha256-<hex>``) is not read again."""
+    match = _ADDRESSED.fullmatch(pathlib.Path(path).name)
+    if match:
+        return match.group(1)[:16]
     digest = hashlib.sha256()
     with open(path, "rb") as stream:
         while chunk := stream.read(_CHUNK):

@@ -286,16 +286,16 @@ def _resolve(name: str, report: Progress | None = None) -> str:
     if path.is_dir():
         return str(path)
     if _is_gguf(name):
-        gguf = _checked_gguf(name)
-        return str(converted_folder(gguf, f"gguf-{file_digest(gguf)}", report or (lambda f, m: None)))
-    if path.exists():
-        raise ModelLoadError(f"{name} is a file but not a .gguf; give a GGUF file, a model folder or a Hugging Face id")
+        gguf, report = _checked_gguf(name), report or (lambda fraction, message: None)
+        report(0.05, f"Fingerprinting {gguf.name} (SHA-256, the key of its converted weights)")
+        return str(converted_folder(gguf, f"gguf-{file_digest(gguf)}", report))
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelLoadError(f"Local model folder not found: {name}")
     return name
 
 
 def _is_gguf(name: str) -> bool:
+    """A name ending in ``.gguf``, or any existing file (a model folder is the other local source)."""
     return name.lower().endswith(".gguf") or pathlib.Path(name).expanduser().is_file()
 
 
