@@ -23,6 +23,8 @@ from ..core.engine import DecodeSettings
 from ..core.kvquant import RESIDUAL_RANGE, KVQuant, format_names
 from ..memory import GIB, set_vram_cap, vram_cap_bytes
 from ..models.loading import QUANTIZATIONS
+from ..models.random_weights import random_names
+from ..models.stores import found_models
 from ..policies import Policy, policy_names
 from ..demos.playback import DEFAULT_SPEED, SPEEDS
 from ..policies.base import COMMON_PARAMS, Param
@@ -518,12 +520,15 @@ def model_settings(
             )
         return
     with gr.Accordion("Model settings", open=False):
-        name = gr.Textbox(
+        found = [m.name for m in found_models() if m.info is not None]  # Ollama's and LM Studio's GGUFs
+        name = gr.Dropdown(
+            choices=list(dict.fromkeys([model, "embedded", *found, *random_names()])),
             value=model,
+            allow_custom_value=True,
             label="Model",
-            info="'embedded' (SmolLM2-135M, offline), a Hugging Face "
-            "id, a local folder, or random:Qwen3-4B (that geometry "
-            "with random weights: real memory and speed, no text)",
+            info="'embedded' (SmolLM2-135M, offline), a .gguf file, ollama:NAME[:TAG] or "
+            "lmstudio:PUBLISHER/MODEL (the ones found here are listed), a Hugging Face id, a local "
+            "folder, or random:Qwen3-4B (that geometry with random weights: real memory and speed, no text)",
         )
         quant = gr.Radio(
             list(QUANTIZATIONS),
@@ -546,7 +551,10 @@ def model_settings(
 
     def load_model(model_name: str, weights: str) -> Iterator[tuple[str, str]]:
         if not (model_name or "").strip():
-            raise gr.Error("Give a model: 'embedded', a Hugging Face id or a local folder.", print_exception=False)
+            raise gr.Error(
+                "Give a model: 'embedded', a .gguf file, ollama:NAME, a Hugging Face id or a local folder.",
+                print_exception=False,
+            )
         try:
             slot.start(model_name.strip(), weights)
         except ModelUnavailable as exc:
