@@ -151,6 +151,9 @@ def test_ollama_and_lm_studio_names_resolve_in_their_stores(home, capsys):
     assert rows[0]["kv_bytes_per_token"] == 2 * 2 * 1 * 128 * 2 and rows[1]["kv_heads"] == 2
     assert main(["models"]) == 0
     assert "ollama:tiny-qwen3:q8" in capsys.readouterr().out
+    generate = ["generate", "Hi", "--model", "ollama:tiny-qwen3:q8", "--quant", "none", "--device", "cpu"]
+    assert main([*generate, "--max-new-tokens", "2", "--no-thinking"]) == 0
+    assert "reasoning: Qwen3 template" in capsys.readouterr().err
 
 
 def _with_template(template: str | None):

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..text.chat import REASONING_SYSTEM_PROMPT, build_chat
+from ..text.reasoning import reasoning_format
 from ..core.engine import DecodeSettings, EngineError, Run
 from ..core.faults import guard_frames
 from ..memory import with_device_memory
@@ -28,6 +29,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_kv_quant_args(parser)
     add_model_args(parser)
     parser.add_argument("--system", default=None, help="system prompt (default: the reasoning prompt)")
+    parser.add_argument(
+        "--no-thinking",
+        action="store_true",
+        help="for a model whose template has enable_thinking (Qwen3): switch thinking off",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -51,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     loaded = load_from_args(args)
     system = REASONING_SYSTEM_PROMPT if args.system is None else args.system
-    prompt = build_chat(loaded.tokenizer, system or None, args.prompt)
+    reasoning = reasoning_format(loaded.tokenizer, enable_thinking=not args.no_thinking)
+    prompt = build_chat(loaded.tokenizer, system or None, args.prompt, reasoning=reasoning)
     print(f"[    ] reasoning: {prompt.reasoning.describe()}", file=sys.stderr)
     try:
         engine_run = Run(loaded, policy, prompt, settings, kv_quant=kv_quant)
