@@ -59,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
     system = REASONING_SYSTEM_PROMPT if args.system is None else args.system
     reasoning = reasoning_format(loaded.tokenizer, enable_thinking=not args.no_thinking)
     prompt = build_chat(loaded.tokenizer, system or None, args.prompt, reasoning=reasoning)
-    print(f"[    ] reasoning: {prompt.reasoning.describe()}", file=sys.stderr)
     try:
         engine_run = Run(loaded, policy, prompt, settings, kv_quant=kv_quant)
         sys.stdout.write(prompt.assistant_prefix)
@@ -76,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         f"peak KV {format_bytes(s['peak_kv_bytes'])}, final KV {format_bytes(s['final_kv_bytes'])} "
         f"(full cache at full precision {format_bytes(s['final_full_kv_bytes'])}), KV format {kv_quant.label}, "
         f"kept {s['kept_fraction']:.0%}, "
-        f"stopped: {s.get('stopped', '?')}",
+        f"stopped: {s.get('stopped', '?')}; reasoning: {prompt.reasoning.describe()}",
         file=sys.stderr,
     )
     if args.json:
