@@ -29,8 +29,10 @@ from typing import Any
 import torch
 
 from .base import CacheView, Param, Policy, ScoreScale
-from .matching import RIDGE, Matching
+from .matching import RIDGE, Matching, Rereads, reference_attention
 from .registry import register
+
+CHUNK = 64  # reference=repeat: the text is re-read in pieces of this many tokens, each once
 
 
 @register
@@ -53,18 +55,43 @@ class AttentionMatching(Matching, Policy):
         Param("recent", 32, 0, 1024, 1, "newest tokens always kept"),
         Param("window", 16, 1, 64, 1, "reference queries: the newest queries the fit matches"),
         Param("ridge", RIDGE, 0.0, 10.0, 0.01, "how firmly the fit is pulled towards plain selection"),
+        Param(
+            "reference",
+            "recent",
+            choices=("recent", "repeat"),
+            help="the queries the keys are chosen by and the fit reproduces: the newest `window` decode queries, "
+            "or those of a repeat-prefill (the model re-reads the text after an instruction to repeat it; the paper's)",
+        ),
+        Param("rows", 64, 8, 512, 8, "reference repeat: re-read queries kept, spread evenly over the text"),
     )
     window_rows = 64
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        self.rereads = Rereads()
 
     @property
     def fits_bias(self) -> bool:
         return True
 
+    def reference_view(self, view: CacheView) -> CacheView:
+        """``view`` with the fit's reference queries: as it is (``recent``), or with the re-read
+        queries in place of the decode ones (``repeat``; every whole :data:`CHUNK` of the text not
+        re-read yet is re-read first, at most ``rows`` queries kept in all, evenly spread)."""
+        if not self.repeats:
+            return view
+        pieces = [(lo, lo + CHUNK) for lo in range(0, view.seen - CHUNK + 1, CHUNK)]
+        self.rereads.read(view, pieces, torch.zeros_like, self.rows)
+        return self.rereads.view(view)
+
     def score(self, view: CacheView) -> torch.Tensor:
+        if self.repeats and self.rereads.queries is not None:
+            return reference_attention(self.rereads.view(view))
         rows = view.window[:, :, -self.window :, :].float()  # (L, H_kv, R, T)
         return rows.pow(2).mean(dim=2).sqrt()
 
     def compress(self, view: CacheView, cache) -> torch.Tensor:
+        view = self.reference_view(view)
         keep = self.select(view)  # (L, H_kv, k)
         self.match(view, cache, keep)
         return keep
