@@ -24,7 +24,7 @@ queries); every other policy runs the model's own attention kernel exactly as be
 policy may also ask for a *repeat-prefill* (``CacheView.reread``, :meth:`Run.reread`): the
 model reads :data:`REPEAT_INSTRUCTION` and a stretch of the text again on top of a copy of the
 cache, and the queries of that re-read become reference queries (Zweiger et al.,
-arXiv:2602.16284); the run's cache and statistics are left as they were.
+arXiv:2602.16284; :mod:`thinkviz.core.reread`); the run's cache and statistics are left as they were.
 """
 
 from __future__ import annotations
@@ -40,19 +40,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from transformers import DynamicCache
-
 from .attention import BIASED_ATTENTION, AttentionCapture, LayerArguments, attention_implementation
 from .cache import EvictingCache
 from ..text.chat import ChatPrompt, token_texts
 from .events import RunRecord, StepEvent
 from .kvquant import KVQuant, KVQuantError
+from .reread import REPEAT_INSTRUCTION, repeat_prefill
 from ..models.loading import LoadedModel
 from ..policies.base import CacheView, Policy
 from ..text.segments import Segmenter
-
-
-REPEAT_INSTRUCTION = "\n\nRepeat the following part of the text above, word for word:\n"
 
 
 class EngineError(ValueError):
@@ -443,41 +439,19 @@ class Run:
             reread=self.reread if self.policy.fits_bias else None,
         )
 
-    @torch.inference_mode()
     def reread(self, positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Repeat-prefill: read :data:`REPEAT_INSTRUCTION` then the tokens at ``positions`` at the next
-        absolute positions, on top of a copy of the cache (as attention reads it, biases included).
-        Returns the queries of the re-read tokens ``(L, H, M, D)`` (scaled, RoPE applied) and the
-        positions ``(M,)`` they were read at; the run's cache, statistics and position are unchanged."""
-        tokenizer = self.loaded.tokenizer
-        ids = tokenizer.encode(REPEAT_INSTRUCTION, add_special_tokens=False) + [self.ids[p] for p in positions]
-        q, count = len(ids), len(positions)
-        at = torch.arange(self.processed, self.processed + q)
-        side = DynamicCache(config=self.loaded.model.config)
-        for layer in range(len(self.cache.layers)):
-            side.update(*self.cache.layer_kv(layer), layer)
-        sink: list[torch.Tensor] = []
-        masks = self._layer_masks(q) if self.cache.ragged else None
-        mask = masks[0] if masks else causal_mask(self.cache.n_slots, q, self.mask_dtype, self.device)
-        arguments = [
-            {
-                "slot_bias": self.cache.layer_bias(layer),
-                "query_sink": lambda _, query: sink.append(query[0, :, -count:].float()),
-                **({} if masks is None else {"attention_mask": masks[layer]}),
-            }
-            for layer in range(len(self.cache.layers))
-        ]
-        model = self.loaded.model
-        with model_lock(model), attention_implementation(model, BIASED_ATTENTION), LayerArguments(model, arguments):
-            model(
-                input_ids=torch.tensor([ids], device=self.device),
-                position_ids=at[None].to(self.device),
-                attention_mask=mask,
-                cache=side,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        return torch.stack(sink), at[-count:]
+        """Repeat-prefill (:func:`~thinkviz.core.reread.repeat_prefill`): read
+        :data:`~thinkviz.core.reread.REPEAT_INSTRUCTION` then the tokens at ``positions`` at the next
+        absolute positions, on top of a copy of the cache; the run itself is left as it was."""
+        ids = self.loaded.tokenizer.encode(REPEAT_INSTRUCTION, add_special_tokens=False)
+        ids += [self.ids[p] for p in positions]
+        q = len(ids)
+        if self.cache.ragged:
+            masks = self._layer_masks(q)
+        else:
+            masks = [causal_mask(self.cache.n_slots, q, self.mask_dtype, self.device)] * len(self.cache.layers)
+        with model_lock(self.loaded.model):
+            return repeat_prefill(self.loaded.model, self.cache, ids, self.processed, len(positions), masks)
 
     def _maybe_compress(self) -> tuple[np.ndarray | None, float]:
         """Compress if due and over budget.

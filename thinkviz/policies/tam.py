@@ -59,6 +59,23 @@ allocation is optimal under its convex error model.
    0.039 / 0.022 / 0.035 — and better only where the budget was below the protected prompt
    (the cache then holds no key of any thought step: 0.243–0.364 against 0.293–0.431), while
    its fit took 4–14× as long per compression (math: 4.1–6.4 s against 0.3–0.8 s).
+
+   ``repeat`` (Zweiger et al.'s repeat-prefill, arXiv:2602.16284): each thought segment, once it
+   is closed (a later one has begun), is re-read once — the model reads a short repeat
+   instruction and then the segment, on top of the cache
+   (:meth:`~thinkviz.core.engine.Run.reread`) — and at most ``own_rows`` of the queries over that
+   re-read (:func:`~thinkviz.policies.matching.own_sample`) join that segment's fit only, in place
+   of every decode query; the mass fit then matches the un-normalised exp-score mass, as the
+   paper.  The open newest segment has no re-read rows yet and keeps its selection.
+
+Where ThinkViz departs from TAM and from attention matching, and why: segments are the
+segmenter's steps (blank lines inside a think block) rather than a learned or model-marked
+segmentation, so the app can show them; the default compaction is ``select`` (the budgets and
+pivots alone), because ``match`` measured no better (docs/benchmarks.md); matching runs at every
+compression of a decode rather than once, with a ridge towards selection and a per-(layer,
+kv-head) fallback to selection where the fit does not lower the reference queries' output error;
+the default reference queries are the newest decode queries (no extra forward), ``repeat`` is the
+paper's, read on top of the cache as it is then (already compacted), not the original context.
 """
 
 from __future__ import annotations
@@ -134,7 +151,12 @@ def merge_short(bounds: Sequence[int], l_min: int) -> list[tuple[int, int]]:
 @register
 class ThoughtAwareMatching(Matching, Policy):
     """Score ``(L, H_kv, T)`` = mean attention from the last ``window`` queries; selection by
-    segment budgets ``∝ √(w·n)`` plus pivotal tokens and a recent tail (module docstring)."""
+    segment budgets ``∝ √(w·n)`` plus pivotal tokens and a recent tail; with ``compaction=match``
+    each segment's kept keys are fitted (bias and values) against reference queries — the newest
+    decode queries, or with ``reference=repeat`` those of a re-read of the segment, as attention
+    matching's paper.  Departs from the sources: segments are the segmenter's steps; matching runs
+    at every compression, with a ridge towards selection and a per-head fallback to it; the
+    default compaction is ``select``, which measured as good (module docstring)."""
 
     name = "tam"
     score_scale = ScoreScale(
