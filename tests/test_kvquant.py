@@ -89,12 +89,11 @@ def _bound(x, fmt, residual):
     if fmt in ("q8_0", "q4_0"):
         return round_trip_bound(x, fmt)
     name, part = fmt.split(":")
-    tokens = x.shape[2]
-    quantized = tokens - tokens % residual
-    bound = torch.zeros_like(x, dtype=torch.float32)  # the residual tail is exact
+    quantized = KVQuant(name, residual).quantized_tokens(x.shape[2])
+    bound = torch.zeros_like(x, dtype=torch.float32)  # the full-precision window is exact
     head = x[:, :, :quantized]
-    if part == "keys":  # per channel over each group of `residual` tokens
-        grouped = round_trip_bound(head.unflatten(2, (-1, residual)), name, dim=3)
+    if part == "keys":  # per channel over each group of 32 tokens
+        grouped = round_trip_bound(head.unflatten(2, (-1, 32)), name, dim=3)
         bound[:, :, :quantized] = grouped.flatten(2, 3)
     else:  # per token over 32 channels
         bound[:, :, :quantized] = round_trip_bound(head.unflatten(-1, (-1, 32)), name, dim=-1).flatten(-2)
@@ -131,7 +130,7 @@ def test_round_trip_on_real_kv_is_within_the_format_bound(fmt, tiny_qwen3_d32):
 @pytest.mark.integration
 @pytest.mark.parametrize("fmt", QUANTIZED)
 def test_round_trip_on_the_embedded_models_kv(fmt, embedded_model):
-    _check_round_trip(fmt, _real_kv(embedded_model), embedded_model.model.config, residual=32)
+    _check_round_trip(fmt, _real_kv(embedded_model, tokens=200), embedded_model.model.config, residual=128)
 
 
 def _formula(fmt, tokens, heads, dim, dtype_bytes, residual):
@@ -141,31 +140,59 @@ def _formula(fmt, tokens, heads, dim, dtype_bytes, residual):
     if fmt in ("q8_0", "q4_0"):
         return 2 * tokens * heads * (dim // 32) * (34 if fmt == "q8_0" else 18)
     bits = int(fmt[-1])
-    groups, tail = divmod(tokens, residual)
-    quantized = groups * residual
+    quantized = max(0, tokens - residual) // 32 * 32  # whole key groups of 32 beyond the window
+    groups, tail = quantized // 32, tokens - quantized
     keys = quantized * heads * dim * bits // 8 + quantized * heads * 2 + groups * heads * dim * 2 * 2
     values = quantized * heads * dim * bits // 8 + quantized * heads * (dim // 32) * 2 * 2
     return keys + values + 2 * tail * heads * dim * dtype_bytes
 
 
 @pytest.mark.parametrize("fmt", format_names())
-@pytest.mark.parametrize("residual", [8, 32])
-def test_stored_bytes_equal_the_formats_formula(fmt, residual, tiny_llama_d32):
+@pytest.mark.parametrize(("residual", "tokens"), [(8, 45), (8, 80), (32, 45), (32, 100)])
+def test_stored_bytes_equal_the_formats_formula(fmt, residual, tokens, tiny_llama_d32):
     config = tiny_llama_d32.model.config
-    layers_kv = _real_kv(tiny_llama_d32, tokens=45)
+    layers_kv = _real_kv(tiny_llama_d32, tokens=tokens)
     cache = _stored(KVQuant(fmt, residual), layers_kv, config)
     heads, dim = layers_kv[0][0].shape[1], layers_kv[0][0].shape[3]
-    want = _formula(fmt, 45, heads, dim, 4, residual)
+    want = _formula(fmt, tokens, heads, dim, 4, residual)
     assert cache.nbytes() == config.num_hidden_layers * want
-    assert KVQuant(fmt, residual).layer_bytes(45, heads, dim, 4) == want
-    assert cache.full_precision_nbytes(45) == config.num_hidden_layers * _formula("none", 45, heads, dim, 4, residual)
+    assert KVQuant(fmt, residual).layer_bytes(tokens, heads, dim, 4) == want
+    assert cache.full_precision_nbytes(tokens) == config.num_hidden_layers * _formula(
+        "none", tokens, heads, dim, 4, residual
+    )
+
+
+@pytest.mark.parametrize("fmt", ["kivi2", "kivi4"])
+def test_kivi_keeps_its_newest_128_tokens_at_full_precision_and_the_rest_in_codes(fmt, tiny_llama_d32):
+    """KIVI's released defaults (group 32, residual 128): decoding token by token, the newest 128
+    tokens (up to 31 more, waiting for a whole key group) stay exactly as written, every older one
+    is in codes, and the bytes are those of the stored tensors."""
+    config = tiny_llama_d32.model.config
+    assert KVQuant(fmt).residual == 128
+    keys = _awkward(2 * 200, 32, seed=5).view(1, 2, 200, 32)
+    values = _awkward(2 * 200, 32, seed=6).view(1, 2, 200, 32)
+    cache = EvictingCache(config, KVQuant(fmt))
+    store = cache.layers[0]
+    for t in range(200):
+        cache.update(keys[:, :, t : t + 1], values[:, :, t : t + 1], 0)
+        held = t + 1
+        window = store.k_tail.shape[2]
+        assert window == (held if held < 160 else 128 + (held - 128) % 32)
+        assert store.k_codes.shape[2] == store.v_codes.shape[2] == held - window
+        got_k, got_v = store.kv()
+        assert torch.equal(got_k[:, :, held - window :], keys[:, :, held - window : held])  # exact, K and V
+        assert torch.equal(got_v[:, :, held - window :], values[:, :, held - window : held])
+        assert store.nbytes() == KVQuant(fmt).layer_bytes(held, 2, 32, 4)
+    assert store.k_tail.shape[2] == 128 + 72 % 32  # 200 tokens: 64 in two key groups, 136 at full precision
+    assert store.k_scale.shape[2] == 2
+    assert not torch.equal(got_k[:, :, :64], keys[:, :, :64])  # the older ones are codes
 
 
 def test_bits_per_value():
     assert KVQuant("q8_0").bits_per_value(128) == 8.5
     assert KVQuant("q4_0").bits_per_value(128) == 4.5
     assert KVQuant("none").bits_per_value(128, 2) == 16
-    # kivi2, D = 128, residual 32: K 2 + 0.125 (group id) + 1 (channel scale+zero per 32 tokens),
+    # kivi2, D = 128, a quantized token: K 2 + 0.125 (group id) + 1 (channel scale+zero per 32 tokens),
     # V 2 + 1 (scale+zero per 32 channels)
     assert KVQuant("kivi2").bits_per_value(128) == pytest.approx((3.125 + 3) / 2)
 
@@ -195,7 +222,7 @@ def test_gathering_copies_codes_and_never_requantizes(fmt, tiny_llama_d32):
     config = tiny_llama_d32.model.config
     cache = _stored(KVQuant(fmt, 8), _real_kv(tiny_llama_d32, tokens=45), config)
     before = _decoded_by_position(cache)
-    quantized_before = {key for key in before if key[2] < 40}  # KIVI: 5 groups of 8 quantized, 5 in the tail
+    quantized_before = {key for key in before if key[2] < 32}  # KIVI: one key group of 32, 13 in the window
     sizes = [cache.nbytes()]
     for seed, k in enumerate([36, 30, 20, 12]):
         cache.keep(_random_keep(cache, k, seed))
@@ -209,11 +236,11 @@ def test_gathering_copies_codes_and_never_requantizes(fmt, tiny_llama_d32):
 
 def test_kivi_drops_key_groups_no_head_uses_and_keeps_the_others(tiny_llama_d32):
     config = tiny_llama_d32.model.config
-    cache = _stored(KVQuant("kivi2", 8), _real_kv(tiny_llama_d32, tokens=40), config)
+    cache = _stored(KVQuant("kivi2", 8), _real_kv(tiny_llama_d32, tokens=168), config)
     store = cache.layers[0]
-    assert store.k_scale.shape[2] == 5
+    assert store.k_scale.shape[2] == 5  # 5 key groups of 32, 8 tokens in the window
     # head 0 keeps group 0's slots, head 1 group 3's: two groups stay, three go
-    keep = torch.stack([torch.arange(0, 8), torch.arange(24, 32)])[None].expand(config.num_hidden_layers, -1, -1)
+    keep = torch.stack([torch.arange(0, 32), torch.arange(96, 128)])[None].expand(config.num_hidden_layers, -1, -1)
     before = _decoded_by_position(cache)
     cache.keep(keep)
     assert store.k_scale.shape[2] == 2 and store.k_zero.shape[2] == 2
@@ -226,19 +253,19 @@ def test_kivi_keep_that_splits_heads_across_the_tail_quantizes_the_tail_first(ti
     layers_kv = _real_kv(tiny_llama_d32, tokens=45)
     cache = _stored(KVQuant("kivi4", 8), layers_kv, config)
     store = cache.layers[0]
-    assert store.k_tail.shape[2] == 5
+    assert store.k_tail.shape[2] == 13  # one key group of 32, 13 tokens in the window
     # head 0 keeps 30 quantized + 4 tail slots, head 1 32 + 2: they disagree on the split
     keep = torch.stack(
         [torch.cat([torch.arange(0, 30), torch.arange(40, 44)]), torch.cat([torch.arange(0, 32), torch.arange(43, 45)])]
     )
     cache.keep(keep[None].expand(config.num_hidden_layers, -1, -1))
     assert store.k_tail.shape[2] == 0 and store.k_codes.shape[2] == 34  # dense, all quantized
-    assert store.k_scale.shape[2] == 5  # groups 0-3 still used, group 4 (slots 32-39) gone, the short one new
+    assert store.k_scale.shape[2] == 2  # group 0 still used, the short one new
     keys, _ = cache.layer_kv(0)
-    tail = layers_kv[0][0][:, :, 40:45]  # the flushed group, per channel over its 5 tokens
+    tail = layers_kv[0][0][:, :, 32:45]  # the flushed group, per channel over its 13 tokens
     bound = round_trip_bound(tail, "kivi4", dim=2)
-    assert torch.all((keys[0, 0, 30:34] - tail[0, 0, :4]).abs() <= bound[0, 0, :4])
-    assert torch.all((keys[0, 1, 32:34] - tail[0, 1, 3:5]).abs() <= bound[0, 1, 3:5])
+    assert torch.all((keys[0, 0, 30:34] - tail[0, 0, 8:12]).abs() <= bound[0, 0, 8:12])
+    assert torch.all((keys[0, 1, 32:34] - tail[0, 1, 11:13]).abs() <= bound[0, 1, 11:13])
 
 
 @pytest.mark.parametrize("fmt", QUANTIZED)

@@ -85,6 +85,12 @@ def test_projection_prices_a_token_in_a_kv_format():
     assert proj.kv_bytes(1000, KVQuant("q4_0")) == 1000 * proj.token_bytes(KVQuant("q4_0"))
     assert proj.tokens_fitting(KVQuant("q4_0")) == proj.available_bytes // (36 * 2 * 8 * 4 * 18)
     assert proj.tokens_fitting(KVQuant()) == proj.max_tokens
+    # KIVI's steady state: the newest 128 tokens at full precision, the rest as quantized tokens
+    kivi = KVQuant("kivi2")
+    window = 128 * (qwen.bytes_per_token - proj.token_bytes(kivi))
+    assert proj.kv_bytes(1000, kivi) == 1000 * proj.token_bytes(kivi) + window
+    assert proj.kv_bytes(100, kivi) == 100 * qwen.bytes_per_token
+    assert proj.tokens_fitting(kivi) == int((proj.available_bytes - window) // proj.token_bytes(kivi))
 
 
 def test_projection_when_weights_do_not_fit():

@@ -296,6 +296,8 @@ MATCHING = [
     ("am", {"recent": 4, "window": 8}),
     ("tam", TAM_MATCH),
     ("tam", {**TAM_MATCH, "reference": "window+own"}),
+    ("am", {"recent": 4, "reference": "repeat", "rows": 16}),  # the re-read leaves the cache as it was
+    ("tam", {**TAM_MATCH, "reference": "repeat"}),
 ]
 
 
@@ -345,7 +347,7 @@ POLICIES = [("full", {}), ("window", {"budget": 24}), ("h2o", {"budget": 24, "re
 
 
 def _kv(fmt):
-    return KVQuant(fmt, residual=8)  # KIVI: several key groups
+    return KVQuant(fmt, residual=8)  # KIVI: a short window, so several key groups of 32 flush
 
 
 def stored_step_logits(loaded, stored, chunk, start):

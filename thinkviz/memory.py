@@ -8,8 +8,9 @@ policy would not:
     KV bytes per token = 2 (K and V) · layers · kv_heads · head_dim · dtype bytes
 
 at full precision; a quantized KV format (:mod:`thinkviz.core.kvquant`) prices a token at that
-format's bytes instead (codes and scales; KIVI at its steady state, one key group's scales
-shared by ``residual`` tokens).
+format's bytes instead (codes and scales; KIVI at its steady state: a quantized token shares
+its key group's scales with 31 others, and the newest ``residual`` tokens, 128 by default, cost
+full precision: ``n · slot + min(n, residual) · (full − slot)``).
 
 Weights are counted from the architecture (the parameter count follows from the config);
 quantized weights follow bitsandbytes: linear layers at ``bits`` per weight plus their
@@ -30,6 +31,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .core.kvquant import KVQuant
@@ -204,13 +206,21 @@ class Projection:
 
     def kv_bytes(self, tokens, kv_quant: KVQuant = KVQuant()):
         """KV bytes of ``tokens`` cached tokens on the target stored in ``kv_quant`` (works on
-        numbers and numpy arrays)."""
-        return tokens * self.token_bytes(kv_quant)
+        numbers and numpy arrays; KIVI's full-precision window included)."""
+        priced = tokens * self.token_bytes(kv_quant)
+        if not kv_quant.spec.grouped:
+            return priced
+        return priced + np.minimum(tokens, kv_quant.residual) * self.window_extra(kv_quant)
 
     def token_bytes(self, kv_quant: KVQuant = KVQuant()) -> float:
         """KV bytes of one token on the target in ``kv_quant`` (full precision: an int)."""
         target = self.target
         return target.layers * kv_quant.slot_bytes(target.kv_heads, target.head_dim, target.dtype_bytes)
+
+    def window_extra(self, kv_quant: KVQuant) -> float:
+        """What each token of KIVI's full-precision window costs on the target beyond :meth:`token_bytes`."""
+        target = self.target
+        return target.layers * kv_quant.window_extra_bytes(target.kv_heads, target.head_dim, target.dtype_bytes)
 
     @property
     def card_bytes(self) -> int:
@@ -232,7 +242,8 @@ class Projection:
 
     def tokens_fitting(self, kv_quant: KVQuant) -> int:
         """How many tokens of KV cache in ``kv_quant`` fit in :attr:`available_bytes` (0 when nothing fits)."""
-        return int(max(0, self.available_bytes) // self.token_bytes(kv_quant))
+        window = kv_quant.residual * self.window_extra(kv_quant)  # a cache that fits a card is past its window
+        return int(max(0, self.available_bytes - window) // self.token_bytes(kv_quant))
 
 
 def process_rss_bytes() -> int:

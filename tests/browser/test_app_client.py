@@ -134,7 +134,7 @@ def test_a_model_that_cannot_load_leaves_the_current_one_in_use(client, tmp_path
 
 
 def test_generation_with_a_quantized_kv_cache_reports_its_format(client):
-    frames = list(client.submit(*_live_args(max_new_tokens=6), "q4_0", 32, api_name="/generate"))
+    frames = list(client.submit(*_live_args(max_new_tokens=6), "q4_0", 128, api_name="/generate"))
     assert frames[-1][0].startswith("Done: 6 tokens generated")
     assert "KV format" in frames[-1][3] and "q4_0" in frames[-1][3]
 
@@ -149,8 +149,8 @@ def _compare_formats(**chosen: str) -> list[str]:
 def _compare_args(question: str, policies, max_new_tokens: int, formats: list[str] | None = None) -> list:
     """Positional values of /compare: view mode, run mode, system, question, trace, the policies, budget
     (64 tokens), interval 4, protections, vary, fidelity on, decode settings; with ``formats``, one KV
-    format per registered policy and KIVI's residual (32) after them."""
-    kv = [] if formats is None else [*formats, 32]
+    format per registered policy and KIVI's residual (128) after them."""
+    kv = [] if formats is None else [*formats, 128]
     return [
         "combined",
         "generate",

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from ..core.kvquant import RESIDUAL_RANGE, KVQuant, KVQuantError, format_names
+from ..core.kvquant import RESIDUAL, RESIDUAL_RANGE, KVQuant, KVQuantError, format_names
 from ..memory import VramCapError, set_vram_cap
 from ..models.loading import BACKENDS, QUANTIZATIONS, ModelLoadError
 from ..policies import PolicyConfigError, make_policy, policy_names
@@ -113,9 +113,9 @@ def add_kv_quant_args(parser: argparse.ArgumentParser, several: bool = False) ->
     parser.add_argument(
         "--kv-residual",
         type=int,
-        default=32,
+        default=RESIDUAL,
         metavar="N",
-        help=f"KIVI: newest tokens kept at full precision until a key group fills ({low}-{high})",
+        help=f"KIVI: newest tokens kept at full precision ({low}-{high}; default {RESIDUAL}, KIVI's own)",
     )
 
 

@@ -225,8 +225,9 @@ class BlockStore(QuantizedStore):
 
 
 class KiviStore(QuantizedStore):
-    """``kivi2`` / ``kivi4``: ``Tq`` quantized slots followed by a full-precision residual of
-    ``Tr < residual`` slots (the newest), ``T = Tq + Tr``.
+    """``kivi2`` / ``kivi4``: ``Tq`` quantized slots followed by a full-precision window of the
+    ``Tr`` newest slots, ``T = Tq + Tr`` (``residual ≤ Tr < residual + 32`` once that many tokens
+    have come, fewer after an eviction took some of them).
 
     Tensors, ``b`` bits, ``P = D·b/8`` bytes of packed codes per row:
 
@@ -235,14 +236,16 @@ class KiviStore(QuantizedStore):
     - ``v_codes`` ``(B, H_kv, Tq, P)`` uint8; ``v_scale`` / ``v_zero`` ``(B, H_kv, Tq, D/32)`` fp16;
     - ``k_tail`` / ``v_tail`` ``(B, H_kv, Tr, D)`` in the model's dtype.
 
-    When ``residual`` new tokens have gathered in the tail they become one key group (per channel
-    over those tokens) and their values are quantized per token.  Eviction copies codes and group
+    When the tail holds ``residual + 32`` tokens its oldest 32 become one key group (per channel
+    over those tokens) and their values are quantized per token (KIVI's defaults: groups of 32,
+    a window of 128; :mod:`thinkviz.core.kvquant`).  Eviction copies codes and group
     ids; a key group whose slots are all gone in every head is dropped, one that some head still
     uses stays (scattered keep sets leave many small groups: the cost is counted, not hidden).
     If a compression would leave the kv-heads of a layer with different numbers of quantized
     slots (they then disagree on how many tail slots they keep), the tail is first quantized as
-    one short group, so the layer stays dense; policies that always keep a ``recent`` window at
-    least as long as ``residual`` never trigger this.
+    one short group, so the layer stays dense; policies that always keep a ``recent`` window of
+    at least ``residual + 32`` tokens never trigger this, and one whose heads evict differently
+    inside the window shortens it (the flush is counted in the bytes, not hidden).
     """
 
     def _start(self, batch: int) -> None:
@@ -261,10 +264,9 @@ class KiviStore(QuantizedStore):
     def _append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.k_tail = torch.cat([self.k_tail, keys], dim=2)
         self.v_tail = torch.cat([self.v_tail, values], dim=2)
-        residual = self.kv_quant.residual
-        groups = self.k_tail.shape[2] // residual
-        if groups:
-            self._flush(groups * residual, residual)
+        count = self.kv_quant.quantized_tokens(self.k_tail.shape[2])  # whole groups beyond the window
+        if count:
+            self._flush(count, BLOCK)
 
     def _flush(self, count: int, group_size: int) -> None:
         """Quantize the tail's first ``count`` slots as ``count / group_size`` key groups."""

@@ -20,7 +20,11 @@ A policy that fits attention biases (:attr:`~thinkviz.policies.base.Policy.fits_
 attention-matching ones) gets a cache that holds a bias per slot and runs
 :func:`~thinkviz.core.attention.biased_attention`, which adds it to the logits and hands the engine
 the newest ``query_rows`` queries of every layer (``CacheView.queries``, the fit's reference
-queries); every other policy runs the model's own attention kernel exactly as before.
+queries); every other policy runs the model's own attention kernel exactly as before.  Such a
+policy may also ask for a *repeat-prefill* (``CacheView.reread``, :meth:`Run.reread`): the
+model reads :data:`REPEAT_INSTRUCTION` and a stretch of the text again on top of a copy of the
+cache, and the queries of that re-read become reference queries (Zweiger et al.,
+arXiv:2602.16284; :mod:`thinkviz.core.reread`); the run's cache and statistics are left as they were.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from .cache import EvictingCache
 from ..text.chat import ChatPrompt, token_texts
 from .events import RunRecord, StepEvent
 from .kvquant import KVQuant, KVQuantError
+from .reread import REPEAT_INSTRUCTION, repeat_prefill
 from ..models.loading import LoadedModel
 from ..policies.base import CacheView, Policy
 from ..text.segments import Segmenter
@@ -432,7 +437,22 @@ class Run:
             queries=self.queries,
             query_positions=None if self.queries is None else self.query_positions,
             bias=self.cache.bias_table(),
+            reread=self.reread if self.policy.fits_bias else None,
         )
+
+    def reread(self, positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Repeat-prefill (:func:`~thinkviz.core.reread.repeat_prefill`): read
+        :data:`~thinkviz.core.reread.REPEAT_INSTRUCTION` then the tokens at ``positions`` at the next
+        absolute positions, on top of a copy of the cache; the run itself is left as it was."""
+        ids = self.loaded.tokenizer.encode(REPEAT_INSTRUCTION, add_special_tokens=False)
+        ids += [self.ids[p] for p in positions]
+        q = len(ids)
+        if self.cache.ragged:
+            masks = self._layer_masks(q)
+        else:
+            masks = [causal_mask(self.cache.n_slots, q, self.mask_dtype, self.device)] * len(self.cache.layers)
+        with model_lock(self.loaded.model):
+            return repeat_prefill(self.loaded.model, self.cache, ids, self.processed, len(positions), masks)
 
     def _maybe_compress(self) -> tuple[np.ndarray | None, float]:
         """Compress if due and over budget.

@@ -17,11 +17,16 @@ cache can gather any slot's codes without touching another slot.
 - ``kivi2`` / ``kivi4`` (KIVI, Liu et al., ICML 2024, arXiv:2402.02750): asymmetric
   ``b``-bit codes, ``scale = (max - min) / (2^b - 1)`` and ``zero = min`` (both fp16),
   ``q = round((x - zero) / scale)``, ``x ≈ q·scale + zero``.  Keys are quantized *per
-  channel* over a group of ``residual`` tokens (one scale and zero per channel and group:
-  keys have outlier channels); values *per token* over groups of 32 channels.  The newest
-  tokens stay at full precision until ``residual`` of them have gathered, then they become
-  one key group.  Codes are packed ``8 / b`` to a byte along ``head_dim`` (value ``i`` of a
-  row in byte ``i mod (D·b/8)``, bit field ``i div (D·b/8)``).
+  channel* over a group of 32 tokens (one scale and zero per channel and group: keys have
+  outlier channels); values *per token* over groups of 32 channels.  The newest ``residual``
+  tokens (R = 128 by default, KIVI's released code: ``group_size=32, residual_length=128``)
+  stay at full precision as a sliding window, keys and values alike: once ``R + 32`` tokens
+  are at full precision, the oldest 32 become one key group and their values are quantized,
+  so the window holds between ``R`` and ``R + 31`` tokens.  (KIVI's own code slides the value
+  window token by token and empties the key window at each flush; here both follow the key
+  rule, so every slot is either full precision or codes, K and V alike.)  Codes are packed
+  ``8 / b`` to a byte along ``head_dim`` (value ``i`` of a row in byte ``i mod (D·b/8)``, bit
+  field ``i div (D·b/8)``).
 
 Quantization is computed in float32 with the stored (fp16) scale, so a value is off by at
 most half a step of its block or group, plus the rounding of that fp16 scale and zero point
@@ -48,7 +53,8 @@ from typing import Any
 
 import torch
 
-BLOCK = 32  # values per q8_0 / q4_0 block and per KIVI value group, along head_dim
+BLOCK = 32  # values per q8_0 / q4_0 block and per KIVI value group, along head_dim; tokens per KIVI key group
+RESIDUAL = 128  # KIVI's default full-precision window (its released code's residual_length)
 FP16_BYTES = 2
 GROUP_ID_BYTES = 2  # KIVI: each quantized key slot names its key group (int16)
 RESIDUAL_RANGE = (8, 512)
@@ -76,9 +82,10 @@ class KVFormat:
     def slot_bytes(self, heads: int, head_dim: int, dtype_bytes: int) -> float:
         """Bytes one token costs in one layer (K and V), once quantized.
 
-        Exact for none / q8_0 / q4_0.  For KIVI it is the steady state of a full group: codes,
-        the value scales and zero points, the key-group id, and a ``1 / residual`` share of the
-        group's key scales and zero points (pass ``residual`` through :meth:`KVQuant.slot_bytes`).
+        Exact for none / q8_0 / q4_0.  For KIVI it is the steady state of a quantized token:
+        codes, the value scales and zero points, the key-group id, and a ``1 / 32`` share of its
+        key group's scales and zero points (the full-precision window is priced apart:
+        :meth:`KVQuant.window_extra_bytes`).
         """
         if not self.quantized:
             return 2 * heads * head_dim * dtype_bytes
@@ -86,7 +93,8 @@ class KVFormat:
         codes = head_dim * self.bits / 8
         if not self.grouped:
             return 2 * heads * (codes + blocks * FP16_BYTES)
-        return heads * (2 * codes + blocks * 2 * FP16_BYTES + GROUP_ID_BYTES)
+        group_share = 2 * head_dim * FP16_BYTES / BLOCK
+        return heads * (2 * codes + blocks * 2 * FP16_BYTES + GROUP_ID_BYTES + group_share)
 
 
 FORMATS: dict[str, KVFormat] = {
@@ -119,7 +127,7 @@ FORMATS: dict[str, KVFormat] = {
             2,
             "2-bit KIVI: keys per channel, values per token, newest tokens at full precision.",
             "scale = (max-min)/3, zero = min (fp16), q = round((x-zero)/scale); keys per channel over "
-            "groups of `residual` tokens, values per token over 32 channels",
+            "groups of 32 tokens, values per token over 32 channels; the newest `residual` tokens at full precision",
             "KIVI (Liu et al., ICML 2024, arXiv:2402.02750)",
             grouped=True,
         ),
@@ -128,7 +136,7 @@ FORMATS: dict[str, KVFormat] = {
             4,
             "4-bit KIVI: keys per channel, values per token, newest tokens at full precision.",
             "scale = (max-min)/15, zero = min (fp16), q = round((x-zero)/scale); keys per channel over "
-            "groups of `residual` tokens, values per token over 32 channels",
+            "groups of 32 tokens, values per token over 32 channels; the newest `residual` tokens at full precision",
             "KIVI (Liu et al., ICML 2024, arXiv:2402.02750)",
             grouped=True,
         ),
@@ -142,10 +150,11 @@ def format_names() -> list[str]:
 
 @dataclass(frozen=True)
 class KVQuant:
-    """A run's KV-cache format: ``format`` (a :data:`FORMATS` name) and KIVI's ``residual``."""
+    """A run's KV-cache format: ``format`` (a :data:`FORMATS` name) and KIVI's ``residual``, the
+    newest tokens kept at full precision."""
 
     format: str = "none"
-    residual: int = 32
+    residual: int = RESIDUAL
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -157,7 +166,7 @@ class KVQuant:
             raise KVQuantError(f"residual must be between {low} and {high} tokens, got {self.residual}")
 
     @classmethod
-    def parse(cls, text: str, residual: int = 32) -> KVQuant:
+    def parse(cls, text: str, residual: int = RESIDUAL) -> KVQuant:
         """``"q4_0"`` or ``"kivi2"``; a clear :class:`KVQuantError` for anything else."""
         return cls(str(text).strip().lower(), residual)
 
@@ -169,7 +178,7 @@ class KVQuant:
             return cls()
         if not isinstance(meta, dict):
             raise KVQuantError(f"kv_quant must be a mapping, got {type(meta).__name__}")
-        return cls(meta.get("format", "none"), meta.get("residual") or 32)
+        return cls(meta.get("format", "none"), meta.get("residual") or RESIDUAL)
 
     @property
     def spec(self) -> KVFormat:
@@ -177,8 +186,8 @@ class KVQuant:
 
     @property
     def label(self) -> str:
-        """Short name for tables and legends (``kivi2`` shows a residual other than 32)."""
-        if self.spec.grouped and self.residual != 32:
+        """Short name for tables and legends (``kivi2`` shows a residual other than the default)."""
+        if self.spec.grouped and self.residual != RESIDUAL:
             return f"{self.format}/r{self.residual}"
         return self.format
 
@@ -192,30 +201,38 @@ class KVQuant:
 
     def slot_bytes(self, heads: int, head_dim: int, dtype_bytes: int) -> float:
         """Bytes one token costs in one layer (K and V) in the steady state (see :meth:`KVFormat.slot_bytes`)."""
-        base = self.spec.slot_bytes(heads, head_dim, dtype_bytes)
-        if self.spec.grouped:
-            base += heads * 2 * head_dim * FP16_BYTES / self.residual  # a share of the key group's scale and zero
-        return base
+        return self.spec.slot_bytes(heads, head_dim, dtype_bytes)
+
+    def window_extra_bytes(self, heads: int, head_dim: int, dtype_bytes: int) -> float:
+        """What each token of KIVI's full-precision window costs in one layer beyond
+        :meth:`slot_bytes` (0 for the other formats): a cache of ``n`` tokens costs
+        ``n · slot_bytes + min(n, residual) · window_extra_bytes`` in the steady state."""
+        if not self.spec.grouped:
+            return 0.0
+        return 2 * heads * head_dim * dtype_bytes - self.slot_bytes(heads, head_dim, dtype_bytes)
 
     def bits_per_value(self, head_dim: int, dtype_bytes: int = 2) -> float:
-        """Average stored bits per key or value element in the steady state."""
+        """Average stored bits per key or value element of a quantized token (steady state)."""
         return 8 * self.slot_bytes(1, head_dim, dtype_bytes) / (2 * head_dim)
+
+    def quantized_tokens(self, tokens: int) -> int:
+        """How many of ``tokens`` consecutive tokens (no eviction) KIVI holds in codes: whole key
+        groups of 32, leaving at least ``residual`` at full precision (all of them: other formats)."""
+        if not self.spec.grouped:
+            return tokens
+        return max(0, tokens - self.residual) // BLOCK * BLOCK
 
     def layer_bytes(self, tokens: int, heads: int, head_dim: int, dtype_bytes: int) -> int:
         """Exact bytes of one layer holding ``tokens`` consecutive tokens (no eviction).
 
-        For KIVI: ``tokens // residual`` full key groups are quantized and the rest sit in the
-        full-precision residual.  This is the formula the stored tensors are tested against.
+        For KIVI: :meth:`quantized_tokens` of them in ``/ 32`` key groups, the rest in the
+        full-precision window.  This is the formula the stored tensors are tested against.
         """
         if not self.spec.grouped:
             return round(tokens * self.slot_bytes(heads, head_dim, dtype_bytes))
-        groups = tokens // self.residual
-        quantized, tail = groups * self.residual, tokens % self.residual
-        return int(
-            quantized * self.spec.slot_bytes(heads, head_dim, dtype_bytes)
-            + groups * heads * 2 * head_dim * FP16_BYTES
-            + tail * 2 * heads * head_dim * dtype_bytes
-        )
+        quantized = self.quantized_tokens(tokens)
+        full = 2 * heads * head_dim * dtype_bytes
+        return round(quantized * self.slot_bytes(heads, head_dim, dtype_bytes) + (tokens - quantized) * full)
 
     def describe(self) -> dict[str, Any]:
         """For a recording's meta: the format, its code bits and (KIVI) the residual."""

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import yaml
 
 from ..text.chat import REASONING_SYSTEM_PROMPT
-from ..core.kvquant import KVQuant, KVQuantError
+from ..core.kvquant import RESIDUAL, KVQuant, KVQuantError
 from ..text.transcript import Message, TraceError, is_transcript, join_chat, parse_transcript
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
@@ -118,7 +118,7 @@ def load_preset(name_or_path: str | Path, directory: Path | str = PRESETS_DIR) -
     if system is not None and not isinstance(system, str):
         raise fail(f"'system' must be a string or null, got {type(system).__name__}")
     params = _params(data["params"], fail)
-    residual = data.get("kv_residual", 32)
+    residual = data.get("kv_residual", RESIDUAL)
     if isinstance(residual, bool) or not isinstance(residual, int):
         raise fail(f"'kv_residual' must be an integer, got {residual!r}")
     kv_quant = _kv_quant(data.get("kv_quant", "none"), residual, "'kv_quant'", fail)

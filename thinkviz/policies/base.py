@@ -158,7 +158,11 @@ class CacheView:
       ``query_positions`` ``(R,)`` their absolute positions — only for a policy that asks for them
       (:attr:`Policy.query_rows`), else ``None``;
     - ``bias`` ``(L, H_kv, T)`` float32 the additive attention bias every slot carries, or ``None``
-      when the cache has none (every policy but the attention-matching ones).
+      when the cache has none (every policy but the attention-matching ones);
+    - ``reread(positions)`` (attention-matching policies only, else ``None``): a repeat-prefill —
+      the model reads a short repeat instruction and then the tokens at ``positions`` again, on top
+      of the cache, which it leaves as it was; returns their queries ``(L, H, M, D)`` (scaled,
+      RoPE applied, like ``queries``) and the positions ``(M,)`` they were read at.
     """
 
     positions: torch.Tensor
@@ -176,6 +180,7 @@ class CacheView:
     queries: torch.Tensor | None = None
     query_positions: torch.Tensor | None = None
     bias: torch.Tensor | None = None
+    reread: Callable[[Sequence[int]], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def seen(self) -> int:

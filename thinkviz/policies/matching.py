@@ -47,6 +47,7 @@ Shapes: ``H`` kv-heads, ``n`` reference queries per kv-head (a GQA group's query
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ import torch.nn.functional as F
 
 from .base import CacheView
 
+GOLDEN = (5**0.5 - 1) / 2  # query samples: a position's priority is frac(position · GOLDEN)
 W_MIN = 1e-6  # smallest mass weight: β ≥ ln(1e-6) ≈ -13.8
 RIDGE = 0.1  # default relative ridge (module docstring): few reference queries need a firm one
 ACTIVE_SET_ROUNDS = 4  # mass fit: rounds of fixing out-of-bound weights and solving again
@@ -127,6 +129,13 @@ def _masses(logits: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, 
     raw = torch.exp(logits - peak).masked_fill(~visible, 0.0)
     total = raw.sum(-1, keepdim=True)
     return raw / total.clamp(min=torch.finfo(raw.dtype).tiny), alive
+
+
+def _row_mass(logits: torch.Tensor, visible: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """``(H, n)`` every row's exp-score mass ``Σ_j e^{s_rj}`` over what it sees, divided by the
+    head's largest (0 for a row that sees nothing)."""
+    lse = torch.logsumexp(logits.masked_fill(~visible, float("-inf")), -1).masked_fill(~alive, float("-inf"))
+    return torch.exp(lse - lse.amax(-1, keepdim=True)).nan_to_num(0.0)
 
 
 def _blocks(kept_groups: torch.Tensor) -> list[list[tuple[int, torch.Tensor]]]:
@@ -254,6 +263,7 @@ def fit_compaction(
     groups: torch.Tensor | None = None,
     ridge: float = RIDGE,
     query_groups: torch.Tensor | None = None,
+    unnormalised: bool = False,
 ) -> MatchFit:
     """Fit ``β`` and values for the kept slots of one layer (module docstring).
 
@@ -263,8 +273,11 @@ def fit_compaction(
     ``(H, n, T)`` bool, which slots each reference query may attend to (default all);
     ``groups`` ``(H, T)`` int, the group of every slot (default one group); ``query_groups``
     ``(H, n)`` int, the one group (of ``groups``' numbering) whose fit a reference query joins,
-    ``-1`` for a query every group's fit uses (default: all ``-1``).  The fallbacks score the
-    output error over all reference queries.
+    ``-1`` for a query every group's fit uses (default: all ``-1``).  ``unnormalised``: the mass
+    fit matches the exp-score mass ``Σ e^{s_rj}`` itself, as the paper does (rows then weigh by
+    their mass; scaled by one constant per head, ``e^{-max_r logsumexp_j s_rj}``, for range),
+    instead of each row's share of its softmax.  The fallbacks score the output error over all
+    reference queries.
     """
     heads, total, _ = keys.shape
     f64 = torch.float64
@@ -279,11 +292,13 @@ def fit_compaction(
     groups = effective_groups(groups.long(), keep)
     n_groups = int(groups.max()) + 1
 
-    p, alive = _masses(q @ k_all.transpose(1, 2) + b_all[:, None, :], visible)  # (H, n, T)
+    logits = q @ k_all.transpose(1, 2) + b_all[:, None, :]
+    p, alive = _masses(logits, visible)  # (H, n, T)
     p = p * alive[..., None]
+    row_mass = _row_mass(logits, visible, alive) if unnormalised else torch.ones_like(p[..., 0])  # (H, n)
     mass = torch.zeros(heads, p.shape[1], n_groups, dtype=f64, device=p.device).scatter_add_(
-        2, groups[:, None, :].expand_as(p), p
-    )  # (H, n, G): each group's share of every row's attention
+        2, groups[:, None, :].expand_as(p), p * row_mass[..., None]
+    )  # (H, n, G): each group's share of every row's attention (times the row's mass)
     output_parts = _group_outputs(p, v_all, groups, n_groups)  # (H, n, G, D_v)
     output = output_parts.sum(2)  # (H, n, D_v) the full cache's attention output
 
@@ -298,7 +313,7 @@ def fit_compaction(
 
     # mass: Σ_{j∈S_g} w_j p_rj ≈ mass_rg, one block per group
     blocks = _blocks(g_kept)
-    w = _fit_weights(p_kept, mass, blocks, kept_hot, ridge, float(max(total, 1)), row_sets)
+    w = _fit_weights(p_kept * row_mass[..., None], mass, blocks, kept_hot, ridge, float(max(total, 1)), row_sets)
 
     # values: Σ_{j∈S_g} x_rj C_j ≈ output_rg, ridge towards the selected values
     x = _compacted(p_kept, w)  # (H, n, k)
@@ -377,6 +392,23 @@ class GroupQueries:
     groups: torch.Tensor
 
 
+def _layer_reference(
+    view: CacheView, own: GroupQueries | None, layer: int, kv_heads: int, shared: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One layer's reference queries ``(H_kv, n, D)``, their positions ``(H_kv, n)`` and the group
+    each joins ``(H_kv, n)`` (``-1``: every group's; ``None`` when all are shared): ``view``'s
+    queries (when ``shared``), then ``own``'s."""
+    parts = [layer_queries(view.queries[layer], view.query_positions, kv_heads)] if shared else []
+    if own is None or len(own.positions) == 0:
+        return *parts[0], None
+    more, at = layer_queries(own.queries[layer], own.positions, kv_heads)
+    parts.append((more.to(parts[0][0].device) if parts else more, at))
+    queries, positions = torch.cat([part[0] for part in parts], 1), torch.cat([part[1] for part in parts], 1)
+    labels = own.groups.repeat(own.queries.shape[1] // kv_heads)  # (G·M,) like the positions
+    query_groups = F.pad(labels, (queries.shape[1] - len(labels), 0), value=-1).expand(kv_heads, -1)
+    return queries, positions, query_groups
+
+
 def match_cache(
     view: CacheView,
     cache,
@@ -384,6 +416,7 @@ def match_cache(
     groups: torch.Tensor | None = None,
     ridge: float = RIDGE,
     own: GroupQueries | None = None,
+    unnormalised: bool = False,
 ) -> MatchStats:
     """Fit every layer's kept slots ``keep`` ``(L, H_kv, k)`` against ``view``'s reference queries and
     write the fitted values and biases into ``cache`` (before the engine gathers ``keep``).
@@ -391,22 +424,18 @@ def match_cache(
     ``groups`` ``(L, H_kv, T)`` the group of every slot (default one group); ``own`` more reference
     queries, each used by its own group's fit only.  Keys and values are read as attention reads
     them; only the kept rows whose values changed are written back (a quantized store re-encodes
-    just those).  A cache without reference queries yet is left alone.
+    just those).  A cache without reference queries yet is left alone.  ``unnormalised``: see
+    :func:`fit_compaction`.
     """
     start = time.perf_counter()
-    if view.queries is None or view.query_positions is None or len(view.query_positions) == 0:
+    shared = view.queries is not None and view.query_positions is not None and len(view.query_positions) > 0
+    if not shared and (own is None or len(own.positions) == 0):
         return MatchStats(0.0, 0.0, 0.0, (0, 0, 0))
     errors_select, errors_fit, choices = [], [], torch.zeros(3, dtype=torch.long)
     for layer in range(len(cache.layers)):
         keys, values = cache.layer_kv(layer)  # (1, H_kv, T_l, D)
         kv_heads, length = keys.shape[1], keys.shape[2]
-        queries, positions = layer_queries(view.queries[layer], view.query_positions, kv_heads)
-        query_groups = None
-        if own is not None and len(own.positions):
-            more, at = layer_queries(own.queries[layer], own.positions, kv_heads)
-            queries, positions = torch.cat([queries, more.to(queries.device)], 1), torch.cat([positions, at], 1)
-            labels = own.groups.repeat(own.queries.shape[1] // kv_heads)  # (G·M,) like the positions
-            query_groups = F.pad(labels, (queries.shape[1] - len(labels), 0), value=-1).expand(kv_heads, -1)
+        queries, positions, query_groups = _layer_reference(view, own, layer, kv_heads, shared)
         slots = view.positions[layer, :, :length]  # (H_kv, T_l)
         visible = slots[:, None, :] <= positions[:, :, None]  # (H_kv, n, T_l)
         if view.valid is not None:
@@ -424,6 +453,7 @@ def match_cache(
             groups=None if groups is None else groups[layer, :, :length].to(device),
             ridge=ridge,
             query_groups=None if query_groups is None else query_groups.to(device),
+            unnormalised=unnormalised,
         )
         changed = fit.choice == 2  # (H_kv,)
         if bool(changed.any()):
@@ -446,15 +476,93 @@ def match_cache(
     )
 
 
+def own_sample(positions: torch.Tensor, segments: torch.Tensor, rows: int) -> torch.Tensor:
+    """Sorted indices of the query rows at ``positions`` ``(M,)`` to keep, at most ``rows`` of each
+    segment (``segments`` ``(M,)``): those whose priority ``frac(position · GOLDEN)`` is lowest.
+
+    A bottom-k sample on a fixed hash: deterministic, spread evenly along a segment (the golden
+    ratio's multiples fill ``[0, 1)`` evenly, so the positions below any threshold are nearly evenly
+    spaced), and the same whichever batches the rows arrived in: thinning the union of two samples
+    gives the sample of the union."""
+    priority = torch.frac(positions.double() * GOLDEN)
+    order = priority.argsort(stable=True)
+    order = order[segments[order].argsort(stable=True)]  # by segment, lowest priority first
+    seg = segments[order]
+    sizes = torch.bincount(seg)
+    rank = torch.arange(len(order)) - (torch.cumsum(sizes, 0) - sizes)[seg]
+    return order[rank < rows].sort().values
+
+
+@dataclass
+class Rereads:
+    """Queries of repeat-prefills (``CacheView.reread``), kept between compactions: ``queries``
+    ``(L, H, M, D)`` (``None`` before the first), ``read_at`` ``(M,)`` the positions they were
+    read at (what they may attend to), ``source`` ``(M,)`` the position of the token each re-read,
+    and ``upto``: every position below it has been re-read (a token is read once)."""
+
+    queries: torch.Tensor | None = None
+    read_at: torch.Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    source: torch.Tensor = dataclasses.field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    upto: int = 0
+
+    def read(self, view: CacheView, pieces: list[tuple[int, int]], piece_of, rows: int) -> None:
+        """Re-read, one repeat-prefill each, the part not read yet of every piece ``[lo, hi)`` of
+        ``pieces`` (ascending), then keep at most ``rows`` queries of each piece (``piece_of(source)``
+        ``(M,)`` numbers the pieces; :func:`own_sample`)."""
+        fresh = [(max(lo, self.upto), hi) for lo, hi in pieces if hi > max(lo, self.upto)]
+        if not fresh or view.reread is None:
+            return
+        for lo, hi in fresh:
+            queries, read_at = view.reread(range(lo, hi))
+            self.queries = queries if self.queries is None else torch.cat([self.queries, queries], 2)
+            self.read_at = torch.cat([self.read_at, read_at])
+            self.source = torch.cat([self.source, torch.arange(lo, hi)])
+            self.upto = hi
+        kept = own_sample(self.source, piece_of(self.source), rows)
+        self.queries = self.queries[:, :, kept.to(self.queries.device)].clone()
+        self.read_at, self.source = self.read_at[kept], self.source[kept]
+
+    def view(self, view: CacheView) -> CacheView:
+        """``view`` with the re-read queries as its reference queries (``None`` before any)."""
+        positions = self.read_at if len(self.read_at) else None
+        return dataclasses.replace(view, queries=self.queries, query_positions=positions)
+
+
+def reference_attention(view: CacheView) -> torch.Tensor:
+    """``(L, H_kv, T)`` root mean square of the attention ``view``'s reference queries pay every slot
+    (softmax over what each query may see, the slots' biases added; mean over a kv group's query
+    heads), on the CPU; zero where no query sees a slot."""
+    out = torch.zeros(view.positions.shape, dtype=torch.float32)
+    for layer, keys in enumerate(view.keys):
+        kv_heads, length = keys.shape[1], keys.shape[2]
+        queries, at = layer_queries(view.queries[layer], view.query_positions, kv_heads)
+        logits = queries.to(keys.device) @ keys[0].float().transpose(1, 2)  # (H_kv, n, T_l)
+        if view.bias is not None:
+            logits = logits + view.bias[layer, :, None, :length].to(logits)
+        visible = view.positions[layer, :, None, :length] <= at[:, :, None]
+        if view.valid is not None:
+            visible &= view.valid[layer, :, None, :length]
+        p, _ = _masses(logits, visible.to(logits.device))
+        out[layer, :, :length] = p.pow(2).mean(1).sqrt().cpu()
+    return out
+
+
 class Matching:
     """Mixin for the policies that fit (``am``, ``tam`` with ``compaction=match``; before
     :class:`~thinkviz.policies.base.Policy` in the bases): the newest ``window`` queries of every
     head are the reference queries while :attr:`fits_bias`, :meth:`match` fits a compaction and
-    keeps its :class:`MatchStats`, which :meth:`take_fit_info` hands to ``step_info`` once."""
+    keeps its :class:`MatchStats`, which :meth:`take_fit_info` hands to ``step_info`` once.  With
+    ``reference=repeat`` the mass fit matches the un-normalised exp-score mass (:func:`fit_compaction`)."""
 
     window: int  # the host policy's knobs
     ridge: float
+    reference: str
     last_fit: MatchStats | None = None
+
+    @property
+    def repeats(self) -> bool:
+        """Whether the reference queries come from repeat-prefills (``reference=repeat``)."""
+        return self.reference == "repeat"
 
     @property
     def query_rows(self) -> int:
@@ -468,7 +576,7 @@ class Matching:
         groups: torch.Tensor | None = None,
         own: GroupQueries | None = None,
     ) -> None:
-        self.last_fit = match_cache(view, cache, keep, groups, ridge=self.ridge, own=own)
+        self.last_fit = match_cache(view, cache, keep, groups, ridge=self.ridge, own=own, unnormalised=self.repeats)
 
     def take_fit_info(self) -> dict[str, float | int]:
         fit, self.last_fit = self.last_fit, None

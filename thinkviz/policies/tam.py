@@ -59,6 +59,23 @@ allocation is optimal under its convex error model.
    0.039 / 0.022 / 0.035 — and better only where the budget was below the protected prompt
    (the cache then holds no key of any thought step: 0.243–0.364 against 0.293–0.431), while
    its fit took 4–14× as long per compression (math: 4.1–6.4 s against 0.3–0.8 s).
+
+   ``repeat`` (Zweiger et al.'s repeat-prefill, arXiv:2602.16284): each thought segment, once it
+   is closed (a later one has begun), is re-read once — the model reads a short repeat
+   instruction and then the segment, on top of the cache
+   (:meth:`~thinkviz.core.engine.Run.reread`) — and at most ``own_rows`` of the queries over that
+   re-read (:func:`~thinkviz.policies.matching.own_sample`) join that segment's fit only, in place
+   of every decode query; the mass fit then matches the un-normalised exp-score mass, as the
+   paper.  The open newest segment has no re-read rows yet and keeps its selection.
+
+Where ThinkViz departs from TAM and from attention matching, and why: segments are the
+segmenter's steps (blank lines inside a think block) rather than a learned or model-marked
+segmentation, so the app can show them; the default compaction is ``select`` (the budgets and
+pivots alone), because ``match`` measured no better (docs/benchmarks.md); matching runs at every
+compression of a decode rather than once, with a ridge towards selection and a per-(layer,
+kv-head) fallback to selection where the fit does not lower the reference queries' output error;
+the default reference queries are the newest decode queries (no extra forward), ``repeat`` is the
+paper's, read on top of the cache as it is then (already compacted), not the original context.
 """
 
 from __future__ import annotations
@@ -71,10 +88,8 @@ import numpy as np
 import torch
 
 from .base import CacheView, Param, Policy, ScoreScale, keep_top
-from .matching import RIDGE, GroupQueries, Matching
+from .matching import RIDGE, GroupQueries, Matching, Rereads, own_sample
 from .registry import register
-
-GOLDEN = (5**0.5 - 1) / 2  # own-query sample: a position's priority is frac(position · GOLDEN)
 
 
 def allocate_budgets(weights: Sequence[float], sizes: Sequence[int], budget: int) -> list[int]:
@@ -133,27 +148,15 @@ def merge_short(bounds: Sequence[int], l_min: int) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in segments]
 
 
-def own_sample(positions: torch.Tensor, segments: torch.Tensor, rows: int) -> torch.Tensor:
-    """Sorted indices of the query rows at ``positions`` ``(M,)`` to keep, at most ``rows`` of each
-    segment (``segments`` ``(M,)``): those whose priority ``frac(position · GOLDEN)`` is lowest.
-
-    A bottom-k sample on a fixed hash: deterministic, spread evenly along a segment (the golden
-    ratio's multiples fill ``[0, 1)`` evenly, so the positions below any threshold are nearly evenly
-    spaced), and the same whichever batches the rows arrived in: thinning the union of two samples
-    gives the sample of the union."""
-    priority = torch.frac(positions.double() * GOLDEN)
-    order = priority.argsort(stable=True)
-    order = order[segments[order].argsort(stable=True)]  # by segment, lowest priority first
-    seg = segments[order]
-    sizes = torch.bincount(seg)
-    rank = torch.arange(len(order)) - (torch.cumsum(sizes, 0) - sizes)[seg]
-    return order[rank < rows].sort().values
-
-
 @register
 class ThoughtAwareMatching(Matching, Policy):
     """Score ``(L, H_kv, T)`` = mean attention from the last ``window`` queries; selection by
-    segment budgets ``∝ √(w·n)`` plus pivotal tokens and a recent tail (module docstring)."""
+    segment budgets ``∝ √(w·n)`` plus pivotal tokens and a recent tail; with ``compaction=match``
+    each segment's kept keys are fitted (bias and values) against reference queries — the newest
+    decode queries, or with ``reference=repeat`` those of a re-read of the segment, as attention
+    matching's paper.  Departs from the sources: segments are the segmenter's steps; matching runs
+    at every compression, with a ridge towards selection and a per-head fallback to it; the
+    default compaction is ``select``, which measured as good (module docstring)."""
 
     name = "tam"
     score_scale = ScoreScale(
@@ -183,11 +186,12 @@ class ThoughtAwareMatching(Matching, Policy):
         Param(
             "reference",
             "window",
-            choices=("window", "window+own"),
-            help="match: the queries each segment's fit reproduces — the newest `window` queries, or those plus "
-            "a sample of the segment's own queries",
+            choices=("window", "window+own", "repeat"),
+            help="match: the queries each segment's fit reproduces — the newest `window` queries, those plus "
+            "a sample of the segment's own queries, or (repeat, the paper's) the queries of a repeat-prefill "
+            "of the segment: the model re-reads it after an instruction to repeat it, once per segment",
         ),
-        Param("own_rows", 8, 1, 64, 1, "match, reference window+own: the most own queries kept per segment"),
+        Param("own_rows", 8, 1, 64, 1, "match, reference window+own or repeat: the most queries kept per segment"),
     )
     window_rows = 64
 
@@ -196,6 +200,7 @@ class ThoughtAwareMatching(Matching, Policy):
         self._own_queries: torch.Tensor | None = None  # (L, H, M, D) the own-query samples of all segments
         self._own_positions = torch.zeros(0, dtype=torch.long)  # (M,)
         self._collected = -1  # the newest position whose query has been offered to the sample
+        self.rereads = Rereads()
 
     @property
     def fits_bias(self) -> bool:
@@ -302,7 +307,9 @@ class ThoughtAwareMatching(Matching, Policy):
             ids = self.segment_ids(view)
             groups = view.by_position(ids)  # (L, H_kv, T)
             own = None
-            if self.uses_own_queries and view.query_positions is not None and len(view.query_positions):
+            if self.repeats:
+                view, own = self.repeat_queries(view, ids)
+            elif self.uses_own_queries and view.query_positions is not None and len(view.query_positions):
                 self.collect(view)
                 rows = self.window
                 view = dataclasses.replace(
@@ -317,6 +324,18 @@ class ThoughtAwareMatching(Matching, Policy):
                 )
             self.match(view, cache, keep, groups, own)
         return keep
+
+    def repeat_queries(self, view: CacheView, ids: torch.Tensor) -> tuple[CacheView, GroupQueries | None]:
+        """``reference=repeat``: re-read every closed segment (all but the newest, still being written)
+        not re-read yet, keep at most ``own_rows`` of its queries, and return ``view`` without decode
+        queries and the re-read ones, each joining its own segment's fit (``ids`` ``(N,)`` segment numbers)."""
+        starts = [0, *(torch.nonzero(ids[1:] != ids[:-1]).squeeze(1) + 1).tolist(), len(ids)]
+        closed = list(zip(starts[:-2], starts[1:-1]))
+        self.rereads.read(view, closed, lambda source: ids[source], self.own_rows)
+        bare = dataclasses.replace(view, queries=None, query_positions=None)
+        if self.rereads.queries is None:
+            return bare, None
+        return bare, GroupQueries(self.rereads.queries, self.rereads.read_at, ids[self.rereads.source])
 
     def step_info(self, view: CacheView) -> dict[str, Any]:
         segments = int(self.segment_ids(view).max()) + 1 if len(view.protected) else 0

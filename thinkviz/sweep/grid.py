@@ -39,7 +39,7 @@ from typing import Any
 from collections.abc import Callable, Sequence
 
 from ..core.engine import DecodeSettings
-from ..core.kvquant import KVQuant
+from ..core.kvquant import RESIDUAL, KVQuant
 from ..measure.metrics import SEGMENT_KINDS
 from ..models.loading import LoadedModel
 from ..policies import REFERENCE_POLICY, PolicyConfigError, make_policy, policy_names, policy_params
@@ -413,7 +413,7 @@ def knob_text(knobs: dict[str, Any]) -> str:
     return ", ".join(f"{key}={value}" for key, value in knobs.items())
 
 
-def parse_kv_quants(text: str, residual: int = 32) -> list[KVQuant]:
+def parse_kv_quants(text: str, residual: int = RESIDUAL) -> list[KVQuant]:
     """``"none,q8_0,q4_0"`` → formats (duplicates dropped); :class:`~thinkviz.core.kvquant.KVQuantError` otherwise."""
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:

@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..measure.inspection import inspect_trace
-from ..core.kvquant import KVQuant, KVQuantError
+from ..core.kvquant import RESIDUAL, KVQuant, KVQuantError
 from ..memory import TARGETS, Projection
 from ..models.loading import LoadedModel
 from ..demos.presets import Preset, PresetError, list_presets, load_preset
@@ -73,7 +73,7 @@ def replay_choices(choices: list[tuple[str, str]]) -> tuple[list[tuple[str, str]
     return replay, min((name for _, name in replay), key=lambda name: len(loaded[name].trace or ""), default=None)
 
 
-def kv_quant(fmt: Any, residual: Any = 32) -> KVQuant:
+def kv_quant(fmt: Any, residual: Any = RESIDUAL) -> KVQuant:
     """The KV format the controls ask for; :class:`RunInputError` with the reason otherwise."""
     try:
         return KVQuant.parse(str(fmt or "none"), int(round(float(residual))))

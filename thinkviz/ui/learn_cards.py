@@ -58,7 +58,7 @@ def policy_card(name: str) -> str:
 
 def kv_format_card(name: str) -> str:
     """Markdown for one KV format: what it is, its rule, bits per value (head_dim 128, a bf16
-    model, KIVI with its default residual of 32), source."""
+    model, a quantized KIVI token), source."""
     spec = FORMATS[name]
     bits = KVQuant(name).bits_per_value(128, 2)
     return "\n\n".join(

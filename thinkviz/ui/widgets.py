@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import gradio as gr
 
 from ..core.engine import DecodeSettings
-from ..core.kvquant import RESIDUAL_RANGE, KVQuant, format_names
+from ..core.kvquant import RESIDUAL, RESIDUAL_RANGE, KVQuant, format_names
 from ..memory import GIB, set_vram_cap, vram_cap_bytes
 from ..models.loading import QUANTIZATIONS
 from ..models.random_weights import random_names
@@ -425,7 +425,7 @@ def knob_box(tab: str, params: dict[str, Any] | None = None) -> gr.Textbox:
 
 # ---- how the cache stores keys and values ------------------------------------------------------
 KV_FORMAT_INFO = "none: full precision; q8_0 / q4_0: llama.cpp blocks; kivi2 / kivi4: KIVI (Learn tab)"
-RESIDUAL_INFO = "KIVI only: the newest tokens stay at full precision until a key group of this many fills"
+RESIDUAL_INFO = "KIVI only: this many newest tokens stay at full precision (older ones in key groups of 32)"
 
 
 def kv_format_dropdown(tab: str, label: str = "KV-cache format", visible: bool = True) -> gr.Dropdown:
@@ -437,7 +437,13 @@ def kv_format_dropdown(tab: str, label: str = "KV-cache format", visible: bool =
 def residual_slider(tab: str) -> gr.Slider:
     low, high = RESIDUAL_RANGE
     return slider(
-        low, high, value=32, step=8, label="KIVI residual (tokens)", info=RESIDUAL_INFO, elem_id=f"tv-{tab}-kv-residual"
+        low,
+        high,
+        value=RESIDUAL,
+        step=8,
+        label="KIVI residual (tokens)",
+        info=RESIDUAL_INFO,
+        elem_id=f"tv-{tab}-kv-residual",
     )
 
 
