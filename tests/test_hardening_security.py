@@ -22,7 +22,7 @@ from thinkviz.ui import inputs
 from thinkviz.ui.handlers import user_error
 from thinkviz.ui.model_slot import LoadStatus, ModelSlot
 from thinkviz.ui.text import no_markup, plain_markdown
-from thinkviz.ui.widgets import load_status_markdown
+from thinkviz.ui.model_panel import load_status_markdown
 
 HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script>[click](javascript:alert(3)) **bold** <think>"
 

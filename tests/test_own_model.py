@@ -60,6 +60,7 @@ def _greedy(loaded, n=12):
     return [i for event in run.generate() for i in event.token_ids]
 
 
+@pytest.mark.slow  # writes GGUF files and converts them to float weights
 def test_a_gguf_loads_as_the_float_model_it_was_written_from(home):
     """F32 in the file: the Llama's weights come back exactly (names, rotary permutation, tying)."""
     _, files, refs = home
@@ -73,6 +74,7 @@ def test_a_gguf_loads_as_the_float_model_it_was_written_from(home):
     assert torch.equal(_logits(four_bit.model), _logits(reference.model))
 
 
+@pytest.mark.slow  # writes GGUF files and converts them to float weights
 def test_a_quantized_qwen3_gguf_generates_as_its_float_model_within_q8_tolerance(home):
     _, files, refs = home
     loaded = load_any(str(files["qwen3"]), "none", "cpu")
@@ -84,6 +86,7 @@ def test_a_quantized_qwen3_gguf_generates_as_its_float_model_within_q8_tolerance
     assert TargetModel.from_config("mine", loaded.model.config).bytes_per_token == 2 * 2 * 1 * 128 * 2
 
 
+@pytest.mark.slow  # writes GGUF files and converts them to float weights
 def test_a_gguf_model_evicts_and_replays_like_the_embedded_one(home):
     _, files, _ = home
     loaded = load_any(str(files["qwen3"]), "4bit", "cpu")
@@ -102,6 +105,7 @@ def test_a_gguf_model_evicts_and_replays_like_the_embedded_one(home):
     assert len(replay.fidelity[0].positions) == len(ids)
 
 
+@pytest.mark.slow  # writes GGUF files and converts them to float weights
 def test_one_line_errors_for_a_truncated_file_an_unknown_architecture_and_not_a_gguf(home, tmp_path):
     _, files, _ = home
     cut = tmp_path / "cut.gguf"
@@ -120,6 +124,7 @@ def test_one_line_errors_for_a_truncated_file_an_unknown_architecture_and_not_a_
     assert main(["generate", "hi", "--model", str(cut)]) == 2
 
 
+@pytest.mark.slow  # writes GGUF files and converts them to float weights
 def test_ollama_and_lm_studio_names_resolve_in_their_stores(home, capsys):
     root, files, refs = home
     with pytest.raises(ModelLoadError, match="No Ollama model store"):

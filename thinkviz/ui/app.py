@@ -23,7 +23,7 @@ from .model_slot import ModelSlot
 from .session import RECORDING_BUDGET, Session, Shelf, release
 from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID
 from .tabs import AppContext, compare, explore, learn, live, sweep
-from .widgets import load_status_markdown
+from .model_panel import load_status_markdown
 
 # Presentation mode is a class on the app's root element (app.css): the controls fold into a bar, the
 # views grow.  Inside Gradio's .contain, because Gradio repeats every custom rule prefixed with it.

@@ -32,6 +32,7 @@ from ...viz.tokens import view_mode_choices
 from .. import inputs
 from ..chat_controls import InputControls, input_controls, trace_limit
 from ..controls import ControlError, default_view
+from ..model_panel import model_settings
 from ..wiring import bind
 from ..handlers import (
     MODEL_GROUP,
@@ -63,7 +64,6 @@ from ..widgets import (
     export_controls,
     follow_toggle,
     kv_controls,
-    model_settings,
     named,
     playback_controls,
     policy_controls,
