@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 
 import test_oracle as oracle
-from thinkviz.policies import make_policy
+from thinkviz.demos.record import preset_signature
+from thinkviz.policies import make_policy, policy_names
+from thinkviz.ui.learn_cards import policy_card
 
 BUDGET, INTERVAL, RECENT = 24, 4, 4
 
@@ -99,3 +101,25 @@ def test_merge_and_dynts_follow_the_normalize_knob():
     for name in ("h2o", "merge", "dynts"):
         assert make_policy(name).normalize == "none"
         assert make_policy(name, normalize="queries").normalize == "queries"
+
+
+def test_a_knob_at_its_former_value_leaves_a_recording_s_signature_as_it_was():
+    """A preset that names ``normalize: queries`` (the rule before the knob existed) keeps its
+    recording; one that runs h2o at the paper's default is a different run (Param.before)."""
+    assert "normalize" not in preset_signature("math_h2o_vs_window")["live"][1]
+    columns = {column[1]: column[2] for column in preset_signature("entropy_duration")["columns"]}
+    assert columns["h2o"]["normalize"] == "none"
+
+
+# the owners of these cards write their departures themselves (issues 36 and 40)
+OWNED_ELSEWHERE = {"am", "tam", "snapkv", "adakv", "pyramidkv"}
+
+
+def test_every_learn_card_says_where_thinkviz_departs_from_its_source():
+    for name in policy_names():
+        if name in OWNED_ELSEWHERE:
+            continue
+        card = policy_card(name)
+        assert "departs from" in card or "No paper" in card, name
+    h2o = policy_card("h2o")
+    assert "`normalize`" in h2o and "none / queries" in h2o and "summed over every query" in h2o
