@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import test_oracle as oracle
 from thinkviz.demos.record import preset_signature
-from thinkviz.policies import make_policy, policy_names
+from thinkviz.policies import CacheView, make_policy, policy_names
 from thinkviz.ui.learn_cards import policy_card
 
 BUDGET, INTERVAL, RECENT = 24, 4, 4
@@ -96,11 +96,24 @@ def test_the_two_scores_keep_different_tokens(tiny_llama):
     assert any(not torch.equal(a, b) for a, b in zip(kept["none"], kept["queries"]))
 
 
-def test_merge_and_dynts_follow_the_normalize_knob():
-    """merge weighs its folds by h2o's score and dynts falls back to it: both take the knob, default the paper's."""
-    for name in ("h2o", "merge", "dynts"):
-        assert make_policy(name).normalize == "none"
-        assert make_policy(name, normalize="queries").normalize == "queries"
+@pytest.mark.parametrize("normalize", ["none", "queries"])
+def test_merge_and_dynts_score_with_h2o_s_choice(normalize):
+    """merge weighs its folds by h2o's score and dynts' attention fallback is h2o's score: all three
+    take the knob, with the paper's sum by default."""
+    total = 12
+    received = torch.rand(2, 2, total, generator=torch.Generator().manual_seed(0))
+    view = CacheView(
+        positions=torch.arange(total).expand(2, 2, total),
+        received=received,
+        window=torch.zeros(2, 2, 1, total),
+        token_entropy=torch.zeros(total),
+        protected=torch.zeros(total, dtype=torch.bool),
+        current=total - 1,
+    )
+    want = received if normalize == "none" else received / torch.arange(total, 0, -1)
+    for name, knobs in (("h2o", {}), ("merge", {}), ("dynts", {"scorer": "attention"})):
+        assert make_policy(name, **knobs).normalize == "none"
+        assert torch.allclose(make_policy(name, normalize=normalize, **knobs).score(view), want), name
 
 
 def test_a_knob_at_its_former_value_leaves_a_recording_s_signature_as_it_was():
