@@ -112,8 +112,8 @@ def test_the_control_pool_has_a_dropdown_slot_for_a_choice(choosy):
         "keep",
     )
     assert [s.name for s in specs.numbers if s is not None] == ["recent"]
-    h2o = controls.slot_specs("h2o", sizes)
-    assert h2o.choices == [None, None]  # hidden for a policy without choices
+    knorm = controls.slot_specs("knorm", sizes)  # (h2o has one since issue 36: normalize)
+    assert knorm.choices == [None, None]  # hidden for a policy without choices
     values = controls.collect_params("choosy", controls.Pools([9], [], ["oldest"]))
     assert values == {"recent": 9, "keep": "oldest"}
     policy = controls.build_policy("choosy", values, budget=64, interval=1, protect_system=True, protect_question=True)

@@ -69,7 +69,7 @@ def test_missing_predictor_falls_back_to_attention_and_says_why(tiny_llama, tmp_
     info = events[-1].info["importance"]
     assert info.startswith("attention fallback: no predictor trained for tiny-llama (random)")
     assert "train-predictor" in info
-    # the fallback score is attention received per query, as in h2o
+    # the fallback score is h2o's: attention received, summed over every query (normalize=none)
     h2o = make_policy("h2o", budget=100).score(run._view())
     assert torch.equal(run.policy.score(run._view()), h2o)
 
@@ -118,7 +118,7 @@ FILE = "dynts_tiny-llama-random.safetensors"
         ),
         ("predictor", (0.4, 0.8), f"predicted by {FILE}"),
         ("blend", (0.4, 0.8), f"blend of {FILE} (weight {P.BLEND_WEIGHT:g}) and attention so far"),
-        ("attention", (0.9, 0.8), "attention received per query (scorer: attention)"),
+        ("attention", (0.9, 0.8), "attention received so far (scorer: attention)"),
     ],
 )
 def test_the_scorer_knob_and_the_evaluation_table_pick_the_score(
@@ -318,7 +318,7 @@ def test_every_token_reports_its_predicted_importance_as_written_whichever_score
     monkeypatch.setattr(DynTS, "predictor_folder", tmp_path)
     predictor = _save_for(tiny_llama, tmp_path)
     run, events = _replay(tiny_llama, budget=100, scorer="attention")
-    assert events[-1].info["importance"] == "attention received per query (scorer: attention)"
+    assert events[-1].info["importance"] == "attention received so far (scorer: attention)"
     covered = []
     for event in events:
         start, values = event.info["predicted_from"], event.info["predicted"]

@@ -82,15 +82,14 @@ def test_pyramidkv_keeps_its_layer_budgets_by_snapkv_score():
 
 def test_adakv_shares_a_layer_budget_over_heads_by_need_and_keeps_every_protected_slot():
     total = 200
-    attention = torch.full((1, 2, total), 0.001)  # h2o's score: attention per query that saw the slot
+    attention = torch.full((1, 2, total), 0.001)  # h2o's score: attention received (H2O's sum)
     attention[0, 0, :100] = torch.linspace(0.02, 0.03, 100)  # head 0 spreads its attention over 100 slots
     attention[0, 1, :10] = 0.5  # head 1 looks at 10
     attention[0, 1, 10:] = 0.002
-    queries = (total - torch.arange(total)).float()  # slot p was seen by T - p queries
     protected = torch.zeros(total, dtype=torch.bool)
     protected[150:160] = True
     policy = make_policy("adakv", budget=80, scorer="h2o", alpha=0.25, recent=8)
-    view = _view(attention * queries, protected=protected)
+    view = _view(attention, protected=protected)
     assert torch.allclose(policy.score(view), attention)
     keep = policy.select(view)
     counts = keep.sum(-1)[0]

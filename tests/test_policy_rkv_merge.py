@@ -3,6 +3,7 @@ folded into their most similar kept slot exactly as documented."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -68,7 +69,8 @@ def test_fold_rule_on_hand_numbers():
     assert torch.allclose(flat[0, :2, 0], torch.tensor([(1 + 3 + 5) / 3, (2 + 4) / 2]))
 
 
-def test_merge_compress_edits_the_cache_values_of_kept_slots(tiny_llama):
+@pytest.mark.parametrize("normalize", ["none", "queries"])
+def test_merge_compress_edits_the_cache_values_of_kept_slots(tiny_llama, normalize):
     config = tiny_llama.model.config
     cache = EvictingCache(config)
     heads, total, dim = config.num_key_value_heads, 20, config.head_dim
@@ -88,10 +90,12 @@ def test_merge_compress_edits_the_cache_values_of_kept_slots(tiny_llama):
         current=total - 1,
         keys=[layer.keys for layer in cache.layers],
     )
-    policy = make_policy("merge", budget=12, recent=2)
+    policy = make_policy("merge", budget=12, recent=2, normalize=normalize)
     keep = policy.compress(view, cache)
-    assert torch.equal(keep, make_policy("h2o", budget=12, recent=2).select(view))  # h2o's keep set
-    weights = received / view.queries_seen[0]  # the h2o score: attention received per query
+    h2o = make_policy("h2o", budget=12, recent=2, normalize=normalize)
+    assert torch.equal(keep, h2o.select(view))  # h2o's keep set
+    # the h2o score: attention received (H2O's sum), or per query that could see the slot
+    weights = received if normalize == "none" else received / view.queries_seen[0]
     for layer_idx, layer in enumerate(cache.layers):
         want = fold_values(layer.keys[0], before[layer_idx][0], weights, keep[layer_idx])
         assert torch.allclose(layer.values[0], want)

@@ -84,6 +84,11 @@ def test_segment_samples_follow_the_kinds_the_view_shows():
     assert legend_html("segments", None, parts=("heat",)) == ""
 
 
+def test_the_boxes_explain_the_verified_mark_only_where_the_view_marks_blocks():
+    assert "tv-think-ok" in legend_html("segments", None, verified=True)
+    assert "tv-think-ok" not in legend_html("segments", None)
+
+
 def test_the_pin_box_sits_over_the_view_it_pins_from():
     markup = pin_host("live", '<div id="x" class="tv-container"></div>')
     assert markup.index('class="tv-pin"') < markup.index('class="tv-container"')

@@ -258,6 +258,15 @@ def test_segment_classes_and_think_boxes():
     assert sum("tv-think-start" in classes(t) for t in tokens) == 2
 
 
+def test_a_verified_think_block_carries_a_check_mark():
+    texts, seg = chat_segmenter(TWO_BLOCKS)
+    data = TokenData(texts, None, None, seg.labels(), seg.spans(), verified=frozenset({0}))
+    starts = [t for t in tokens_of(render_tokens(data, "segments")) if "tv-think-start" in classes(t)]
+    assert ["tv-think-ok" in classes(t) for t in starts] == [True, False]
+    assert "tv-think-ok" not in render_tokens(TokenData(texts, None, None, seg.labels(), seg.spans()), "segments")
+    assert ".tv-think-ok.tv-think-start::before" in TOKEN_CSS
+
+
 def test_windowed_view_uses_absolute_positions():
     texts, seg = chat_segmenter(TWO_BLOCKS)
     window = texts[10:]

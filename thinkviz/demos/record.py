@@ -83,9 +83,12 @@ def preset_request(name: str) -> PresetRequest:
 
 def _column_key(column: Column) -> list:
     """A column's policy, knobs and KV format, and the files its policy reads (only when it reads
-    some, so that the keys of the other policies' recordings stay as they were)."""
-    key = [column.policy.name, column.policy.config, column.kv_quant.describe()]
-    files = column.policy.file_fingerprints(display_name(RECORDING_MODEL[0]))
+    some, so that the keys of the other policies' recordings stay as they were).  A knob at its
+    :attr:`~thinkviz.policies.base.Param.before` value is left out: the rule ran so before it existed."""
+    policy = column.policy
+    knobs = {p.name: policy.config[p.name] for p in policy.all_params() if policy.config[p.name] != p.before}
+    key = [policy.name, knobs, column.kv_quant.describe()]
+    files = policy.file_fingerprints(display_name(RECORDING_MODEL[0]))
     return key + [files] if files else key
 
 

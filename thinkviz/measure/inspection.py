@@ -34,7 +34,10 @@ def inspect_trace(
       (the whole turn is in the prompt rather than teacher-forced);
     - ``segments``: the number of spans of each kind;
     - ``think_blocks``: ``index``, ``turn``, ``start``, ``end``, ``tokens``, ``closed`` and
-      ``code`` (``pending``, ``parsed`` or ``syntax error``, think_drop's gate);
+      ``code`` (``pending``, ``parsed`` or ``syntax error``, think_drop's ``verify=parse`` gate),
+      ``tests`` (``passed``, ``failed``, ``error`` or ``none``: the verdict of the first tool turn
+      after it in its reflection loop) and ``tests_passed`` (a later tool turn of that loop
+      passed: think_drop's ``verify=tests`` gate);
     - ``protected_tokens``: how many tokens no policy may evict, under the two toggles;
     - ``reasoning``: the rule that found the model's think markers (``rule``, ``description``;
       :mod:`thinkviz.text.reasoning`).
@@ -100,7 +103,7 @@ def format_report(name: str, model: str, report: dict[str, Any]) -> str:
         state = b["code"] if b["closed"] else f"{b['code']} (never closed)"
         lines.append(
             f"  think {b['index'] + 1:<3d} turn {b['turn'] + 1:<3d} tokens {b['start']:,}–{b['end']:,} "
-            f"({b['tokens']:,})  code after it: {state}"
+            f"({b['tokens']:,})  code after it: {state}; tests after it: {b['tests']}"
         )
     lines.append(f"protected: {report['protected_tokens']:,} tokens")
     lines.append(f"reasoning: {report['reasoning']['rule']} ({report['reasoning']['description']})")

@@ -35,7 +35,12 @@ class PolicyConfigError(ValueError):
 @dataclass(frozen=True)
 class Param:
     """A tunable knob: a number with the range a UI slider offers, an on/off flag, or one of a
-    few named ``choices`` (a string default; the UI shows a dropdown, the CLI takes the name)."""
+    few named ``choices`` (a string default; the UI shows a dropdown, the CLI takes the name).
+
+    ``before``: for a knob added to an existing rule, the value that runs the rule as it was
+    before the knob existed (``None``: a knob as old as its rule).  A
+    recording's signature leaves the knob out at that value, so a recording made before the
+    knob existed still matches a preset that names it."""
 
     name: str
     default: float | int | bool | str
@@ -44,6 +49,7 @@ class Param:
     step: float | int | None = None
     help: str = ""
     choices: tuple[str, ...] = ()
+    before: float | int | bool | str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.default, str) != bool(self.choices):

@@ -8,7 +8,8 @@ newest tokens and, for the rest of the budget, the tokens with the highest predi
 
 Predicted importance comes from :mod:`thinkviz.predictor` (trained by
 ``python -m thinkviz train-predictor``), looked up by the loaded model's name.  ``scorer`` picks
-the score: ``predictor``; ``attention``, the fallback: attention received per query (as in h2o);
+the score: ``predictor``; ``attention``, the fallback: attention received so far, as h2o scores it
+(``normalize`` as h2o's: summed over every query, the default, or per query);
 ``blend``, both standardised and summed with ``weight`` on the predictor
 (:func:`~thinkviz.predictor.blend`); or ``auto``, whichever of the three ranked held-out traces
 best in the evaluation table ``train-predictor`` writes beside the predictor (the predictor
@@ -41,19 +42,30 @@ from ..predictor import (
     position_features,
 )
 from .base import CacheView, Param, Policy, ScoreScale
+from .h2o import NORMALIZE, accumulated_attention
 from .registry import register
+
+ATTENTION_WORDS = {"none": "attention received so far", "queries": "attention received per query"}  # by normalize
 
 
 @register
 class DynTS(Policy):
     """Score ``(L, H_kv, T)`` = ``exp`` of the predictor's output on each position's hidden states
     (the ``k`` layers the predictor file names, which :meth:`hidden_layers` asks the engine for)
-    and position features (the same in every layer and head); the fallback
-    ``received / queries_seen``; or ``exp`` of their blend, standardised per (layer, kv-head) over
-    the slots held; forced: protected spans and the newest ``recent`` tokens.  The run keeps only
+    and position features (the same in every layer and head); the fallback, h2o's score
+    (:func:`~thinkviz.policies.h2o.accumulated_attention`, ``normalize`` as h2o's); or ``exp`` of
+    their blend, standardised per (layer, kv-head) over the slots held; forced: protected spans and
+    the newest ``recent`` tokens.  The run keeps only
     each token's encoding ``CacheView.hidden`` ``(N, width)`` (:meth:`hidden_kept`,
     :meth:`~thinkviz.predictor.ImportancePredictor.encode`), the part of the predictor that does
-    not change as the text grows."""
+    not change as the text grows.
+
+    Where ThinkViz departs from DynTS: the paper's importance head is trained on a large reasoning
+    model's own traces; ThinkViz trains a small head for the loaded small model on the shipped
+    traces (``train-predictor``), and adds the attention fallback and the blend, which the paper
+    does not have, so the rule still runs without a predictor.  The fallback sums attention as
+    H2O does (``normalize=none``); the predictor's evaluation table (``scorer=auto``) measured
+    the per-query mean (``normalize=queries``), the fallback before issue 36."""
 
     name = "dynts"
     score_scale = ScoreScale(
@@ -83,6 +95,7 @@ class DynTS(Policy):
             0.05,
             "scorer blend: the predictor's weight against attention so far (0: attention alone)",
         ),
+        NORMALIZE,
     )
     predicts_importance = True
     predictor_folder: ClassVar[Path] = ASSETS
@@ -141,7 +154,7 @@ class DynTS(Policy):
         """How this view's tokens are ranked: ``(score, predictor, in words)`` with ``score`` one of
         ``"predictor"``, ``"blend"`` and ``"attention"`` (``predictor`` ``None`` for the last)."""
         if self.scorer == "attention":
-            return "attention", None, "attention received per query (scorer: attention)"
+            return "attention", None, f"{ATTENTION_WORDS[self.normalize]} (scorer: attention)"
         key, found = self._lookup(view)
         if isinstance(found, str):
             return "attention", None, f"attention fallback: {found}"
@@ -168,12 +181,12 @@ class DynTS(Policy):
     def score(self, view: CacheView) -> torch.Tensor:
         kind, predictor, _ = self.ranking(view)
         if predictor is None:
-            return view.received / view.queries_seen
+            return accumulated_attention(view, self.normalize)
         with torch.inference_mode():
             predicted = predictor.head(view.hidden, position_features(len(view.hidden)))  # (N,) log importance
         if kind == "predictor":
             return view.by_position(predicted.exp())
-        attention = view.received / view.queries_seen
+        attention = accumulated_attention(view, self.normalize)
         return blend(attention, view.by_position(predicted), self.weight, view.valid).exp()
 
     def step_info(self, view: CacheView) -> dict[str, Any]:

@@ -59,7 +59,12 @@ def relative_entropy(entropy: torch.Tensor) -> torch.Tensor:
 @register
 class EntropyAnchors(Policy):
     """Score ``(L, H_kv, T)`` = ``1 / (H + ε)`` of each slot's token; low-entropy anchors kept first
-    (exact rule in the module docstring)."""
+    (exact rule in the module docstring).
+
+    Where ThinkViz departs from the article: the article names the signal and its two knobs but
+    gives no rule for the threshold; the relative entropy, the anchors and the cut to
+    ``max_capacity_tokens`` are ThinkViz's reading of it, and the default threshold is 0.3,
+    not the article's 0.15, which on the embedded model leaves only the first token an anchor."""
 
     name = "entropy"
     score_scale = ScoreScale(

@@ -13,7 +13,8 @@ REFERENCE_POLICY = "full"  # what every other policy is measured against (fideli
 @register
 class FullCache(Policy):
     """Never evicts; ``select`` returns every slot ``(L, H_kv, T)``. Importance shown is the
-    attention each token received, normalised by how many queries could see it."""
+    attention each token received, normalised by how many queries could see it (h2o's
+    ``normalize=queries``: a heat to look at, which decides nothing).  No paper: the reference."""
 
     name = REFERENCE_POLICY
     score_scale = ScoreScale(

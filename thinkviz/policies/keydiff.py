@@ -19,7 +19,10 @@ class KeyDiff(Policy):
     """Score ``(L, H_kv, T)`` = ``−cos(k, a)``: ``a`` ``(H_kv, 1, D)`` is the anchor, the mean of the
     head's unit-normalised keys ``(H_kv, T, D)``; the least similar keys are kept first.  The
     anchor is recomputed over the slots present at every compression (the paper's block-wise
-    eviction with the block = ``interval``).  The newest ``recent`` tokens are always kept."""
+    eviction with the block = ``interval``).  The newest ``recent`` tokens are always kept.
+
+    Where ThinkViz departs from the paper: only in the ``recent`` window (default 32), which
+    KeyDiff does not have; ``recent=0`` is the paper's rule."""
 
     name = "keydiff"
     score_scale = ScoreScale(

@@ -23,7 +23,11 @@ class KeyNorm(Policy):
     the tokens were batched.  On models that normalise each head's keys before the rotation
     (Qwen3's ``k_norm``) the norms differ only through the learned norm weights, so the rule has
     less to go on there.  The newest ``recent`` tokens are always kept.  Reads only the keys,
-    never the attention weights."""
+    never the attention weights.
+
+    Where ThinkViz departs from the paper: the bfloat16 rounding above (ties broken the same
+    way however the run was chunked) and the ``recent`` window (default 32); ``recent=0`` is
+    the paper's rule up to that rounding."""
 
     name = "knorm"
     score_scale = ScoreScale(

@@ -8,13 +8,13 @@ kept entry it most resembles.
 
 The rule, per layer and kv-head, at each compression:
 
-- keep the same slots as ``h2o`` (attention received per query, plus the ``recent`` window);
+- keep the same slots as ``h2o`` (attention received, summed over every query or per query as
+  its ``normalize`` knob says, plus the ``recent`` window);
 - every evicted slot ``e`` picks the kept slot ``j`` whose key is most similar (cosine; ties:
   the earlier physical slot);
 - kept values become attention-weighted means:
   ``v_j ← (m_j·v_j + Σ_{e→j} m_e·v_e) / (m_j + Σ_{e→j} m_e)``, where ``m`` is the h2o score
-  (attention received ÷ queries that could see the slot, clamped at 0).  If that total weight is
-  0 every term counts 1 (a plain mean).
+  (clamped at 0).  If that total weight is 0 every term counts 1 (a plain mean).
 
 Keys are never changed, so which slot a query attends to stays as before; only what it reads
 there changes.  The weight of a kept slot in later merges is its own score again (folded mass
@@ -79,7 +79,14 @@ def fold(
 
 @register
 class KVMerge(HeavyHitters):
-    """h2o's keep set ``(L, H_kv, k)``; evicted values folded into kept ones (module docstring)."""
+    """h2o's keep set ``(L, H_kv, k)``; evicted values folded into kept ones (module docstring).
+
+    Where ThinkViz departs from its sources: neither CaM nor D2O is followed to the letter.  CaM
+    merges an evicted value into the kept ones with a probability set by its attention; D2O
+    merges only above a key-similarity threshold, with an exponential moving average, and gives
+    each layer its own budget.  ThinkViz folds every evicted value, deterministically, into the
+    single most similar kept key, weighted by h2o's score: one simple rule to set beside h2o's
+    plain eviction at the same memory."""
 
     name = "merge"
     summary = "Like h2o, but nothing is simply lost: an evicted value is averaged into the most similar kept entry."

@@ -19,7 +19,9 @@ from .registry import register
 class RandomEviction(Policy):
     """Score ``(L, H_kv, T)`` = the slot's priority: a table ``(L, H_kv, N)`` of uniform draws, one
     column per position drawn in position order from ``torch.Generator().manual_seed(seed)``,
-    looked up by each slot's position.  The newest ``recent`` tokens are always kept."""
+    looked up by each slot's position.  The newest ``recent`` tokens are always kept.
+
+    No paper to depart from: a baseline, as kvpress's RandomPress."""
 
     name = "random"
     score_scale = None  # a random draw: nothing graded

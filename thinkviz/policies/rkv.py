@@ -39,7 +39,14 @@ class RedundancyAwareKV(Policy):
     """Score ``(L, H_kv, T)`` = ``a − lam · r``: ``a`` the mean attention from the last ``window``
     queries divided by its maximum in the head (so ``a ∈ [0, 1]``), ``r`` :func:`redundancy`
     (``∈ [0, 1]``).  Of two identical keys the older loses ``lam``.  The newest ``recent`` tokens
-    are always kept."""
+    are always kept.
+
+    Where ThinkViz departs from the paper: R-KV mixes the two terms as ``λ·importance −
+    (1 − λ)·redundancy``, pools the window's attention over neighbouring tokens, and measures
+    redundancy as a key's similarity to all others, sparing the newest few copies above a
+    similarity threshold.  ThinkViz keeps one readable rule: a key's redundancy is its highest
+    similarity to any *newer* key (the newest copy is never redundant), subtracted with weight
+    ``lam``; no pooling.  The ranking is the paper's idea, not its exact numbers."""
 
     name = "rkv"
     score_scale = ScoreScale(

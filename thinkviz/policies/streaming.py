@@ -15,7 +15,14 @@ from .registry import register
 
 @register
 class StreamingLLM(Policy):
-    """Keep positions ``< n_sink`` (forced) plus the newest ``budget - n_sink``; score = position."""
+    """Keep positions ``< n_sink`` (forced) plus the newest ``budget - n_sink``; score = position.
+
+    Where ThinkViz departs from the paper: StreamingLLM caches keys before the rotary embedding
+    and numbers positions *within the cache*, so a stream can run past the model's context.
+    ThinkViz caches keys rotated at their original positions, as every other policy here does:
+    the comparison then isolates which tokens are kept, and the shipped traces stay within the
+    model's context, where the two give the same attention up to the rotation of the gaps.
+    Protected spans are kept as well unless the protection toggles are off."""
 
     name = "streaming"
     score_scale = None  # position order only: nothing graded

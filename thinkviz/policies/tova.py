@@ -16,6 +16,10 @@ class TokenOmissionViaAttention(Policy):
     """Score ``(L, H_kv, T)`` = the newest query's attention, mean over the layer's heads.
 
     Every head of a layer therefore keeps the same tokens (a layer-wise decision, as in TOVA).
+
+    Where ThinkViz departs from the paper: TOVA drops one token at every decoding step; ThinkViz
+    compresses every ``interval`` tokens, scored by the newest query alone (``interval=1`` is
+    the paper's rule).  Protected spans are kept whatever their score.
     """
 
     name = "tova"

@@ -14,7 +14,10 @@ from .registry import register
 
 @register
 class SlidingWindow(Policy):
-    """Score = absolute position ``(L, H_kv, T)``, so top-``budget`` keeps the newest tokens."""
+    """Score = absolute position ``(L, H_kv, T)``, so top-``budget`` keeps the newest tokens.
+
+    No paper to depart from: a baseline.  Like every policy here it keeps the protected spans
+    (system prompt, question) beyond its window unless the protection toggles are off."""
 
     name = "window"
     score_scale = None  # position order only: nothing graded

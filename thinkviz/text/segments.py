@@ -349,6 +349,12 @@ class Segmenter:
             seen[role.role] += 1
         return spans
 
+    def messages(self, role: str) -> list[tuple[Span, str]]:
+        """Each turn of ``role`` begun so far: its span (markers included, ``closed`` once all its
+        tokens are in) and its message text so far."""
+        texts = {r.turn: "".join(r.text.pieces) for r in self._regions if r.role == role}
+        return [(span, texts.get(span.turn, "")) for span in self._turns() if span.kind == role]
+
     def _signatures(self) -> list[Span]:
         """``def``/``class`` headers in the user turns' text so far (complete headers only)."""
         spans = []

@@ -102,9 +102,13 @@ def _segments(kinds: Sequence[str]) -> str:
     return _part("Segments:", " ".join(samples))
 
 
-def _boxes() -> str:
+def _boxes(verified: bool) -> str:
     box = _sample("…", "tv-think tv-tb0 tv-think-start tv-think-end", "counter-reset: tv-think 1")
-    return _part("Boxes:", f"{box} a &lt;think&gt; block, numbered")
+    body = f"{box} a &lt;think&gt; block, numbered"
+    if verified:
+        ok = _sample("…", "tv-think tv-tb1 tv-think-start tv-think-end tv-think-ok", "counter-reset: tv-think 2")
+        body += f"; {ok} verified: its code parsed, or its tests passed (as the verify knob says), so it may be dropped"
+    return _part("Boxes:", body)
 
 
 def legend_html(
@@ -116,6 +120,7 @@ def legend_html(
     parts: Sequence[str] | None = None,
     compact: bool = False,
     ranked_by: str | None = None,
+    verified: bool = False,
 ) -> str:
     """The legend strip for a token view in ``mode``.
 
@@ -125,7 +130,8 @@ def legend_html(
     these of the mode's parts (``"heat"``, ``"keep"``, ``"segments"``, ``"boxes"``), e.g. one
     column's heat; ``compact``: the heat scale in two short lines (a narrow column); ``ranked_by``:
     which score ranked the tokens, in the policy's words, said under the heat of its own score
-    (not under the mass or a prediction mode's heat); ``""`` when the mode draws none of the parts.
+    (not under the mass or a prediction mode's heat); ``verified``: the view marks verified think
+    blocks (think_drop), so the boxes explain the mark; ``""`` when the mode draws none of the parts.
     """
     if mode not in MODE_PARTS:
         raise ValueError(f"unknown token view mode {mode!r}; choose one of: {', '.join(MODE_PARTS)}")
@@ -137,7 +143,7 @@ def legend_html(
         "heat": lambda: _heat(scale, policy, compact, every_token=mode in PREDICTION_MODES, ranked_by=by),
         "keep": _keep,
         "segments": lambda: _segments(present),
-        "boxes": _boxes,
+        "boxes": lambda: _boxes(verified),
     }
     pieces = [body[part]() for part in shown]
     if not pieces:
@@ -163,13 +169,17 @@ def view_legend(
 ) -> str:
     """The legend strip of ``policy``'s token view ``view`` in ``mode``: the policy's own score
     scale (:data:`MASS_SCALE` in the mass view, a prediction mode's :data:`PREDICTION_SCALES`),
-    what ranked the tokens when the view's step said (``TokenData.ranked_by``) and the segment
-    kinds the view shows (all of them before a run); ``parts`` and ``compact`` as in
+    what ranked the tokens when the view's step said (``TokenData.ranked_by``), whether it marks
+    verified think blocks (``TokenData.verified``) and the segment kinds the view shows (all of
+    them before a run); ``parts`` and ``compact`` as in
     :func:`legend_html`."""
     kinds = view_kinds(view.spans, view.labels) if view is not None and view.spans else None
     scale = MASS_SCALE if mode == "mass" else PREDICTION_SCALES.get(mode) or score_scale(policy)
     ranked_by = view.ranked_by if view is not None else None
-    return legend_html(mode, scale, policy=policy, kinds=kinds, parts=parts, compact=compact, ranked_by=ranked_by)
+    verified = view is not None and bool(view.verified)
+    return legend_html(
+        mode, scale, policy=policy, kinds=kinds, parts=parts, compact=compact, ranked_by=ranked_by, verified=verified
+    )
 
 
 LEGEND_CSS = """

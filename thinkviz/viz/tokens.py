@@ -138,6 +138,8 @@ class TokenData:
     before it (both ``None`` where the run has none; the heat of :data:`PREDICTION_MODES`, all
     tokens ranked).  ``ranked_by``: the latest step's account of which score ranked the tokens
     (step info ``importance``, e.g. dynts' scorer; ``None`` when the policy gives none).
+    ``verified``: the think blocks (by index) the latest step's policy verified (think_drop's
+    gate: their code parses, or their tests passed); their box label carries a check mark.
     """
 
     texts: Sequence[str]
@@ -151,6 +153,7 @@ class TokenData:
     predicted: Sequence[float] | np.ndarray | None = None
     answer_attention: Sequence[float] | np.ndarray | None = None
     ranked_by: str | None = None
+    verified: frozenset[int] = frozenset()
 
 
 def token_view(record: RunRecord, step: int | None = None) -> TokenData:
@@ -185,6 +188,7 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
         predicted=_predicted(events, len(texts)),
         answer_attention=_answer_attention(record, len(texts)),
         ranked_by=_ranked_by(last),
+        verified=_verified_blocks(last),
     )
 
 
@@ -192,6 +196,13 @@ def _ranked_by(event: Any) -> str | None:
     """The step info's ``importance`` text of ``event``, when it is one."""
     text = None if event is None else event.info.get("importance")
     return text if isinstance(text, str) and text else None
+
+
+def _verified_blocks(event: Any) -> frozenset[int]:
+    """The think blocks ``event``'s step info marks verified (think_drop's ``blocks``; a recording
+    made before the ``verified`` field existed: closed with parsed code, the only gate then)."""
+    blocks = [] if event is None else event.info.get("blocks") or []
+    return frozenset(b["index"] for b in blocks if b.get("verified", b.get("closed") and b.get("code") == "parsed"))
 
 
 def outside_recent(n: int, params: dict[str, Any]) -> np.ndarray | None:
@@ -388,8 +399,9 @@ def _mass_text(mass: float | None) -> str:
     return f" · stands for ≈ {mass:.2g} token{'' if round(mass, 2) == 1 else 's'}"
 
 
-def _segment_look(mode: str, segment: _Segment) -> tuple[str, str]:
-    """The class list and inline style a token's segment gives it in ``mode``."""
+def _segment_look(mode: str, segment: _Segment, verified: frozenset[int]) -> tuple[str, str]:
+    """The class list and inline style a token's segment gives it in ``mode`` (``verified``: the
+    think blocks whose label gets a check mark)."""
     cls = ["tv-tok"]
     style = ""
     if mode in _SEGMENT_MODES and segment.kind is not None:
@@ -402,6 +414,8 @@ def _segment_look(mode: str, segment: _Segment) -> tuple[str, str]:
         cls += ["tv-think", f"tv-tb{segment.think % len(_THINK_PALETTE)}"]
         if segment.think_start:
             cls.append("tv-think-start")
+            if segment.think in verified:
+                cls.append("tv-think-ok")
             style = f"counter-reset: tv-think {segment.think + 1}"
         if segment.think_end:
             cls.append("tv-think-end")
@@ -445,7 +459,7 @@ def token_looks(data: TokenData, mode: str) -> list[Look]:
     looks = []
     for i, segment in enumerate(segment_facts(n, data.spans, data.labels, start)):
         if id(segment) not in segment_looks:
-            segment_looks[id(segment)] = _segment_look(mode, segment)
+            segment_looks[id(segment)] = _segment_look(mode, segment, data.verified)
         cls, style = segment_looks[id(segment)]
         score = score_list[i]
         score_text = f"{score:.3g}" if score is not None and math.isfinite(score) else "—"
@@ -566,6 +580,7 @@ def _stylesheet() -> str:
         ".tv-think { border-top: 1.5px solid; border-bottom: 1.5px solid; border-radius: 0; }",
         ".tv-think-start { border-left: 1.5px solid; margin-left: 2px; padding-left: 2px; }",
         ".tv-think-end { border-right: 1.5px solid; margin-right: 2px; padding-right: 2px; }",
+        ".tv-think-ok.tv-think-start::before { content: 'think ' counter(tv-think) ' \\2713 verified'; }",
         ".tv-think-start::before { content: 'think ' counter(tv-think); font-size: 9px; font-weight: 600;"
         " vertical-align: super; margin-right: 3px; text-decoration: none; display: inline-block; }",
     ]
