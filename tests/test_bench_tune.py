@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from thinkviz.cli import main
 from tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.slow  # each test starts python -m thinkviz
@@ -37,11 +36,16 @@ def test_bad_tune_arguments_exit_with_one_line(args, reason):
 
 
 @pytest.mark.browser
-def test_bench_browser_tune_runs_end_to_end_on_a_tiny_model(tmp_path, capsys):
-    """The app started for the benchmark (no --url) serves a tiny model; one knob value, a short trace."""
+def test_bench_browser_tune_runs_end_to_end_on_a_tiny_model(tmp_path):
+    """The app started for the benchmark (no --url) serves a tiny model; one knob value, a short trace.
+    In a process of its own: Playwright's sync API refuses a thread where another test left an
+    asyncio loop running."""
     folder = save_tiny_model(tmp_path / "tiny")
-    code = main(
+    done = subprocess.run(
         [
+            sys.executable,
+            "-m",
+            "thinkviz",
             "bench",
             "browser",
             "--tune",
@@ -55,10 +59,12 @@ def test_bench_browser_tune_runs_end_to_end_on_a_tiny_model(tmp_path, capsys):
             "24",
             "--tune-vary",
             "recent=8",
-        ]
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    out = capsys.readouterr()
-    assert code == 0, out.err
-    assert "math_h2o_vs_window (h2o), first 24 trace tokens measured against the full cache" in out.out
-    assert ", torch threads 1 (1)" in out.out
-    assert "recent ->      8: change -> new ΔNLL on screen" in out.out
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "math_h2o_vs_window (h2o), first 24 trace tokens measured against the full cache" in done.stdout
+    assert ", torch threads 1 (1)" in done.stdout
+    assert "recent ->      8: change -> new ΔNLL on screen" in done.stdout

@@ -22,7 +22,9 @@ DEFERRED = {
     # importing bitsandbytes logs a warning on stderr (its optional hub kernel is missing), which
     # would come before every CLI command's one-line error; only bench quant-kernels needs it
     ("thinkviz.bench.quant_kernels", "bitsandbytes"),
-    ("thinkviz.bench.served", "gradio_client"),  # with gradio: `bench gpu` runs on machines without either
+    ("thinkviz.bench.served", "gradio_client"),
+    # gguf: the borrowed GPU machines lack it, and the CLI must import there (tests/test_gpu_check.py)
+    ("thinkviz.models.gguf_file", "gguf"),  # with gradio: `bench gpu` runs on machines without either
     # plotly: the borrowed GPU machines lack it, and `bench gpu` runs there (tests/test_gpu_check.py)
     ("thinkviz.sweep.grid", "thinkviz.viz.pareto"),
     ("thinkviz.commands.bench.summary", "thinkviz.viz.pareto"),

@@ -17,20 +17,18 @@ is loaded.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import os
 import pathlib
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import gguf
-from gguf import GGMLQuantizationType as Q
 from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-# Tensor types transformers reads back: plain floats and integers, and every block format
-# gguf-py can dequantize (its quantization traits table).
-_PLAIN = {Q.F32, Q.F16, Q.BF16, Q.F64, Q.I8, Q.I16, Q.I32, Q.I64}
-LOADABLE_TYPES = frozenset(_PLAIN | set(gguf.quants._type_traits))
+if TYPE_CHECKING:
+    import gguf
 _CHUNK = 1 << 24
 _ADDRESSED = re.compile(r"sha256-([0-9a-f]{64})")
 
@@ -66,9 +64,22 @@ class GGUFInfo:
         return 2 * self.layers * self.kv_heads * self.head_dim * 2
 
 
+@functools.cache
+def loadable_types() -> frozenset:
+    """Tensor types transformers reads back: plain floats and integers, and every block format
+    gguf-py can dequantize (its quantization traits table)."""
+    import gguf  # the borrowed GPU machines lack it, and the CLI (bench gpu) runs there without it
+
+    q = gguf.GGMLQuantizationType
+    plain = {q.F32, q.F16, q.BF16, q.F64, q.I8, q.I16, q.I32, q.I64}
+    return frozenset(plain | set(gguf.quants._type_traits))
+
+
 def read_info(path: str | os.PathLike) -> GGUFInfo:
     """The header of the GGUF at ``path``; :class:`GGUFError` when it is not a GGUF, is cut
     short, or holds an architecture or tensor type transformers cannot load."""
+    import gguf  # see loadable_types
+
     path = pathlib.Path(path)
     try:
         reader = gguf.GGUFReader(path)
@@ -88,17 +99,18 @@ def read_info(path: str | os.PathLike) -> GGUFInfo:
             f"{path.name}: architecture {arch!r} cannot be loaded; "
             f"transformers reads GGUF {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}"
         )
-    odd = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in LOADABLE_TYPES})
+    odd = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in loadable_types()})
     if odd:
         raise GGUFError(
             f"{path.name}: tensor type {', '.join(odd)} cannot be dequantized; "
-            f"loadable: {', '.join(sorted(Q(t).name for t in LOADABLE_TYPES))}"
+            f"loadable: {', '.join(sorted(gguf.GGMLQuantizationType(t).name for t in loadable_types()))}"
         )
     return _info(reader, path, size, arch)
 
 
 def _info(reader: gguf.GGUFReader, path: pathlib.Path, size: int, arch: str) -> GGUFInfo:
     """The :class:`GGUFInfo` of a checked reader."""
+    import gguf  # see loadable_types
 
     def number(key: str, default: int = 0) -> int:
         value = _field(reader, f"{arch}.{key}")
