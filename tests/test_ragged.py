@@ -104,7 +104,7 @@ def test_a_uniform_keep_given_as_a_mask_changes_nothing(tiny_llama):
 
 
 def test_adakv_run_reports_kept_counts_and_the_bytes_of_its_padded_tensors(tiny_llama):
-    policy = make_policy("adakv", budget=24, interval=4, scorer="h2o", recent=4, alpha=0.0)
+    policy = make_policy("adakv", budget=24, interval=4, recent=4, alpha=0.0)
     decisions = _recording(policy)
     run = Run(tiny_llama, policy, _prompt(tiny_llama, 40), DecodeSettings(max_new_tokens=40, stop_at_eos=False))
     geometry = tiny_llama.geometry
