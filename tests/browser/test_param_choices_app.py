@@ -32,7 +32,10 @@ def test_the_choice_dropdown_shows_the_policys_choices_and_its_value_reaches_the
     page.goto(app_url)
     wait_for_text(page, "#tv-model-status", "Model: Ready", 120)
     choice = page.locator("#tv-live-choice-0")
-    assert not choice.is_visible()  # the default policy (h2o) has no choice knob
+    choice.wait_for(state="visible", timeout=30_000)  # the default policy, h2o, has one: normalize
+    assert "normalize" in choice.inner_text()
+    pick(page, "#tv-live-policy", "window")
+    choice.wait_for(state="hidden", timeout=30_000)  # window has no choice knob
     pick(page, "#tv-live-policy", "choosy")
     choice.wait_for(state="visible", timeout=30_000)
     assert "keep" in choice.inner_text()
@@ -46,7 +49,7 @@ def test_the_choice_dropdown_shows_the_policys_choices_and_its_value_reaches_the
     wait_for_text(page, "#tv-live-status", r"Done: \d+ tokens generated", 120)
     archive = download(page, "#tv-live-export-run", "#tv-live-export", tmp_path)
     assert import_recording([archive]).meta["params"]["keep"] == "oldest"
-    pick(page, "#tv-live-policy", "h2o")
+    pick(page, "#tv-live-policy", "window")
     choice.wait_for(state="hidden", timeout=30_000)
     page.context.close()
 
