@@ -49,11 +49,13 @@ def token_nll(logprobs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``(q,)`` ``KL(reference ‖ other) = Σ_v p_ref(v) (log p_ref(v) - log p_other(v))``.
 
-    Both arguments are log-probabilities ``(q, V)``.  Clamped at 0 (rounding can make an
-    identical pair come out a hair negative).
+    Both arguments are log-probabilities ``(q, V)``.  Summed in float64 and returned in the
+    inputs' dtype, so the way torch splits the vocabulary among its threads does not show in the
+    result (a sweep resumed on another thread count gives the same bytes).  Clamped at 0
+    (rounding can make an identical pair come out a hair negative).
     """
-    kl = (reference.exp() * (reference - other)).sum(-1)
-    return kl.clamp(min=0.0)
+    kl = (reference.exp() * (reference - other)).sum(-1, dtype=torch.float64)  # (q,)
+    return kl.clamp(min=0.0).to(reference.dtype)
 
 
 def top1_agreement(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
