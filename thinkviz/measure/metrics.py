@@ -42,8 +42,10 @@ def log_probs(logits: torch.Tensor) -> torch.Tensor:
 
 
 def token_nll(logprobs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``(q,)`` negative log-likelihood of ``targets`` ``(q,)`` under ``logprobs`` ``(q, V)``."""
-    return -logprobs.gather(-1, targets.long().view(-1, 1)).squeeze(-1)
+    """``(q,)`` negative log-likelihood of ``targets`` ``(q,)`` under ``logprobs`` ``(q, V)``; the
+    targets may sit on another device (a replay keeps its token ids on the CPU)."""
+    index = targets.to(device=logprobs.device, dtype=torch.long).view(-1, 1)  # (q, 1)
+    return -logprobs.gather(-1, index).squeeze(-1)
 
 
 def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
