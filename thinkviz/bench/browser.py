@@ -150,12 +150,10 @@ def _wait_text(page, selector: str, prefix: str, timeout: float) -> str:
     raise BenchError(f"{selector} did not show {prefix!r} within {timeout:.0f} s")
 
 
-def measure(
-    url: str, tokens: int = 500, model_timeout: float = 600, run_timeout: float = 3600, trace: Path | None = None
-) -> BrowserBenchResult:
-    """Generate ``tokens`` tokens in the Live tab of the app at ``url`` and time the page; with ``trace``,
-    record the run (click to last frame) as a Chromium performance trace in that file
-    (:mod:`thinkviz.bench.trace_profile` reads it)."""
+@contextmanager
+def _open_app(url: str, size: tuple[int, int], ready: str, model_timeout: float) -> Iterator[tuple[object, object]]:
+    """``(browser, page)``: Chromium on a page of ``size`` (width, height) at ``url``, once the model status
+    shows ``ready``; closed on the way out."""
     if not Path(CHROMIUM).exists():
         raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
     # Imported here: Playwright is a dev requirement, and the rest of the CLI must run without it.
@@ -165,32 +163,42 @@ def measure(
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page = browser.new_page(viewport={"width": size[0], "height": size[1]})
             try:
                 page.goto(url)
             except PlaywrightError as exc:
                 raise BenchError(f"cannot open {url}: {str(exc).splitlines()[0]}") from None
-            _wait_text(page, "#tv-model-status", "Model: Ready", model_timeout)
-            page.fill("#tv-live-question textarea", QUESTION)
-            box = page.locator("#tv-live-max-new input[type=number]").first
-            box.fill(str(tokens))
-            box.press("Enter")
-            if page.is_checked("#tv-live-stop-at-eos input"):
-                page.click("#tv-live-stop-at-eos input")
-            page.evaluate(INSTRUMENT_JS)
-            if trace is not None:
-                browser.start_tracing(page=page, path=str(trace), categories=TRACE_CATEGORIES)
-            page.click("#tv-live-run")
-            _wait_text(page, "#tv-live-status", f"Done: {tokens} tokens", run_timeout)
-            page.wait_for_timeout(500)  # the final frame's paint
-            if trace is not None:
-                browser.stop_tracing()
-            bench = page.evaluate("window.tvBench")
-            speed = page.evaluate("""() => [...document.querySelectorAll('#tv-live-stats .tv-stat')]
-                .filter(s => s.querySelector('span').innerText.trim() === 'tok/s')
-                .map(s => s.querySelector('b').innerText.trim())[0] || '?'""")
+            _wait_text(page, "#tv-model-status", ready, model_timeout)
+            yield browser, page
         finally:
             browser.close()
+
+
+def measure(
+    url: str, tokens: int = 500, model_timeout: float = 600, run_timeout: float = 3600, trace: Path | None = None
+) -> BrowserBenchResult:
+    """Generate ``tokens`` tokens in the Live tab of the app at ``url`` and time the page; with ``trace``,
+    record the run (click to last frame) as a Chromium performance trace in that file
+    (:mod:`thinkviz.bench.trace_profile` reads it)."""
+    with _open_app(url, (1440, 1000), "Model: Ready", model_timeout) as (browser, page):
+        page.fill("#tv-live-question textarea", QUESTION)
+        box = page.locator("#tv-live-max-new input[type=number]").first
+        box.fill(str(tokens))
+        box.press("Enter")
+        if page.is_checked("#tv-live-stop-at-eos input"):
+            page.click("#tv-live-stop-at-eos input")
+        page.evaluate(INSTRUMENT_JS)
+        if trace is not None:
+            browser.start_tracing(page=page, path=str(trace), categories=TRACE_CATEGORIES)
+        page.click("#tv-live-run")
+        _wait_text(page, "#tv-live-status", f"Done: {tokens} tokens", run_timeout)
+        page.wait_for_timeout(500)  # the final frame's paint
+        if trace is not None:
+            browser.stop_tracing()
+        bench = page.evaluate("window.tvBench")
+        speed = page.evaluate("""() => [...document.querySelectorAll('#tv-live-stats .tv-stat')]
+            .filter(s => s.querySelector('span').innerText.trim() === 'tok/s')
+            .map(s => s.querySelector('b').innerText.trim())[0] || '?'""")
     return _result(bench, tokens, speed)
 
 
@@ -264,27 +272,16 @@ def _pick_preset(page, preset: str) -> None:
 def measure_play(url: str, preset: str, model_timeout: float = 600, run_timeout: float = 600) -> PlayResult:
     """In the Live tab at ``url``: pick ``preset``, press "Play recording" (as fast as it draws) and time
     its first painted token and its end (#11: a recording opens in <= 2 s)."""
-    if not Path(CHROMIUM).exists():
-        raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright  # a dev requirement (see measure)
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.goto(url)
-            _wait_text(page, "#tv-model-status", "Model:", model_timeout)
-            _pick_preset(page, preset)
-            page.wait_for_function("() => !document.querySelector('#tv-live-play').disabled", timeout=30_000)
-            page.click("#tv-live-speed input")
-            page.locator('[role=option][aria-label="as fast as it draws"]').first.click()
-            page.evaluate(INSTRUMENT_JS, "tv-live-play")
-            page.click("#tv-live-play")
-            status = _wait_text(page, "#tv-live-status", "Done", run_timeout)
-            bench = page.evaluate("window.tvBench")
-            ended = page.evaluate("performance.now()")
-        finally:
-            browser.close()
+    with _open_app(url, (1440, 1000), "Model:", model_timeout) as (_, page):
+        _pick_preset(page, preset)
+        page.wait_for_function("() => !document.querySelector('#tv-live-play').disabled", timeout=30_000)
+        page.click("#tv-live-speed input")
+        page.locator('[role=option][aria-label="as fast as it draws"]').first.click()
+        page.evaluate(INSTRUMENT_JS, "tv-live-play")
+        page.click("#tv-live-play")
+        status = _wait_text(page, "#tv-live-status", "Done", run_timeout)
+        bench = page.evaluate("window.tvBench")
+        ended = page.evaluate("performance.now()")
     painted = [t for t, n in bench["paints"] if n > 0 and t >= bench["clicked"]]
     if bench["clicked"] is None or not painted:
         raise BenchError("the page never painted a token of the recording")
@@ -303,49 +300,38 @@ def measure_tune(
     """In the Live tab at ``url``: pick ``preset``, replay only its first ``tokens`` trace tokens
     measured against the full cache, run it once as it comes, then for each of ``values`` set
     ``knob`` (a slider of the preset's policy), press Generate and time until the new ΔNLL shows."""
-    if not Path(CHROMIUM).exists():
-        raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright  # a dev requirement (see measure)
-
     cycles = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1920, "height": 1080})
-            page.goto(url)
-            _wait_text(page, "#tv-model-status", "Model: Ready", model_timeout)
-            _pick_preset(page, preset)
-            slider = page.locator(f'input[aria-label="number input for {knob.replace("_", " ")}"]').first
-            slider.wait_for(state="visible", timeout=30_000)
-            limit = page.locator("#tv-live-limit input[type=number]").first
-            limit.fill(str(tokens))
-            limit.press("Enter")
-            if not page.is_checked("#tv-live-measure input"):
-                page.click("#tv-live-measure input")
-            page.wait_for_timeout(500)
-            for value in [None, *values]:  # the first run as the preset comes: the tokenizer and caches warm up
-                page.evaluate(MARK_JS)
-                start = time.monotonic()
-                if value is not None:
-                    slider.fill(str(value))
-                    slider.press("Enter")
-                page.click("#tv-live-run")
-                page.wait_for_function(
-                    f"() => ({NEW_RESULT_JS})() || !!document.querySelector('.toast-body.error')",
-                    timeout=run_timeout * 1000,
-                    polling=50,
-                )
-                if page.locator(".toast-body.error").count():
-                    raise BenchError(f"the app reported: {page.locator('.toast-body.error').first.inner_text()}")
-                if value is not None:
-                    cycles.append(
-                        TuneCycle(
-                            str(value),
-                            time.monotonic() - start,
-                            page.evaluate(STAT_JS, "ΔNLL"),
-                            page.evaluate(STAT_JS, "KL"),
-                        )
+    with _open_app(url, (1920, 1080), "Model: Ready", model_timeout) as (_, page):
+        _pick_preset(page, preset)
+        slider = page.locator(f'input[aria-label="number input for {knob.replace("_", " ")}"]').first
+        slider.wait_for(state="visible", timeout=30_000)
+        limit = page.locator("#tv-live-limit input[type=number]").first
+        limit.fill(str(tokens))
+        limit.press("Enter")
+        if not page.is_checked("#tv-live-measure input"):
+            page.click("#tv-live-measure input")
+        page.wait_for_timeout(500)
+        for value in [None, *values]:  # the first run as the preset comes: the tokenizer and caches warm up
+            page.evaluate(MARK_JS)
+            start = time.monotonic()
+            if value is not None:
+                slider.fill(str(value))
+                slider.press("Enter")
+            page.click("#tv-live-run")
+            page.wait_for_function(
+                f"() => ({NEW_RESULT_JS})() || !!document.querySelector('.toast-body.error')",
+                timeout=run_timeout * 1000,
+                polling=50,
+            )
+            if page.locator(".toast-body.error").count():
+                raise BenchError(f"the app reported: {page.locator('.toast-body.error').first.inner_text()}")
+            if value is not None:
+                cycles.append(
+                    TuneCycle(
+                        str(value),
+                        time.monotonic() - start,
+                        page.evaluate(STAT_JS, "ΔNLL"),
+                        page.evaluate(STAT_JS, "KL"),
                     )
-        finally:
-            browser.close()
+                )
     return cycles
