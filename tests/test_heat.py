@@ -9,11 +9,12 @@ import pytest
 
 from thinkviz.text.chat import build_chat
 from thinkviz.core.engine import DecodeSettings, Run
+from thinkviz.core.events import RunRecord
 from thinkviz.demos.recordings import load as load_recording, recording_path
 from thinkviz.policies import REFERENCE_POLICY, make_policy, policy_class, policy_names
 from thinkviz.ui.controls import default_view
 from thinkviz.ui.explore_views import token_data_at
-from thinkviz.viz.tokens import HEAT_LEVELS, TokenData, heat_levels, render_tokens, token_view
+from thinkviz.viz.tokens import HEAT_LEVELS, TokenData, heat_levels, render_tokens, token_looks, token_view
 from test_viz_tokens import tokens_of
 from tiny_models import tiny_model
 
@@ -62,16 +63,22 @@ def test_recorded_frames_of_every_policy_are_never_saturated(tiny, name):
     assert np.unique(heat_levels(frames[-1].scores, len(frames[-1].texts))).size >= 5  # graded, not flat
 
 
-def test_tokens_kept_by_rule_are_drawn_apart_from_the_heat(tiny):
+def chatted(loaded, name: str, new: int, **values) -> RunRecord:
+    """The record of ``name`` (with ``values``) generating ``new`` tokens after a short protected chat."""
     run = Run(
-        tiny,
-        make_policy("h2o", budget=48, recent=8, interval=4),
-        build_chat(tiny.tokenizer, "Be brief.", "What is 2+2?"),
-        DecodeSettings(max_new_tokens=60, stop_at_eos=False),
+        loaded,
+        make_policy(name, **values),
+        build_chat(loaded.tokenizer, "Be brief.", "What is 2+2?"),
+        DecodeSettings(max_new_tokens=new, stop_at_eos=False),
     )
     list(run.generate())
-    view = token_view(run.record)
-    protected = [p for s in run.record.segments if s["protected"] for p in range(s["start"], s["end"])]
+    return run.record
+
+
+def test_tokens_kept_by_rule_are_drawn_apart_from_the_heat(tiny):
+    record = chatted(tiny, "h2o", 60, budget=48, recent=8, interval=4)
+    view = token_view(record)
+    protected = [p for s in record.segments if s["protected"] for p in range(s["start"], s["end"])]
     assert protected and not view.ranked[protected].any()  # the protected prompt: kept whatever its score
     assert not view.ranked[-8:].any() and view.ranked.sum() >= 20  # so is the recent window
     tokens = tokens_of(render_tokens(view, "combined"))
@@ -84,22 +91,10 @@ def test_tokens_kept_by_rule_are_drawn_apart_from_the_heat(tiny):
         else:  # evicted: no score, no heat
             assert not heat and token["heat"] is None and "tv-rule" not in token["cls"]
     assert "data-heat" not in render_tokens(view, "segments")  # no heat shown, none said
-    snapkv = Run(
-        tiny,
-        make_policy("snapkv", budget=48, window=8, interval=4),
-        build_chat(tiny.tokenizer, "Be brief.", "What is 2+2?"),
-        DecodeSettings(max_new_tokens=30, stop_at_eos=False),
-    )
-    list(snapkv.generate())
-    assert not token_view(snapkv.record).ranked[-8:].any()  # its observation window is its recent window
-    full = Run(
-        tiny,
-        make_policy("full"),
-        build_chat(tiny.tokenizer, "Be brief.", "What is 2+2?"),
-        DecodeSettings(max_new_tokens=4, stop_at_eos=False),
-    )
-    list(full.generate())
-    assert token_view(full.record).ranked is None  # nothing is evicted: every token's attention is shown
+    snapkv = chatted(tiny, "snapkv", 30, budget=48, window=8, interval=4)
+    assert not token_view(snapkv).ranked[-8:].any()  # its observation window is its recent window
+    full = chatted(tiny, "full", 4)
+    assert token_view(full).ranked is None  # nothing is evicted: every token's attention is shown
 
 
 # Recordings whose runs a class follows, with the policies the heat must stay readable for.
@@ -121,10 +116,10 @@ def test_following_the_newest_token_shows_readable_heat_on_recorded_frames(prese
             continue
         seen.add(name)
         events = len(record.events)
-        for step in range(events // 4, events, max(1, events // 6)):
-            tokens = tokens_of(render_tokens(token_view(record, step), "combined"))
+        for step in range(events // 4, events, max(1, events // 4)):
+            looks = token_looks(token_view(record, step), "combined")  # data-heat is each look's heat
             for visible in VISIBLE:
-                heat = np.array([int(t["heat"]) for t in tokens[-visible:] if t["heat"] is not None])
+                heat = np.array([int(look.heat) for look in looks[-visible:] if look.heat])
                 assert len(heat) >= 20
                 assert (heat >= HEAT_LEVELS - 2).mean() <= HOT_AT_MOST, (name, step, visible)
                 assert np.unique(heat).size >= 5  # graded, not flat

@@ -206,14 +206,14 @@ def view_legend(
 
 
 LEGEND_CSS = """
-.tv-legend { display: flex; flex-wrap: wrap; gap: 4px 14px; align-items: center; font-size: 12.5px;
+.tv-legend { display: flex; flex-wrap: wrap; gap: 4px 14px; align-items: center; font-size: 14px;
   line-height: 1.9; margin: 2px 0 4px; color: #1f2937; }
 .tv-legend .tv-tok { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; padding: 0 3px; }
 .tv-legend .tv-legend-swatch { padding: 0 4px; margin: 0; border-radius: 0; }
 .tv-legend-ramp { white-space: nowrap; }
 .tv-legend .tv-legend-swatch:first-of-type { border-radius: 3px 0 0 3px; }
 .tv-legend .tv-legend-swatch:last-of-type { border-radius: 0 3px 3px 0; }
-.tv-pin { font-size: 12.5px; min-height: 1.6em; margin: 0 0 4px; padding: 2px 8px; border-radius: 6px;
+.tv-pin { font-size: 14px; min-height: 1.6em; margin: 0 0 4px; padding: 2px 8px; border-radius: 6px;
   background: #f6f7f9; color: #374151; white-space: pre-wrap; }
 .tv-pin:empty::before { content: 'Click (or tap) a token to pin its details here.'; color: #9ca3af; }
 .tv-pinned { outline: 2px solid #2563eb !important; outline-offset: 1px; }

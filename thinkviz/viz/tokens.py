@@ -535,7 +535,7 @@ function tvApplyTokenPatch(root, patch) {
 def _stylesheet() -> str:
     rules = [
         ".tv-view { white-space: pre-wrap; word-break: break-word; line-height: 1.9;"
-        " font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 13px; }",
+        " font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 15px; }",
         ".tv-view:empty::before { content: 'no tokens yet'; color: #999; font-style: italic; }",
         ".tv-tok { border-radius: 2px; }",
         ".tv-tok:hover { outline: 1px solid #333; }",
@@ -562,7 +562,7 @@ def _stylesheet() -> str:
         ".tv-think-start { border-left: 1.5px solid; margin-left: 2px; padding-left: 2px; }",
         ".tv-think-end { border-right: 1.5px solid; margin-right: 2px; padding-right: 2px; }",
         ".tv-think-ok.tv-think-start::before { content: 'think ' counter(tv-think) ' \\2713 verified'; }",
-        ".tv-think-start::before { content: 'think ' counter(tv-think); font-size: 9px; font-weight: 600;"
+        ".tv-think-start::before { content: 'think ' counter(tv-think); font-size: 12px; font-weight: 600;"
         " vertical-align: super; margin-right: 3px; text-decoration: none; display: inline-block; }",
     ]
     for i, (fill, border) in enumerate(zip(_THINK_PALETTE, _THINK_BORDER)):
