@@ -95,3 +95,14 @@ def test_the_pin_box_sits_over_the_view_it_pins_from():
     assert 'data-pin-key="live"' in markup
     with pytest.raises(ValueError, match="unknown token view mode"):
         legend_html("heat", None)
+
+
+def test_the_heat_legend_says_how_tokens_are_ranked_and_which_are_kept_by_rule():
+    h2o = view_legend("combined", "h2o", None)
+    assert "nearest in age" in h2o and '<span class="tv-tok tv-rule">kept by rule</span>' in h2o
+    assert "nearest in age" in view_legend("combined", "h2o", None, ("heat",), compact=True)
+    full = view_legend("combined", "full", None)  # keeps every token: none by rule
+    assert "nearest in age" in full and "tv-rule" not in full
+    for mode in ("mass", *PREDICTION_MODES):  # ranked over the whole frame, every token
+        markup = view_legend(mode, "dynts", None)
+        assert "top 5 % of this frame" in markup and "tv-rule" not in markup and "nearest in age" not in markup

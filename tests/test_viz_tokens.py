@@ -28,7 +28,7 @@ from thinkviz.viz.tokens import (
     view_mode_choices,
 )
 
-OUR_ATTRS = {"class", "data-pos", "data-start", "title", "style"}
+OUR_ATTRS = {"class", "data-pos", "data-start", "data-heat", "title", "style"}
 
 
 class _ViewParser(HTMLParser):
@@ -57,6 +57,7 @@ class _ViewParser(HTMLParser):
                     "style": attrs.get("style", ""),
                     "title": attrs.get("title", ""),
                     "pos": attrs.get("data-pos"),
+                    "heat": attrs.get("data-heat"),
                     "text": "",
                 }
             )
@@ -178,6 +179,19 @@ def test_heat_ranks_so_that_no_frame_saturates():
         assert (levels == 0).mean() >= 0.3  # most of the text stays light
     tied = np.r_[np.ones(600), np.arange(400.0) / 400]  # 60 % tie at the maximum
     assert heat_levels(tied, len(tied))[0] < HEAT_LEVELS - 1
+
+
+def test_heat_among_neighbours_reads_the_same_at_every_age():
+    rng = np.random.default_rng(1)
+    ages = np.arange(2000.0)[::-1]
+    for trend in (ages, 1 / (1 + ages)):  # accumulated attention favours the old, a per-query mean the young
+        scores = trend * rng.lognormal(0, 0.5, 2000)
+        whole, local = heat_levels(scores, 2000), heat_levels(scores, 2000, neighbours=64)
+        assert min((whole[:150] >= 8).mean(), (whole[-150:] >= 8).mean()) == 0  # one end is never hot
+        for stretch in (local[:150], local[-150:], local[900:1050]):
+            assert 0.05 <= (stretch >= 8).mean() <= 0.2 and (stretch == 0).mean() >= 0.2
+    assert list(heat_levels([3.0, 1.0, 2.0], 3, neighbours=64)) == list(heat_levels([3.0, 1.0, 2.0], 3))
+    assert list(heat_levels([5.0, 1.0, 9.0, 2.0], 4, [True, False, True, True], neighbours=2)) == [0, -1, 9, 0]
 
 
 def test_black_text_stays_readable_on_every_heat_colour():
@@ -335,6 +349,8 @@ class SimulatedDom:
         for pos, change in patch["update"].items():
             token = self.tokens[int(pos) - first]
             token.update({k: v for k, v in change.items() if k in ("cls", "style", "title")})
+            if "heat" in change:  # data-heat, removed by ""
+                token["heat"] = change["heat"] or None
 
     def same_as(self, markup: str) -> bool:
         parsed = parse(markup)

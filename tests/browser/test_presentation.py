@@ -66,7 +66,7 @@ def test_follow_keeps_the_newest_token_in_view_after_a_scroll_up_and_a_new_run(p
     page.hover("#tv-live-tokens")
     page.mouse.wheel(0, -2000)  # the reader scrolls up: following stops
     page.wait_for_function("!document.querySelector('#tv-live-follow input').checked")
-    assert not page.evaluate(AT_END_JS)
+    page.wait_for_function(f"!({AT_END_JS})()")  # the wheel's scroll lands after its event unticked following
     page.click("#tv-live-run")  # a new run follows again
     page.wait_for_function("document.querySelector('#tv-live-follow input').checked", timeout=RUN_TIMEOUT * 1000)
     wait_for_text(page, "#tv-live-status", r"^Done: ", RUN_TIMEOUT)
@@ -99,3 +99,56 @@ def test_the_budget_takes_exact_values_and_drags_on_a_log_scale(page):
     page.wait_for_function(f"Math.abs(Number(document.querySelector('{drag}').value) - {math.log2(1000):.4f}) < 0.02")
     page.locator(drag).fill("3")  # the drag's low end is the budget's lowest value
     page.wait_for_function(f"document.querySelector('{box}').value === '8'")
+
+
+FONT_SIZES_JS = """(selectors) => selectors.map((selector) => {
+  const el = document.querySelector(selector); return el ? parseFloat(getComputedStyle(el).fontSize) : null; })"""
+CHART_FITS_JS = """() => { const svg = document.querySelector('#tv-live-memory .main-svg');
+  const panel = document.getElementById('tv-live-memory').getBoundingClientRect();
+  const box = svg && svg.getBoundingClientRect();
+  return Boolean(box) && box.width >= 0.9 * panel.width && box.left >= panel.left - 1 && box.right <= panel.right + 1;
+}"""
+# What a class reads after a run, and the least size each gets outside presentation mode (#34).
+ROOM_SIZES = {
+    "#tv-live-tokens .tv-tok": 15,
+    "#tv-live-legend .tv-legend": 14,
+    "#tv-live-stats .tv-stat span": 14,
+    "#tv-live-stats .tv-stat b": 14,
+    "#tv-live-memory .xtick text": 12,
+    "#tv-live-memory .ytick text": 12,
+}
+
+
+def _sizes(page) -> dict[str, float]:
+    return dict(zip(ROOM_SIZES, page.evaluate(FONT_SIZES_JS, list(ROOM_SIZES))))
+
+
+def test_presentation_mode_after_a_run_fits_the_chart_keeps_the_notice_and_enlarges_the_text(page):
+    page.get_by_role("tab", name="Live").click()
+    pick(page, "#tv-live-preset", "Does the key formula survive? h2o vs window on a derivation")
+    page.wait_for_function("!document.querySelector('#tv-live-play').disabled")
+    pick(page, "#tv-live-speed", "as fast as it draws")
+    page.click("#tv-live-play")
+    wait_for_text(page, "#tv-live-status", r"^Done: ", RUN_TIMEOUT)
+    notice = page.locator('[aria-label="preset notice"]').filter(has_text="Does the key formula survive?")
+    assert notice.count() == 1 and notice.first.is_visible()
+    page.wait_for_function(CHART_FITS_JS)
+    normal = _sizes(page)
+    assert all(normal[selector] >= least for selector, least in ROOM_SIZES.items()), normal
+    page.get_by_role("tab", name="Compare").click()  # a Compare column's tokens, before any comparison
+    compare_size = page.evaluate(TOKEN_SIZE_JS.replace("tv-live-tokens", "tv-compare-tokens-0"))
+    page.get_by_role("tab", name="Live").click()
+    assert compare_size >= 15
+    page.click("#tv-present input")  # after the run: the chart follows its narrower panel at once
+    page.wait_for_function("!!document.querySelector('.tv-present')")
+    page.wait_for_function(CHART_FITS_JS)
+    assert notice.first.is_visible()
+    box = notice.first.bounding_box()
+    assert box["y"] + box["height"] <= HEIGHT / 3  # short: over the views, not instead of them
+    large = _sizes(page)
+    assert all(large[selector] > normal[selector] for selector in ROOM_SIZES), large  # larger still
+    assert page.evaluate(FONT_SIZES_JS, ['[aria-label="preset notice"] p'])[0] >= 18
+    page.click("#tv-present input")
+    page.wait_for_function("!document.querySelector('.tv-present')")
+    page.wait_for_function(CHART_FITS_JS)  # and back to the wide panel
+    assert notice.first.is_visible()

@@ -20,18 +20,12 @@ from ..viz.legend import LEGEND_CSS, PIN_JS
 from ..viz.tokens import TOKEN_CSS
 from . import inputs
 from .model_slot import ModelSlot
+from .present import PAGE_JS, PRESENT_JS
 from .session import RECORDING_BUDGET, Session, Shelf, release
 from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID
 from .tabs import AppContext, compare, explore, learn, live, sweep
 from .model_panel import load_status_markdown
 
-# Presentation mode is a class on the app's root element (app.css): the controls fold into a bar, the
-# views grow.  Inside Gradio's .contain, because Gradio repeats every custom rule prefixed with it.
-PRESENT_JS = """(on) => {
-  const root = document.querySelector('.gradio-container .contain');
-  (root?.firstElementChild || document.body).classList.toggle('tv-present', Boolean(on));
-  return [];
-}"""
 APP_CSS = TOKEN_CSS + LEGEND_CSS + (Path(__file__).with_name("app.css")).read_text(encoding="utf-8")
 
 
@@ -109,6 +103,7 @@ def build_app(
 
         demo.load(watch_default, None, model_status, show_progress="hidden", api_visibility="private")
         demo.load(None, None, None, js=PIN_JS)  # a click on any token pins its details
+        demo.load(None, None, None, js=PAGE_JS)  # notices labelled, charts fitted to their panels
 
         def release_session(request: gr.Request) -> None:
             """The tab closed or its client went (see thinkviz.ui.session): let go of what it holds."""

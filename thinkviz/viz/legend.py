@@ -16,8 +16,9 @@ import html
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from ..policies import ScoreScale, score_scale
-from .tokens import HEAT_LEVELS, MODE_PARTS, PREDICTION_MODES, SEGMENT_KINDS, TokenData
+from ..policies import ScoreScale, lookup, score_scale
+from .heat import HEAT_LEVELS, HEAT_NEIGHBOURS
+from .tokens import MODE_PARTS, PREDICTION_MODES, SEGMENT_KINDS, TokenData
 
 # How the legend names a segment kind (a kind missing here is shown by its own name).
 SEGMENT_NAMES = {
@@ -61,7 +62,12 @@ def _part(title: str, body: str) -> str:
 
 
 def _heat(
-    scale: ScoreScale | None, policy: str, compact: bool, every_token: bool = False, ranked_by: str | None = None
+    scale: ScoreScale | None,
+    policy: str,
+    compact: bool,
+    every_token: bool = False,
+    ranked_by: str | None = None,
+    by_rule: bool = True,
 ) -> str:
     if scale is None:
         who = html.escape(policy) if policy else "this policy"
@@ -71,11 +77,17 @@ def _heat(
         f"<i>{html.escape(scale.low)}</i> <span class='tv-legend-ramp'>{ramp}</span> <i>{html.escape(scale.high)}</i>"
     )
     by = f"<br>ranked by: {html.escape(ranked_by)}" if ranked_by else ""
+    whole = every_token or scale is MASS_SCALE  # ranked over the whole frame, every token
+    rule = _sample("kept by rule", "tv-rule") if by_rule and not whole else ""
     if compact:
-        return _part("Heat:", f"{html.escape(scale.what)}<br>{scale_text}{by}")
-    every = every_token or scale is MASS_SCALE
-    recent = "" if every else "; the policy's recent window, always kept, is not ranked"
-    return _part("Heat", f"= {html.escape(scale.what)}: {scale_text} (hottest = top 5 % of this frame{recent}){by}")
+        among = "" if whole else f"<br>each among the {HEAT_NEIGHBOURS} tokens nearest in age"
+        rule = f"<br>{rule} not ranked" if rule else ""
+        return _part("Heat:", f"{html.escape(scale.what)}<br>{scale_text}{among}{rule}{by}")
+    if whole:
+        return _part("Heat", f"= {html.escape(scale.what)}: {scale_text} (hottest = top 5 % of this frame){by}")
+    rule = f"; {rule} the recent window, sinks and protected prompt, always kept, are not ranked" if rule else ""
+    among = f"each token ranked among the {HEAT_NEIGHBOURS} nearest in age, hottest = their top 5 %"
+    return _part("Heat", f"= {html.escape(scale.what)}: {scale_text} ({among}{rule}){by}")
 
 
 def _keep() -> str:
@@ -121,6 +133,7 @@ def legend_html(
     compact: bool = False,
     ranked_by: str | None = None,
     verified: bool = False,
+    by_rule: bool = True,
 ) -> str:
     """The legend strip for a token view in ``mode``.
 
@@ -131,7 +144,8 @@ def legend_html(
     column's heat; ``compact``: the heat scale in two short lines (a narrow column); ``ranked_by``:
     which score ranked the tokens, in the policy's words, said under the heat of its own score
     (not under the mass or a prediction mode's heat); ``verified``: the view marks verified think
-    blocks (think_drop), so the boxes explain the mark; ``""`` when the mode draws none of the parts.
+    blocks (think_drop), so the boxes explain the mark; ``by_rule``: the policy keeps some tokens by
+    rule (an evicting one), drawn apart from the heat; ``""`` when the mode draws none of the parts.
     """
     if mode not in MODE_PARTS:
         raise ValueError(f"unknown token view mode {mode!r}; choose one of: {', '.join(MODE_PARTS)}")
@@ -140,7 +154,7 @@ def legend_html(
     present += [k for k in (kinds or ()) if k not in present]
     by = ranked_by if mode != "mass" and mode not in PREDICTION_MODES else None  # said of the policy's own score
     body = {
-        "heat": lambda: _heat(scale, policy, compact, every_token=mode in PREDICTION_MODES, ranked_by=by),
+        "heat": lambda: _heat(scale, policy, compact, mode in PREDICTION_MODES, by, by_rule),
         "keep": _keep,
         "segments": lambda: _segments(present),
         "boxes": lambda: _boxes(verified),
@@ -177,20 +191,29 @@ def view_legend(
     scale = MASS_SCALE if mode == "mass" else PREDICTION_SCALES.get(mode) or score_scale(policy)
     ranked_by = view.ranked_by if view is not None else None
     verified = view is not None and bool(view.verified)
+    by_rule = lookup(policy).evicts
     return legend_html(
-        mode, scale, policy=policy, kinds=kinds, parts=parts, compact=compact, ranked_by=ranked_by, verified=verified
+        mode,
+        scale,
+        policy=policy,
+        kinds=kinds,
+        parts=parts,
+        compact=compact,
+        ranked_by=ranked_by,
+        verified=verified,
+        by_rule=by_rule,
     )
 
 
 LEGEND_CSS = """
-.tv-legend { display: flex; flex-wrap: wrap; gap: 4px 14px; align-items: center; font-size: 12.5px;
+.tv-legend { display: flex; flex-wrap: wrap; gap: 4px 14px; align-items: center; font-size: 14px;
   line-height: 1.9; margin: 2px 0 4px; color: #1f2937; }
 .tv-legend .tv-tok { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; padding: 0 3px; }
 .tv-legend .tv-legend-swatch { padding: 0 4px; margin: 0; border-radius: 0; }
 .tv-legend-ramp { white-space: nowrap; }
 .tv-legend .tv-legend-swatch:first-of-type { border-radius: 3px 0 0 3px; }
 .tv-legend .tv-legend-swatch:last-of-type { border-radius: 0 3px 3px 0; }
-.tv-pin { font-size: 12.5px; min-height: 1.6em; margin: 0 0 4px; padding: 2px 8px; border-radius: 6px;
+.tv-pin { font-size: 14px; min-height: 1.6em; margin: 0 0 4px; padding: 2px 8px; border-radius: 6px;
   background: #f6f7f9; color: #374151; white-space: pre-wrap; }
 .tv-pin:empty::before { content: 'Click (or tap) a token to pin its details here.'; color: #9ca3af; }
 .tv-pinned { outline: 2px solid #2563eb !important; outline-offset: 1px; }

@@ -8,12 +8,15 @@ run that is streaming and for a finished or loaded one alike.
 Appearance is carried by classes (styled once by :data:`TOKEN_CSS`) so that it can be
 patched token by token while a run streams:
 
-- importance: ``tv-h0 … tv-h9``, the score's rank among the frame's finite scores in ten
-  bands (:data:`HEAT_BANDS`: the lowest third is band 0, the top 5 % band 9), on light colours
-  from cream over orange to coral that keep black text readable; a policy without a graded score
-  (:attr:`~thinkviz.policies.Policy.score_scale` ``None``) passes no scores and shows no heat;
+- importance: ``tv-h0 … tv-h9`` (and ``data-heat="0"`` … ``"9"``), the score's rank among the
+  :data:`~thinkviz.viz.heat.HEAT_NEIGHBOURS` ranked tokens nearest in age in ten bands
+  (:mod:`thinkviz.viz.heat`: the lowest third is band 0, the top 5 % band 9), on light colours
+  from cream over orange to coral that keep black text readable; ``tv-rule`` (no ``data-heat``):
+  kept by rule (the recent window, sinks, protected spans), a token whose score decides nothing; a
+  policy without a graded score (:attr:`~thinkviz.policies.Policy.score_scale` ``None``) passes no
+  scores and shows no heat;
 - mass (a policy that fits attention biases: ``am``, ``tam`` with ``compaction=match``): the
-  same ten bands over ``e^β``, ranked the same way, how many tokens each kept token stands for;
+  same ten bands over ``e^β``, ranked over the whole frame, how many tokens each kept token stands for;
   the tooltip of every kept token says it ("stands for ≈ 3.2 tokens");
 - eviction: ``tv-gone`` (no layer or head holds the token: greyed and struck through),
   ``tv-part tv-k1 … tv-k9`` (kept in that many tenths of the (layer, kv-head) slots:
@@ -41,28 +44,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..core.events import RunRecord
-from ..policies import lookup
+from ..policies import Policy, PolicyConfigError, lookup
+from .heat import HEAT_LEVELS, HEAT_NEIGHBOURS, RULE_COLOUR, heat_colour, heat_levels, ranked_tokens
 
 MODES = ("importance", "mass", "segments", "evicted", "combined")
 # Heat from another array than the policy's scores, shaded like "importance": for a run whose
 # policy reports predicted importance (dynts) — ``{mode: what the UI calls it}``.
 PREDICTION_MODES = {"predicted": "predicted importance", "answer": "attention from the answer"}
-HEAT_LEVELS = 10  # tv-h0 … tv-h9
-# Lower edges of bands 1 … 9 as a share of the frame's scores (the square roots of 0.1 … 0.9): most
-# tokens stay light, the hottest colour marks the top ~5 %.
-HEAT_BANDS = np.sqrt(np.arange(1, HEAT_LEVELS) / HEAT_LEVELS)
-HEAT_PALETTE = (
-    "#fffaf0",
-    "#fff1c2",
-    "#ffe495",
-    "#ffd26b",
-    "#ffbd52",
-    "#ffa547",
-    "#ff8c42",
-    "#fb7544",
-    "#f5604a",
-    "#ee5050",
-)  # black text stays readable on each
 KEEP_LEVELS = 10  # tv-k1 … tv-k9 for partial keeps
 
 # Which covering span names a token's colour: the most specific one.
@@ -130,8 +118,8 @@ class TokenData:
     segmenter's per-token labels (only ``"template"``, a chat-template marker, changes the
     view; ``None``: none known); ``spans`` the segments over absolute positions
     (:class:`~thinkviz.text.segments.Span` or the ``dict`` form a recording stores); ``ranked`` ``(n,)``
-    bool, the tokens whose score is ranked for heat (``None``: all): the policy's recent window,
-    which it keeps whatever the score, is left out (:func:`outside_recent`); ``mass`` ``(n,)``
+    bool, the tokens whose score is ranked for heat (``None``: all): those the policy keeps by
+    rule whatever the score are left out (:func:`~thinkviz.viz.heat.ranked_tokens`); ``mass`` ``(n,)``
     ``e^β`` per token for a run that fits attention biases (``None``: the run has none).
     ``predicted`` ``(n,)``: each token's importance as the policy's predictor judged it when the
     token was written; ``answer_attention`` ``(n,)``: the attention the answer paid each token
@@ -176,7 +164,7 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
         labels = list(record.prompt_labels) + [""] * (len(texts) - len(record.prompt_labels))
     policy = lookup(str(record.meta.get("policy")))
     graded = last is not None and policy.score_scale is not None
-    ranked = outside_recent(len(texts), record.meta.get("params", {})) if policy.evicts else None
+    ranked = _ranked(policy, record.meta.get("params", {}), len(texts), record.segments) if policy.evicts else None
     return TokenData(
         texts,
         last.scores if graded else None,
@@ -192,6 +180,20 @@ def token_view(record: RunRecord, step: int | None = None) -> TokenData:
     )
 
 
+def _ranked(policy: type[Policy], params: dict[str, Any], n: int, spans: Sequence[Any]) -> np.ndarray | None:
+    """``(n,)`` bool: the tokens ``policy``, built from a record's ``params``, ranks by score
+    (:func:`~thinkviz.viz.heat.ranked_tokens`; ``None``: all); its recent window and sinks as the
+    built policy forces them (snapkv's observation window is its recent window), as the recorded
+    knobs say where it cannot be built (an older recording's)."""
+    try:
+        built = policy(**params)
+        recent, sinks = built.recent, built.n_sink
+    except (PolicyConfigError, TypeError):
+        recent, sinks = int(params.get("recent", 0) or 0), int(params.get("n_sink", 0) or 0)
+    kept = [s for s in spans if _field(s, "protected", False)]
+    return ranked_tokens(n, recent, sinks, [(int(_field(s, "start", 0)), int(_field(s, "end", 0))) for s in kept])
+
+
 def _ranked_by(event: Any) -> str | None:
     """The step info's ``importance`` text of ``event``, when it is one."""
     text = None if event is None else event.info.get("importance")
@@ -203,19 +205,6 @@ def _verified_blocks(event: Any) -> frozenset[int]:
     made before the ``verified`` field existed: closed with parsed code, the only gate then)."""
     blocks = [] if event is None else event.info.get("blocks") or []
     return frozenset(b["index"] for b in blocks if b.get("verified", b.get("closed") and b.get("code") == "parsed"))
-
-
-def outside_recent(n: int, params: dict[str, Any]) -> np.ndarray | None:
-    """``(n,)`` bool: the tokens older than the policy's recent window (``recent`` in ``params``),
-    which it always keeps whatever their score (:meth:`~thinkviz.policies.Policy.forced`);
-    ``None`` when it has none.  The newest tokens draw the most attention per query, so ranking
-    them too would paint the end of every view in the hottest colours."""
-    recent = int(params.get("recent", 0))
-    if recent <= 0:
-        return None
-    ranked = np.ones(n, dtype=bool)
-    ranked[max(0, n - recent) :] = False
-    return ranked
 
 
 def _predicted(events: Sequence[Any], n: int) -> np.ndarray | None:
@@ -254,11 +243,16 @@ def _floats(values: Any) -> np.ndarray | None:
 
 
 class Look(NamedTuple):
-    """How one token is drawn: its class list, inline style and tooltip (unescaped)."""
+    """How one token is drawn: its class list, inline style, tooltip (unescaped) and heat class
+    (``data-heat``: ``"0"`` … ``"9"``, ``""`` where the token shows no heat)."""
 
     cls: str
     style: str
     title: str
+    heat: str = ""
+
+
+RULE = -2  # a heat level: kept by rule, not ranked (tv-rule)
 
 
 @dataclass(frozen=True)
@@ -275,30 +269,6 @@ class _Segment:
 
 
 # ---- quantisation ------------------------------------------------------------------
-def heat_levels(
-    scores: Sequence[float] | np.ndarray | None, n: int, ranked: Sequence[bool] | np.ndarray | None = None
-) -> np.ndarray:
-    """``(n,)`` int: importance level ``0 … HEAT_LEVELS-1``, ``-1`` where there is no finite score
-    or the token is not among ``ranked`` (``(n,)`` bool; ``None``: all are).
-
-    A score's level is its rank among the frame's ``m`` finite scores: ``q`` = the share of the
-    other scores strictly below it (``0`` lowest, ``1`` highest; ties share their lowest rank, so a
-    large tie never fills the top band), cut at :data:`HEAT_BANDS`.  Magnitudes do not matter, so
-    no outlier washes out the frame and no frame saturates: only the top ~5 % reach the top band.
-    """
-    levels = np.full(n, -1, dtype=np.int64)
-    if scores is None:
-        return levels
-    values = np.asarray(scores, dtype=np.float64)
-    finite = np.isfinite(values) & (True if ranked is None else np.asarray(ranked, dtype=bool))
-    if not finite.any():
-        return levels
-    ranked = np.sort(values[finite])
-    below = np.searchsorted(ranked, values[finite], side="left") / max(1, len(ranked) - 1)  # q in [0, 1]
-    levels[finite] = np.searchsorted(HEAT_BANDS, below, side="right")
-    return levels
-
-
 def keep_levels(keep_fraction: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray:
     """``(n,)`` int: ``0`` evicted everywhere, ``KEEP_LEVELS`` kept everywhere, ``1 … 9`` partially
     kept (tenths of the slots, rounded), ``-1`` unknown."""
@@ -423,8 +393,11 @@ def _segment_look(mode: str, segment: _Segment, verified: frozenset[int]) -> tup
 
 
 def _value_classes(mode: str, heat: int, kept: int) -> str:
-    """The classes importance and eviction give a token in ``mode`` (leading space included)."""
-    out = f" tv-h{heat}" if mode in _HEAT_MODES and heat >= 0 else ""
+    """The classes importance (``heat``: a level, ``-1`` none, :data:`RULE` kept by rule) and
+    eviction give a token in ``mode`` (leading space included)."""
+    out = ""
+    if mode in _HEAT_MODES and heat != -1:
+        out = " tv-rule" if heat == RULE else f" tv-h{heat}"
     if mode in _KEEP_MODES:
         if kept == 0:
             out += " tv-gone"
@@ -449,8 +422,15 @@ def token_looks(data: TokenData, mode: str) -> list[Look]:
     ranked = None if mode in PREDICTION_MODES else data.ranked  # a prediction ranks every token
     _check(mode, texts, scores=scores, keep_fraction=keep_fraction, labels=data.labels, ranked=ranked, mass=data.mass)
     n = len(texts)
-    # mass: every kept token is ranked (new tokens carry e^0 = 1, below any token that stands for more)
-    heat = (heat_levels(data.mass, n) if mode == "mass" else heat_levels(scores, n, ranked)).tolist()
+    # mass: every kept token is ranked over the frame (new tokens carry e^0 = 1, below any token that
+    # stands for more), a prediction too; the policy's own score among tokens of comparable age
+    if mode == "mass":
+        levels = heat_levels(data.mass, n)
+    else:
+        levels = heat_levels(scores, n, ranked, None if mode in PREDICTION_MODES else HEAT_NEIGHBOURS)
+        if scores is not None and ranked is not None:
+            levels[~np.asarray(ranked, dtype=bool)] = RULE
+    heat = levels.tolist()
     kept = keep_levels(keep_fraction, n).tolist()
     score_list = [None] * n if scores is None else np.asarray(scores, dtype=np.float64).tolist()
     keep_list = [None] * n if keep_fraction is None else np.asarray(keep_fraction, dtype=np.float64).tolist()
@@ -465,17 +445,19 @@ def token_looks(data: TokenData, mode: str) -> list[Look]:
         score_text = f"{score:.3g}" if score is not None and math.isfinite(score) else "—"
         title = (
             f"{json.dumps(texts[i], ensure_ascii=False)}  pos {start + i}\n"
-            f"score {score_text} · {_keep_text(keep_list[i])}{_mass_text(mass_list[i])}\n"
-            f"{segment.path or '—'}"
+            f"score {score_text}{' (kept by rule)' if heat[i] == RULE else ''} · "
+            f"{_keep_text(keep_list[i])}{_mass_text(mass_list[i])}\n{segment.path or '—'}"
         )
-        looks.append(Look(cls + _value_classes(mode, heat[i], kept[i]), style, title))
+        shown = str(heat[i]) if mode in _HEAT_MODES and heat[i] >= 0 else ""
+        looks.append(Look(cls + _value_classes(mode, heat[i], kept[i]), style, title, shown))
     return looks
 
 
 def _token_html(pos: int, text: str, look: Look) -> str:
-    style = f' style="{html.escape(look.style, quote=True)}"' if look.style else ""
+    attrs = f' style="{html.escape(look.style, quote=True)}"' if look.style else ""
+    attrs += f' data-heat="{look.heat}"' if look.heat else ""
     return (
-        f'<span class="{look.cls}" data-pos="{pos}"{style} title="{html.escape(look.title, quote=True)}">'
+        f'<span class="{look.cls}" data-pos="{pos}"{attrs} title="{html.escape(look.title, quote=True)}">'
         f"{html.escape(text, quote=True)}</span>"
     )
 
@@ -508,7 +490,7 @@ def token_delta(prev: TokenViewState | None, data: TokenData, mode: str) -> tupl
     or ``start`` changed, or the earlier tokens are not a prefix of ``texts`` (a new run);
     otherwise ``{"reset": None, "append": html of the new tokens, "update": {pos: changes}}``
     where ``changes`` holds only the fields that differ: ``cls``, ``style``, ``title`` (plain
-    text, set through the DOM, never parsed as HTML).
+    text, set through the DOM, never parsed as HTML), ``heat`` (``data-heat``; ``""`` removes it).
     """
     texts, start = data.texts, data.start
     looks = tuple(token_looks(data, mode))
@@ -541,21 +523,19 @@ function tvApplyTokenPatch(root, patch) {
       if (change.style) el.setAttribute("style", change.style); else el.removeAttribute("style");
     }
     if ("title" in change) el.title = change.title;
+    if ("heat" in change) {
+      if (change.heat) el.dataset.heat = change.heat; else delete el.dataset.heat;
+    }
   }
 }
 """.strip()
 
 
 # ---- the stylesheet ----------------------------------------------------------------
-def heat_colour(level: int) -> str:
-    """Background of importance ``level`` (:data:`HEAT_PALETTE`: cream → orange → coral)."""
-    return HEAT_PALETTE[level]
-
-
 def _stylesheet() -> str:
     rules = [
         ".tv-view { white-space: pre-wrap; word-break: break-word; line-height: 1.9;"
-        " font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 13px; }",
+        " font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 15px; }",
         ".tv-view:empty::before { content: 'no tokens yet'; color: #999; font-style: italic; }",
         ".tv-tok { border-radius: 2px; }",
         ".tv-tok:hover { outline: 1px solid #333; }",
@@ -563,6 +543,7 @@ def _stylesheet() -> str:
     for level in range(HEAT_LEVELS):
         rules.append(f".tv-h{level} {{ background-color: {heat_colour(level)}; color: #000; }}")
     rules += [
+        f".tv-rule {{ background-color: {RULE_COLOUR}; color: #000; }}",
         ".tv-gone { color: #a0a0a0; text-decoration: line-through; background-color: #f1f1f1; }",
         ".tv-part { background-image: repeating-linear-gradient(45deg, rgba(0,0,0,.16) 0 1px, transparent 1px 4px); }",
     ]
@@ -581,7 +562,7 @@ def _stylesheet() -> str:
         ".tv-think-start { border-left: 1.5px solid; margin-left: 2px; padding-left: 2px; }",
         ".tv-think-end { border-right: 1.5px solid; margin-right: 2px; padding-right: 2px; }",
         ".tv-think-ok.tv-think-start::before { content: 'think ' counter(tv-think) ' \\2713 verified'; }",
-        ".tv-think-start::before { content: 'think ' counter(tv-think); font-size: 9px; font-weight: 600;"
+        ".tv-think-start::before { content: 'think ' counter(tv-think); font-size: 12px; font-weight: 600;"
         " vertical-align: super; margin-right: 3px; text-decoration: none; display: inline-block; }",
     ]
     for i, (fill, border) in enumerate(zip(_THINK_PALETTE, _THINK_BORDER)):
