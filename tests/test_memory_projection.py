@@ -4,17 +4,23 @@ and runs out only where its cap is more than the card holds."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from thinkviz.core.engine import DecodeSettings, Run
+from thinkviz.core.events import RunRecord
 from thinkviz.core.kvquant import KVQuant
 from thinkviz.memory import GIB, Projection, TargetModel
 from thinkviz.policies import make_policy, policy_class, policy_names, policy_params
 from thinkviz.text.chat import build_chat
+from thinkviz.ui.compare_run import FIDELITY_COLUMNS, fidelity_row
+from thinkviz.units import format_bytes
 from thinkviz.viz.memory_chart import memory_figure
 from thinkviz.viz.memory_projection import kept_cap, projection_outcome
 from thinkviz.viz.run_series import tokens_seen
+from thinkviz.viz.tables import peak_kv_bytes, stats_strip
 from viz_records import replayed
 
 SYSTEM = "You are a careful assistant. Think inside <think> tags, then answer."
@@ -152,3 +158,36 @@ def test_the_memory_chart_draws_the_cap_that_explains_the_kv_line(tiny_llama):
     # a budget the kept-by-rule tokens fit in: the budget explains the line, no second one
     roomy = replayed(tiny_llama, "h2o", budget=40, interval=3, recent=4).record
     assert not any(t.name.startswith("cap") for t in memory_figure(roomy).data)
+
+
+# ---- one peak KV ----------------------------------------------------------------------
+def _peak_everywhere(record) -> dict[str, str]:
+    """The peak KV as the stats header, Compare's table and the memory chart show it."""
+    chart = next(t.name for t in memory_figure(record).data if t.name.startswith("peak KV"))
+    row = fidelity_row("h2o", None, None, record)
+    return {
+        "header": stats_strip(record)["peak KV"],
+        "table": row[FIDELITY_COLUMNS.index("peak KV")],
+        "chart": chart.removeprefix("peak KV ").split(" (")[0],
+    }
+
+
+def test_one_peak_kv_in_the_header_the_table_the_chart_and_a_recording(tiny_llama, tmp_path):
+    run = Run(
+        tiny_llama,
+        make_policy("h2o", budget=40, interval=8, recent=4),
+        build_chat(tiny_llama.tokenizer, "Be brief.", "Fix parse(s)."),
+        DecodeSettings(),
+    )
+    for _ in run.replay(tiny_llama.tokenizer("Split on the colon. " * 12, add_special_tokens=False)["input_ids"]):
+        pass
+    record = run.record
+    peak = peak_kv_bytes(record)
+    assert peak == run.peak_kv_bytes > max(record.kv_bytes_series())  # read inside a step, before it compressed
+    shown = _peak_everywhere(record)
+    assert set(shown.values()) == {format_bytes(peak)}, shown
+    record.save(tmp_path / "run")  # a recording keeps the same peak
+    assert _peak_everywhere(RunRecord.load(tmp_path / "run")) == shown
+    # while a run streams (no summary yet), every place shows the most held after a step
+    streaming = dataclasses.replace(record, summary={})
+    assert set(_peak_everywhere(streaming).values()) == {format_bytes(int(max(record.kv_bytes_series())))}
