@@ -5,6 +5,7 @@ and runs out only where its cap is more than the card holds."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,11 +17,15 @@ from thinkviz.memory import GIB, Projection, TargetModel
 from thinkviz.policies import make_policy, policy_class, policy_names, policy_params
 from thinkviz.text.chat import build_chat
 from thinkviz.ui.compare_run import FIDELITY_COLUMNS, fidelity_row
+from thinkviz.ui.inputs import LOADED_TARGET
+from thinkviz.ui.session import Session
+from thinkviz.ui.tabs.live import reproject
 from thinkviz.units import format_bytes
 from thinkviz.viz.memory_chart import memory_figure
 from thinkviz.viz.memory_projection import kept_cap, projection_outcome
 from thinkviz.viz.run_series import tokens_seen
 from thinkviz.viz.tables import peak_kv_bytes, stats_strip
+from tiny_models import tiny_model
 from viz_records import replayed
 
 SYSTEM = "You are a careful assistant. Think inside <think> tags, then answer."
@@ -191,3 +196,25 @@ def test_one_peak_kv_in_the_header_the_table_the_chart_and_a_recording(tiny_llam
     # while a run streams (no summary yet), every place shows the most held after a step
     streaming = dataclasses.replace(record, summary={})
     assert set(_peak_everywhere(streaming).values()) == {format_bytes(int(max(record.kv_bytes_series())))}
+
+
+# ---- the loaded model -----------------------------------------------------------------
+def test_the_live_chart_projects_the_loaded_model_on_its_own_config(tiny_llama):
+    # tiny_llama: 2 layers, 4 query heads over 2 kv-heads (grouped-query), head size 16; a cache
+    # priced in bf16 on a card: 2 (K, V) · 2 · 2 · 16 · 2 = 256 bytes a token (the embedded
+    # SmolLM2's 30 layers of 3 kv-heads of 64: 23,040)
+    record = _record(tiny_llama, "h2o", budget=24)
+    session = Session(live_record=record)
+    kept = np.array([e.kv_tokens for e in record.events])
+    per_token = {}
+    for loaded in (tiny_llama, tiny_model("llama", kv_heads=1)):  # the same model with one kv-head
+        figure = reproject(SimpleNamespace(loaded=loaded), session, LOADED_TARGET, 8, False)
+        assert f"Projected on {loaded.name} (4-bit weights), 8 GiB card (GiB)" in [
+            a.text for a in figure.layout.annotations
+        ]
+        line = next(t for t in figure.data if t.name == f"policy on {loaded.name}")
+        per_token[loaded.model.config.num_key_value_heads] = float(line.y[-1]) * GIB / kept[-1]
+    assert per_token == {2: pytest.approx(256), 1: pytest.approx(128)}  # GQA: the kv-heads, not the query heads
+    # no model loaded yet: no projection panel rather than another model's
+    figure = reproject(SimpleNamespace(loaded=None), session, LOADED_TARGET, 8, False)
+    assert not any(t.name.startswith("policy on") for t in figure.data)

@@ -144,17 +144,8 @@ def _add_budget(fig: go.Figure, record: RunRecord, x: np.ndarray, pick: np.ndarr
     if cap is None or cap.fraction is not None or cap.forced <= cap.budget:
         return
     top = int(cap.at(x[-1]))
-    fig.add_trace(
-        go.Scatter(
-            x=x[ends],
-            y=[top * budget_token_bytes(record) / MIB] * 2,
-            name=f"cap ({top:,} tokens: {cap.label()})",
-            line=dict(color=BUDGET_COLOUR, dash="dash", width=1.5),
-            **line,
-        ),
-        row=1,
-        col=1,
-    )
+    name = f"cap ({top:,} tokens: {cap.label()})"
+    _add_level(fig, x, top * budget_token_bytes(record), name, dict(color=BUDGET_COLOUR, dash="dash", width=1.5), 1)
 
 
 def _add_peak(fig: go.Figure, record: RunRecord, x: np.ndarray) -> None:
@@ -164,16 +155,15 @@ def _add_peak(fig: go.Figure, record: RunRecord, x: np.ndarray) -> None:
         return
     peak = peak_kv_bytes(record)
     inside = " (inside a step, before it compressed)" if peak > int(record.kv_bytes_series().max()) else ""
+    line = dict(color=KV_COLOUR, width=1, dash="longdashdot")
+    _add_level(fig, x, peak, f"peak KV {format_bytes(peak)}{inside}", line, 1)
+
+
+def _add_level(fig: go.Figure, x: np.ndarray, level: float, name: str, line: dict, row: int) -> None:
+    """A flat line at ``level`` bytes (drawn in MiB) across the run's tokens ``x`` on panel ``row``."""
     fig.add_trace(
-        go.Scatter(
-            x=[x[0], x[-1]],
-            y=[peak / MIB] * 2,
-            mode="lines",
-            hoverinfo="name",
-            name=f"peak KV {format_bytes(peak)}{inside}",
-            line=dict(color=KV_COLOUR, width=1, dash="longdashdot"),
-        ),
-        row=1,
+        go.Scatter(x=[x[0], x[-1]], y=[level / MIB] * 2, mode="lines", hoverinfo="name", name=name, line=line),
+        row=row,
         col=1,
     )
 
@@ -208,18 +198,8 @@ def _add_device(
         _add_cap(fig, record, cap, x, device["GPU reserved"])
     weights = record.meta.get("weights_bytes")
     if weights and len(x):
-        fig.add_trace(
-            go.Scatter(
-                x=[x[0], x[-1]],
-                y=[weights / MIB] * 2,
-                mode="lines",
-                hoverinfo="name",
-                name=f"weights ({record.meta.get('quantization', '?')}, {format_bytes(weights)})",
-                line=dict(color=DEVICE_COLOUR, width=1, dash="longdash"),
-            ),
-            row=2,
-            col=1,
-        )
+        name = f"weights ({record.meta.get('quantization', '?')}, {format_bytes(weights)})"
+        _add_level(fig, x, weights, name, dict(color=DEVICE_COLOUR, width=1, dash="longdash"), 2)
     fig.update_yaxes(title_text="MiB", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(matches="x", row=2, col=1)
 
