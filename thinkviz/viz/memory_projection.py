@@ -85,11 +85,14 @@ class KeptCap:
 def kept_cap(record: RunRecord) -> KeptCap | None:
     """The cap of ``record``'s policy (its knobs as recorded, its protected spans from the record's
     segments), or ``None`` for a cache without one: the full cache, a policy that may stay over
-    budget (``hard_budget = False``: think_drop) and a policy this version does not know."""
-    name = str(record.meta.get("policy"))
+    budget (``hard_budget = False``: think_drop) and a policy this version does not know or whose
+    knobs it refuses."""
+    name, params = str(record.meta.get("policy")), record.meta.get("params")
+    if not params:
+        return None  # a record without its knobs: its budget cannot be told from the defaults
     try:
-        policy: Policy = make_policy(name, **policy_values(name, dict(record.meta.get("params", {}))))
-    except (PolicyConfigError, KeyError):
+        policy: Policy = make_policy(name, **policy_values(name, dict(params)))
+    except PolicyConfigError:
         return None
     if not policy.evicts or not policy.hard_budget:
         return None
