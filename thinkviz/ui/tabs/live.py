@@ -10,7 +10,7 @@ them (:func:`build`); a handler returns ``{component: value}`` for what it updat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 from collections.abc import Callable, Iterator, Mapping
 
@@ -426,7 +426,9 @@ def run_live(tab: LiveTab, screen: LiveScreen, s: Session, view_mode: str, **val
         return request
 
     def frames(loaded, asked: LiveRequest, cancel) -> Iterator[Updates]:
-        memory = MemoryView.of(*tab.projection.of(values), loaded)  # "the loaded model": this one
+        # the view asked for, "the loaded model" priced on the model that runs
+        projection = inputs.projection(values["project_onto"], values["card_gib"], loaded)
+        memory = replace(asked.memory, projection=projection)
         run = live_frames(
             loaded,
             asked.policy,
