@@ -39,7 +39,7 @@ from ..units import format_bytes
 from ..viz.fidelity import fidelity_figure
 from ..viz.compare_chart import compare_memory_figure, series_styles
 from ..viz.legend import view_legend
-from ..viz.tables import stats_html
+from ..viz.tables import peak_kv_bytes, stats_html
 from ..viz.tokens import TokenData, token_view
 from ..measure.requests import RunInput, RunInputError, prepare
 from .stream import TokenChannel
@@ -121,7 +121,7 @@ def fidelity_row(name: str, fidelity: TokenFidelity | None, diverged: str | None
 
     last = record.events[-1] if record.events else None
     kept = f"{last.kv_tokens / (last.positions[-1] + 1):.0%}" if last else "—"
-    peak = format_bytes(max(e.kv_bytes for e in record.events)) if last else "—"
+    peak = format_bytes(peak_kv_bytes(record)) if last else "—"
     if fidelity is None or len(fidelity.positions) == 0:
         cells = ["—"] * 4
     else:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..measure.inspection import inspect_trace
 from ..core.kvquant import RESIDUAL, KVQuant, KVQuantError
-from ..memory import TARGETS, Projection
+from ..memory import TARGETS, Projection, TargetModel
 from ..models.loading import LoadedModel
 from ..demos.presets import Preset, PresetError, list_presets, load_preset
 from ..measure.replay import trace_from_text
@@ -23,7 +23,8 @@ from ..demos.record import named_preset
 from .text import no_markup
 
 NO_PROJECTION = "none"
-PROJECTION_TARGETS = (NO_PROJECTION, *TARGETS)
+LOADED_TARGET = "the loaded model"  # priced on the config of the model the app has loaded
+PROJECTION_TARGETS = (NO_PROJECTION, LOADED_TARGET, *TARGETS)
 DEFAULT_TARGET = "Qwen3-4B"
 DEFAULT_CARD = 8
 
@@ -81,11 +82,15 @@ def kv_quant(fmt: Any, residual: Any = RESIDUAL) -> KVQuant:
         raise RunInputError(str(exc) if isinstance(exc, KVQuantError) else f"Bad KV setting: {exc}") from None
 
 
-def projection(target: str | None, card_gb: Any) -> Projection | None:
-    """The memory projection the controls ask for, or ``None``."""
-    if not target or target == NO_PROJECTION:
+def projection(target: str | None, card_gb: Any, loaded: LoadedModel | None = None) -> Projection | None:
+    """The memory projection the controls ask for, or ``None`` (none asked, or :data:`LOADED_TARGET`
+    while no model is loaded).  :data:`LOADED_TARGET` prices the tokens on ``loaded``'s own config
+    (:meth:`TargetModel.from_config`: its layers, kv-heads, head size), a cache in bf16."""
+    if not target or target == NO_PROJECTION or (target == LOADED_TARGET and loaded is None):
         return None
     try:
+        if target == LOADED_TARGET:
+            return Projection(TargetModel.from_config(loaded.name, loaded.model.config), float(card_gb))
         return Projection.named(target, float(card_gb))
     except (TypeError, ValueError) as exc:
         raise RunInputError(f"Bad projection: {exc}") from None

@@ -16,9 +16,17 @@ from ..core.kvquant import KVQuant
 from ..memory import GIB, Projection
 from ..units import format_bytes
 from .figures import BUDGET_COLOUR, DEVICE_COLOUR, FULL_COLOUR, KV_COLOUR, MAX_POINTS, MIB, OOM_COLOUR, streamed, thin
-from .memory_projection import GROWTH_EPSILON, ProjectionOutcome, projection_outcome
-from .run_series import budget_series, device_cap, device_series, policy_evicts, projected_oom_tokens, tokens_seen
-from .tables import record_kv_quant
+from .memory_projection import ProjectionOutcome, kept_cap, projection_outcome
+from .run_series import (
+    budget_series,
+    budget_token_bytes,
+    device_cap,
+    device_series,
+    policy_evicts,
+    projected_oom_tokens,
+    tokens_seen,
+)
+from .tables import peak_kv_bytes, record_kv_quant
 
 
 def memory_figure(
@@ -37,7 +45,9 @@ def memory_figure(
     With ``projection``, a lower panel prices the same kept-token counts on the target model
     against the card's VRAM, on its own x axis: past the run's end the full cache and the
     policy's growth are extrapolated (dotted, labelled) to where they outgrow the card, and
-    :meth:`ProjectionOutcome.notes` says what that means for this policy.
+    :meth:`ProjectionOutcome.notes` says what that means for this policy.  The first panel also
+    draws the cap the policy holds its cache at where it differs from the budget, and the run's
+    peak KV (:func:`~.tables.peak_kv_bytes`).
     """
     cap = device_cap(record, device_stats)
     device = show_device or cap is not None
@@ -97,21 +107,8 @@ def memory_figure(
             row=1,
             col=1,
         )
-    if policy_evicts(record) and len(x):
-        budget, label = budget_series(record, x)
-        ends = pick if record.meta.get("params", {}).get("budget_mode") == "fraction" else [0, len(x) - 1]
-        fig.add_trace(
-            go.Scatter(
-                x=x[ends],
-                y=budget[ends] / MIB,
-                mode="lines",
-                hoverinfo="name",
-                name=label,
-                line=dict(color=BUDGET_COLOUR, dash="dot"),
-            ),
-            row=1,
-            col=1,
-        )
+    _add_budget(fig, record, x, pick)
+    _add_peak(fig, record, x)
     fig.update_yaxes(title_text="KV cache (MiB)", rangemode="tozero", row=1, col=1)
     if device:
         _add_device(fig, record, device_stats, cap, x, pick, steps, hover)
@@ -126,6 +123,49 @@ def memory_figure(
         legend=dict(orientation="h", yanchor="top", y=-70 / height),
     )  # under the last x title
     return streamed(fig)
+
+
+def _add_budget(fig: go.Figure, record: RunRecord, x: np.ndarray, pick: np.ndarray) -> None:
+    """On the first panel: the budget and, where the tokens kept by rule (protected spans, sinks,
+    the recent window) outnumber it, the cap the cache is held at instead
+    (:class:`~.memory_projection.KeptCap`), so the KV line sits under a line that says why."""
+    if not policy_evicts(record) or not len(x):
+        return
+    budget, label = budget_series(record, x)
+    fraction = record.meta.get("params", {}).get("budget_mode") == "fraction"
+    ends = pick if fraction else np.array([0, len(x) - 1])
+    line = dict(mode="lines", hoverinfo="name")
+    fig.add_trace(
+        go.Scatter(x=x[ends], y=budget[ends] / MIB, name=label, line=dict(color=BUDGET_COLOUR, dash="dot"), **line),
+        row=1,
+        col=1,
+    )
+    cap = kept_cap(record)
+    if cap is None or cap.fraction is not None or cap.forced <= cap.budget:
+        return
+    top = int(cap.at(x[-1]))
+    name = f"cap ({top:,} tokens: {cap.label()})"
+    _add_level(fig, x, top * budget_token_bytes(record), name, dict(color=BUDGET_COLOUR, dash="dash", width=1.5), 1)
+
+
+def _add_peak(fig: go.Figure, record: RunRecord, x: np.ndarray) -> None:
+    """On the first panel: the run's peak KV (:func:`~.tables.peak_kv_bytes`), which is above the
+    line where the cache held more inside a step, before the step compressed it."""
+    if not len(x):
+        return
+    peak = peak_kv_bytes(record)
+    inside = " (inside a step, before it compressed)" if peak > int(record.kv_bytes_series().max()) else ""
+    line = dict(color=KV_COLOUR, width=1, dash="longdashdot")
+    _add_level(fig, x, peak, f"peak KV {format_bytes(peak)}{inside}", line, 1)
+
+
+def _add_level(fig: go.Figure, x: np.ndarray, level: float, name: str, line: dict, row: int) -> None:
+    """A flat line at ``level`` bytes (drawn in MiB) across the run's tokens ``x`` on panel ``row``."""
+    fig.add_trace(
+        go.Scatter(x=[x[0], x[-1]], y=[level / MIB] * 2, mode="lines", hoverinfo="name", name=name, line=line),
+        row=row,
+        col=1,
+    )
 
 
 def _add_device(
@@ -158,18 +198,8 @@ def _add_device(
         _add_cap(fig, record, cap, x, device["GPU reserved"])
     weights = record.meta.get("weights_bytes")
     if weights and len(x):
-        fig.add_trace(
-            go.Scatter(
-                x=[x[0], x[-1]],
-                y=[weights / MIB] * 2,
-                mode="lines",
-                hoverinfo="name",
-                name=f"weights ({record.meta.get('quantization', '?')}, {format_bytes(weights)})",
-                line=dict(color=DEVICE_COLOUR, width=1, dash="longdash"),
-            ),
-            row=2,
-            col=1,
-        )
+        name = f"weights ({record.meta.get('quantization', '?')}, {format_bytes(weights)})"
+        _add_level(fig, x, weights, name, dict(color=DEVICE_COLOUR, width=1, dash="longdash"), 2)
     fig.update_yaxes(title_text="MiB", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(matches="x", row=2, col=1)
 
@@ -254,7 +284,7 @@ def _add_projection(
         return
     horizon = outcome.horizon
     if outcome.extrapolated:
-        _add_extrapolation(fig, projection, outcome, int(kept[-1]), fmt, row)
+        _add_extrapolation(fig, projection, outcome, fmt, row)
     fig.add_trace(
         go.Scatter(
             x=[x[0], max(x[-1], horizon)],
@@ -275,10 +305,11 @@ def _add_projection(
 
 
 def _add_extrapolation(
-    fig: go.Figure, projection: Projection, outcome: ProjectionOutcome, kept_end: int, fmt: KVQuant, row: int
+    fig: go.Figure, projection: Projection, outcome: ProjectionOutcome, fmt: KVQuant, row: int
 ) -> None:
-    """On the projection panel, past the run's end (``kept_end`` tokens kept at it): the full cache
-    and, when the policy compresses, its growth extrapolated to the horizon (dotted)."""
+    """On the projection panel, past the run's end: the full cache and, when the policy compresses,
+    its cache as its own rule projects it (:meth:`ProjectionOutcome.kept_at`: up to its cap, or
+    growing), to the horizon (dotted)."""
     ahead = np.array([outcome.end, outcome.horizon])
     fig.add_trace(
         go.Scatter(
@@ -293,16 +324,15 @@ def _add_extrapolation(
         col=1,
     )
     if outcome.compressed:
-        growth = outcome.growth
-        grown = kept_end + growth * (ahead - outcome.end)
-        how = f"grows {growth:.2f} tokens per token seen" if growth > GROWTH_EPSILON else "holds its budget"
+        ahead = np.linspace(outcome.end, outcome.horizon, 65)
+        grown = outcome.kept_at(ahead)
         fig.add_trace(
             go.Scatter(
                 x=ahead,
                 y=projection.kv_bytes(grown, fmt) / GIB,
                 mode="lines",
                 hoverinfo="name",
-                name=f"policy, extrapolated ({how})",
+                name=f"policy, extrapolated ({_future(outcome)})",
                 line=dict(color=KV_COLOUR, width=1.5, dash="dot"),
             ),
             row=row,
@@ -317,6 +347,17 @@ def _add_extrapolation(
         annotation_position="top",
         annotation_font_size=10,
     )
+
+
+def _future(outcome: ProjectionOutcome) -> str:
+    """How the policy's cache goes on past the run, in a few words."""
+    cap = outcome.cap
+    if cap is not None and cap.fraction is None:
+        top = int(cap.at(outcome.end))
+        return f"holds its cap of {top:,} tokens" if outcome.reached else f"grows to its cap of {top:,} tokens"
+    if outcome.grows:
+        return f"grows {outcome.growth:.2f} tokens per token seen" if cap is None else f"keeps {cap.fraction:.0%}"
+    return "holds its size"
 
 
 def _add_out_of_memory(fig: go.Figure, projection: Projection, outcome: ProjectionOutcome, row: int) -> list[str]:

@@ -141,6 +141,15 @@ def stats_strip(record: RunRecord, fidelity: TokenFidelity | None = None) -> dic
     return strip
 
 
+def peak_kv_bytes(record: RunRecord) -> int:
+    """Peak KV: the most bytes the cache held at any moment of the run — the engine's reading
+    inside each forward pass (``summary["peak_kv_bytes"]``: a step's new tokens in, before the step
+    compresses; a prompt chunk in, during prefill), or, while a run streams and has no summary
+    yet, the most held after a step.  The one definition every table, header and chart shows."""
+    after_steps = max((e.kv_bytes for e in record.events), default=0)
+    return max(int(record.summary.get("peak_kv_bytes", 0)), after_steps)
+
+
 def _stats(record: RunRecord) -> dict[str, str]:
     events = record.events
     if not events:
@@ -149,7 +158,7 @@ def _stats(record: RunRecord) -> dict[str, str]:
     seconds = sum(e.seconds_forward + e.seconds_policy for e in events)
     new_tokens = sum(len(e.token_ids) for e in events)
     seen = last.positions[-1] + 1 if last.positions else len(last.keep_fraction)
-    peak = max(int(record.summary.get("peak_kv_bytes", 0)), max(e.kv_bytes for e in events))
+    peak = peak_kv_bytes(record)
     return {
         "tok/s": f"{new_tokens / seconds:.1f}" if seconds > 0 else "—",
         "kept": f"{100 * last.kv_tokens / seen:.0f}% ({last.kv_tokens:,} of {seen:,} tokens)" if seen else "—",

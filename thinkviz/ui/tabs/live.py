@@ -10,7 +10,7 @@ them (:func:`build`); a handler returns ``{component: value}`` for what it updat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 from collections.abc import Callable, Iterator, Mapping
 
@@ -24,6 +24,7 @@ from ...demos.playback import SPEEDS
 from ...demos.record import load_preset_recording
 from ...measure.requests import RunInput
 from ...memory import CARDS_GB, Projection
+from ...models.loading import LoadedModel
 from ...policies import Policy, make_policy
 from ...viz.figures import placeholder_figure
 from ...viz.memory_chart import memory_figure
@@ -49,6 +50,7 @@ from ..handlers import (
     shown,
 )
 from ..live_run import LiveFrame, live_frames, playback_frames
+from ..model_slot import ModelSlot
 from ..price import preset_estimate
 from ..scripted import run_summary, script_request
 from ..session import LIVE_TOKENS_ID, Session
@@ -91,9 +93,12 @@ class MemoryView:
     show_device: bool = False
 
     @staticmethod
-    def of(project_onto: str | None, card_gib: Any, process_memory: bool) -> MemoryView:
-        """The view :class:`ProjectionControls` describe (its values by API name)."""
-        return MemoryView(inputs.projection(project_onto, card_gib), bool(process_memory))
+    def of(
+        project_onto: str | None, card_gib: Any, process_memory: bool, loaded: LoadedModel | None = None
+    ) -> MemoryView:
+        """The view :class:`ProjectionControls` describe (its values by API name), "the loaded model"
+        priced on ``loaded``, the model the app holds when the chart is drawn."""
+        return MemoryView(inputs.projection(project_onto, card_gib, loaded), bool(process_memory))
 
     def figure(self, record: RunRecord, device_stats: dict[int, dict] | None) -> Any:
         return memory_figure(
@@ -120,7 +125,7 @@ def projection_controls() -> ProjectionControls:
             list(inputs.PROJECTION_TARGETS),
             value=inputs.DEFAULT_TARGET,
             label="Project memory onto",
-            info="price the kept tokens on a bigger model",
+            info="price the kept tokens on a bigger model, or on the loaded model's own shape",
         )
         card = gr.Radio(list(CARDS_GB), value=inputs.DEFAULT_CARD, label="Card (GiB VRAM)", elem_id="tv-live-card")
     device = gr.Checkbox(
@@ -352,21 +357,21 @@ def switch_mode(tab: LiveTab, s: Session, mode: str, chosen: str) -> Updates:
     return {tab.app.bus: bus_payload(s.live_channel.message(s.live_view, reset=True)), **legend}
 
 
-def memory_chart(s: Session, project_onto: str | None, card_gib: Any, process_memory: bool) -> Any:
+def memory_chart(slot: ModelSlot, s: Session, project_onto: str | None, card_gib: Any, process_memory: bool) -> Any:
     """The last run's memory chart, on the projection and panels chosen."""
-    view = MemoryView.of(project_onto, card_gib, process_memory)
+    view = MemoryView.of(project_onto, card_gib, process_memory, slot.loaded)
     return view.figure(s.live_record, s.live_device_stats)
 
 
-def reproject(s: Session, project_onto: str | None, card_gib: Any, process_memory: bool) -> Any:
+def reproject(slot: ModelSlot, s: Session, project_onto: str | None, card_gib: Any, process_memory: bool) -> Any:
     if s.live_record is None or s.running:
         return gr.skip()
-    return shown(memory_chart, s, project_onto, card_gib, process_memory)
+    return shown(memory_chart, slot, s, project_onto, card_gib, process_memory)
 
 
-def export_memory_figure(s: Session, **values: Any) -> str:
+def export_memory_figure(slot: ModelSlot, s: Session, **values: Any) -> str:
     def figures() -> dict[str, Any]:
-        return {"KV-cache memory": memory_chart(s, **values)}
+        return {"KV-cache memory": memory_chart(slot, s, **values)}
 
     return figure_file(s.live_record is not None, figures, stem="thinkviz-memory")
 
@@ -421,6 +426,9 @@ def run_live(tab: LiveTab, screen: LiveScreen, s: Session, view_mode: str, **val
         return request
 
     def frames(loaded, asked: LiveRequest, cancel) -> Iterator[Updates]:
+        # the view asked for, "the loaded model" priced on the model that runs
+        projection = inputs.projection(values["project_onto"], values["card_gib"], loaded)
+        memory = replace(asked.memory, projection=projection)
         run = live_frames(
             loaded,
             asked.policy,
@@ -428,19 +436,21 @@ def run_live(tab: LiveTab, screen: LiveScreen, s: Session, view_mode: str, **val
             asked.settings,
             cancel,
             s.live_channel,
-            asked.memory.projection,
+            memory.projection,
             kv_quant=asked.kv_quant,
-            show_device=asked.memory.show_device,
+            show_device=memory.show_device,
             measure=asked.measure,
             speed=tab.app.slot.speed,
         )
-        yield from placed(screen, s, run, asked.memory)
+        yield from placed(screen, s, run, memory)
 
     yield from run_with_model(tab.app.slot, prepare, frames, lambda _: {screen.status: WAITING}, s)
 
 
-def play_live(screen: LiveScreen, s: Session, view_mode: str, preset: str | None, **values: Any) -> Iterator[Updates]:
-    memory = MemoryView.of(values["project_onto"], values["card_gib"], values["process_memory"])
+def play_live(
+    screen: LiveScreen, slot: ModelSlot, s: Session, view_mode: str, preset: str | None, **values: Any
+) -> Iterator[Updates]:
+    memory = MemoryView.of(values["project_onto"], values["card_gib"], values["process_memory"], slot.loaded)
 
     def load():
         if not preset:
@@ -507,11 +517,11 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         slot.input(bind(knob_views, controls), [tab.view_mode, *controls.inputs()], tab.view_mode, **hidden)
     tab.view_mode.change(bind(switch_mode, tab), legend_inputs, [app.bus, tab.legend], **hidden)
     for control in tab.projection.inputs():
-        control.change(reproject, [session, *tab.projection.inputs()], tab.memory, **hidden)
+        control.change(bind(reproject, app.slot), [session, *tab.projection.inputs()], tab.memory, **hidden)
     tab.stop.click(Session.stop, session, None, queue=False, api_name="stop")
     tab.export_run.click(export_run, session, tab.exported, api_name="export_recording")
     tab.export_figure.click(
-        export_memory_figure,
+        bind(export_memory_figure, app.slot),
         [session],
         tab.exported,
         inputs_kwargs=tab.projection.named(),
@@ -540,5 +550,5 @@ def connect(tab: LiveTab, explore: ExploreLink) -> None:
     run_inputs = named(*tab.run_groups())
     streamed(tab.generate, bind(run_live, tab, screen), session, outputs, explore, "generate", inputs_kwargs=run_inputs)
     play_inputs = named(tab.playback, tab.projection)
-    play = bind(play_live, screen)
+    play = bind(play_live, screen, tab.app.slot)
     streamed(tab.playback.play, play, [*session, tab.panel.preset], outputs, explore, "play", True, play_inputs)
