@@ -18,9 +18,10 @@ def client(app_url):
     return Client(app_url, verbose=False)
 
 
-def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, stop_at_eos=False):
-    """Positional values of /generate: view mode, run mode, system, question, trace, the policy group,
-    decode settings, projection (target, card, device panel)."""
+def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, stop_at_eos=False, protect=True):
+    """Positional values of /generate: view mode, run mode, system, question, trace, the policy group
+    (``protect``: the system prompt and question kept by rule), decode settings, projection (target,
+    card, device panel)."""
     from thinkviz.ui.controls import pool_choices, pool_sizes, slot_specs
 
     numbers, flags, choices = slot_specs(policy, pool_sizes())
@@ -40,8 +41,8 @@ def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, stop_at_e
         "tokens",
         0.25,
         interval,
-        True,
-        True,
+        protect,
+        protect,
         *slots,
         max_new_tokens,
         0.0,
@@ -53,7 +54,8 @@ def _live_args(policy="h2o", budget=96, interval=4, max_new_tokens=12, stop_at_e
 
 
 def test_generation_streams_updates_from_the_embedded_model(client):
-    job = client.submit(*_live_args(), api_name="/generate")
+    # unprotected prompt: the 72 tokens are not all kept by rule (prompt + h2o's recent 32), some are ranked
+    job = client.submit(*_live_args(protect=False), api_name="/generate")
     frames = list(job)
     statuses = [f[0] for f in frames]
     # the bus: JSON text, a list of messages ending with the frame's own patch
@@ -64,6 +66,7 @@ def test_generation_streams_updates_from_the_embedded_model(client):
     assert [m["seq"] for m in messages] == sorted(m["seq"] for m in messages)
     final_view = messages[-1]["patch"]["reset"]
     assert final_view.count("data-pos=") > 12 and "tv-h" in final_view  # tokens with heat classes
+    assert final_view.count("data-heat=") < final_view.count("data-pos=")  # the recent window: kept by rule
     assert "tok/s" in frames[-1][3]
 
 
