@@ -133,15 +133,17 @@ def input_controls(choices: list[tuple[str, str]], tab: str, slot: ModelSlot) ->
         caption_text, rows = inputs.trace_preview(slot.loaded, *values)
         return [caption_text, gr.Dataframe(value=rows, visible=bool(rows))]
 
-    for control in panel.inputs():
-        control.change(
-            preview_turns,
-            panel.inputs(),
-            [caption, preview],
-            show_progress="hidden",
-            trigger_mode="always_last",
-            api_visibility="private",
-        )
+    # one listener for every input: its runs queue in order, so a preview computed from older values
+    # (the mode switched before the trace was typed) never lands after the newest one
+    gr.on(
+        [control.change for control in panel.inputs()],
+        preview_turns,
+        panel.inputs(),
+        [caption, preview],
+        show_progress="hidden",
+        trigger_mode="always_last",
+        api_visibility="private",
+    )
     return panel
 
 
