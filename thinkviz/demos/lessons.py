@@ -197,9 +197,9 @@ def fill(spec: StepSpec, run: RunAt, frame: int, highlight: tuple[int, ...] = ()
             if not highlight:
                 raise FactError(f"{match.group(0)} does not resolve: the step highlights nothing")
             return number_text(own[name])
-        other = run if label is None else _run(spec, run.recording, label.strip())
-        at = frame if label is None else min(frame, other.frames - 1)
         try:
+            other = run if label is None else _run(spec, run.recording, label.strip())
+            at = frame if label is None else min(frame, other.frames - 1)
             return number_text(quantity(other, at, name))
         except FactError as exc:
             raise FactError(f"{match.group(0)} does not resolve: {exc}") from None
