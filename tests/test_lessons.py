@@ -230,3 +230,12 @@ def test_the_lessons_readme_names_every_moment_and_placeholder():
     assert all(f"`{moment}`" in text for moment in lesson_facts.MOMENTS if moment not in ("start", "end"))
     assert all(f"`{{{name}}}`" in text for name in lesson_facts.QUANTITIES)
     assert all(f"`{{{prefix}NAME}}`" in text for prefix in lesson_facts.PREFIXED)
+
+
+def test_a_link_or_the_picker_opens_lessons_by_name_only(tmp_path):
+    path = _lesson(tmp_path, "- recording: math_h2o_vs_window\n  narration: x\n", name="elsewhere")
+    assert lessons.load_lesson(path).name == "elsewhere"  # the CLI may check a file by its path
+    for name in (str(path), "../lessons/kv_cache_basics", ""):
+        with pytest.raises(lessons.LessonError, match="unknown lesson"):
+            lessons.named_lesson(name)
+    assert lessons.named_lesson("kv_cache_basics").title == "What the KV cache is and why it runs out"

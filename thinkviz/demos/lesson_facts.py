@@ -237,7 +237,10 @@ PREFIXED = {
 def quantity(run: RunAt, frame: int, name: str) -> Number:
     """Number ``name`` of ``run`` at ``frame``; :class:`FactError` if it is unknown or undefined there."""
     if name in QUANTITIES:
-        value = QUANTITIES[name][1](run, frame)
+        try:
+            value = QUANTITIES[name][1](run, frame)
+        except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
+            raise FactError(f"{name!r} cannot be read from run {run.label!r} ({type(exc).__name__}: {exc})") from None
     elif name.startswith("params."):
         value = run.record.meta.get("params", {}).get(name[len("params.") :])
     elif name.startswith("info."):

@@ -112,6 +112,13 @@ def load_lesson(name_or_path: str | Path, directory: Path | str = LESSONS_DIR) -
     return Lesson(path.stem, data["title"].strip(), specs, path)
 
 
+def named_lesson(name: str) -> Lesson:
+    """Lesson ``name`` from the lessons folder, never a path (a link's or a picker's value); :class:`LessonError`."""
+    if name not in list_lessons():
+        raise LessonError(f"unknown lesson {name[:80]!r}; available: {', '.join(list_lessons()) or 'none'}")
+    return load_lesson(name)
+
+
 def _step(item: Any, where: str) -> StepSpec:
     if not isinstance(item, dict):
         raise LessonError(f"{where}: a step must be a mapping")

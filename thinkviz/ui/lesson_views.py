@@ -135,4 +135,5 @@ def _marked(fig: go.Figure, chart: str, seen: int, highlight: tuple[int, ...]) -
 def narration_html(view: LessonView) -> str:
     """The narration (or the step's problem) as the tab shows it, large, labelled for screen readers."""
     text = view.problem or view.narration
-    return f'<div class="tv-lesson-narration" role="region" aria-label="lesson narration">{html.escape(text)}</div>'
+    attributes = 'class="tv-lesson-narration" role="region" aria-label="lesson narration" aria-live="polite"'
+    return f"<div {attributes}>{html.escape(text)}</div>"

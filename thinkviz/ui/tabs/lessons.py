@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from ...demos.lessons import LessonError, list_lessons, load_lesson
+from ...demos.lessons import LessonError, list_lessons, load_lesson, named_lesson
 from .. import lesson_views
 from ..text import plain_markdown
 from ..wiring import bind, bind_request
@@ -98,17 +98,23 @@ def _empty() -> lesson_views.LessonView:
 def show(tab: LessonsTab, name: str | None, step: Any) -> dict:
     """Step ``step`` (1-based) of lesson ``name``; a lesson that cannot be read says so in the narration."""
     try:
-        lesson = load_lesson(str(name or ""))
+        lesson = named_lesson(str(name or ""))
     except LessonError as exc:
         problem = lesson_views.LessonView("", "", "", "", problem=str(exc))
-        return {tab.narration: lesson_views.narration_html(problem), tab.indicator: "", tab.caption: ""}
+        return {
+            tab.narration: lesson_views.narration_html(problem),
+            tab.indicator: "",
+            tab.caption: "",
+            tab.tokens: gr.update(value="", visible=True),
+            tab.chart: gr.update(value=None, visible=False),
+        }
     index = lesson_views.step_index(lesson, step)
     view = lesson_views.lesson_view(lesson, index)
     chart = view.figure is not None
     return {
         tab.step: index + 1,
         tab.narration: lesson_views.narration_html(view),
-        tab.indicator: f'<span class="tv-lesson-indicator" aria-label="step">{view.indicator}</span>',
+        tab.indicator: f'<span class="tv-lesson-indicator" role="status">{view.indicator}</span>',
         tab.caption: plain_markdown(view.caption),
         tab.tokens: gr.update(value=view.tokens or "", visible=not chart),
         tab.chart: gr.update(value=view.figure, visible=chart),
@@ -136,7 +142,8 @@ def from_link(tab: LessonsTab, tabs: gr.Tabs, request: gr.Request) -> dict:
     name = params.get("lesson")
     if not name:
         return gr.skip()
-    return {tabs: gr.Tabs(selected=TAB_ID), tab.pick: name, **show(tab, name, params.get("step", 1))}
+    picked = {tab.pick: name} if name in list_lessons() else {}
+    return {tabs: gr.Tabs(selected=TAB_ID), **picked, **show(tab, name, params.get("step", 1))}
 
 
 def build(app: AppContext, tabs: gr.Tabs, tab: gr.Tab) -> None:
