@@ -239,3 +239,14 @@ def test_a_link_or_the_picker_opens_lessons_by_name_only(tmp_path):
         with pytest.raises(lessons.LessonError, match="unknown lesson"):
             lessons.named_lesson(name)
     assert lessons.named_lesson("kv_cache_basics").title == "What the KV cache is and why it runs out"
+
+
+def test_the_warm_up_builds_every_lesson_once_in_the_background():
+    lessons.warm_up()
+    lessons.warm_up()  # once per process
+    assert len(lessons._WARMING) == 1
+    lessons._WARMING[0].join(timeout=120)
+    for name in SHIPPED:
+        lesson = lessons.load_lesson(name)
+        stat = lesson.path.stat()
+        assert (str(lesson.path), stat.st_mtime_ns, stat.st_size) in lessons._BUILT

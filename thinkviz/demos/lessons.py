@@ -296,3 +296,25 @@ def built_steps(lesson: Lesson) -> tuple[LessonStep | str, ...]:
         with _LOCK:
             _BUILT[key] = found
     return found
+
+
+_WARMING: list[threading.Thread] = []
+
+
+def warm_up() -> None:
+    """Build every lesson once, in the background (reading their recordings takes a second or a few), so
+    that the first step a class opens draws at once too.  Started once per process; later calls do nothing."""
+    with _LOCK:
+        if _WARMING:
+            return
+        thread = threading.Thread(target=_build_all, name="thinkviz-lessons-warm-up", daemon=True)
+        _WARMING.append(thread)
+    thread.start()
+
+
+def _build_all() -> None:
+    for name in list_lessons():
+        try:
+            built_steps(load_lesson(name))
+        except (LessonError, OSError):
+            continue  # the tab says why when the lesson is opened

@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from ...demos.lessons import LessonError, list_lessons, load_lesson, named_lesson
+from ...demos.lessons import LessonError, list_lessons, load_lesson, named_lesson, warm_up
 from .. import lesson_views
 from ..text import plain_markdown
 from ..wiring import bind, bind_request
@@ -141,6 +141,7 @@ def from_link(tab: LessonsTab, tabs: gr.Tabs, request: gr.Request) -> dict:
     params = dict(request.query_params) if request is not None else {}
     name = params.get("lesson")
     if not name:
+        warm_up()  # the page opened elsewhere: have the lessons ready before the tab is picked
         return gr.skip()
     picked = {tab.pick: name} if name in list_lessons() else {}
     return {tabs: gr.Tabs(selected=TAB_ID), **picked, **show(tab, name, params.get("step", 1))}
