@@ -193,6 +193,10 @@ QUANTITIES: dict[str, tuple[str, Callable[[RunAt, int], Number]]] = {
         lambda run, f: int(run.seen()[f]) - _event(run, f).kv_tokens,
     ),
     "budget": ("the run's budget (tokens per layer and kv-head)", lambda run, f: run.record.meta["budget"]),
+    "over_budget": (
+        "tokens the cache holds beyond its budget (0 within it)",
+        lambda run, f: max(0, _event(run, f).kv_tokens - int(run.record.meta["budget"])),
+    ),
     "layers": ("the recorded model's layers", lambda run, f: int(run.record.meta["geometry"]["layers"])),
     "kv_heads": ("its kv-heads per layer", lambda run, f: int(run.record.meta["geometry"]["kv_heads"])),
     "kv_mib": ("MiB the cache holds", lambda run, f: round(_event(run, f).kv_bytes / MIB, 1)),
