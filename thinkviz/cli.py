@@ -1,4 +1,5 @@
-"""Command line: ``python -m thinkviz generate|bench|inspect|models|policies|train-predictor …`` (or ``thinkviz …``).
+"""Command line: ``python -m thinkviz generate|bench|inspect|lesson|models|policies|presets|train-predictor …``
+(or ``thinkviz …``).
 
 Every user error ends with one line ``thinkviz: error: <reason>`` on stderr and exit code 2;
 a run that fails mid-way (the model or a policy raised, device out of memory) with one line
@@ -13,7 +14,7 @@ from pathlib import Path
 from collections.abc import Sequence
 
 from .commands.common import COMMANDS, CliError
-from .commands import bench, generate, inspect, models, policies, presets, train_predictor  # noqa: F401  (each registers itself)
+from .commands import bench, generate, inspect, lesson, models, policies, presets, train_predictor  # noqa: F401  (each registers itself)
 from .core.faults import RunFault
 
 

@@ -23,7 +23,7 @@ from .model_slot import ModelSlot
 from .present import PAGE_JS, PRESENT_JS
 from .session import RECORDING_BUDGET, Session, Shelf, release
 from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID
-from .tabs import AppContext, compare, explore, learn, live, sweep
+from .tabs import AppContext, compare, explore, learn, lessons, live, sweep
 from .model_panel import load_status_markdown
 
 APP_CSS = TOKEN_CSS + LEGEND_CSS + (Path(__file__).with_name("app.css")).read_text(encoding="utf-8")
@@ -82,7 +82,7 @@ def build_app(
             ray_address,
             quant_backend,
         )
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             with gr.Tab("Live", id="live"):
                 offer_live_runs = live.build(app)
             with gr.Tab("Compare", id="compare"):
@@ -93,6 +93,8 @@ def build_app(
                 sweep.build(app)
             with gr.Tab("Learn", id="learn"):
                 learn.build(app)
+            with gr.Tab("Lessons", id=lessons.TAB_ID) as lessons_tab:
+                lessons.build(app, tabs, lessons_tab)
         offer_live_runs(explore_link)
         offer_compare_runs(explore_link)
 
