@@ -43,8 +43,9 @@ from ..handlers import (
     run_picker,
     run_with_model,
     streamed,
+    wire_price,
 )
-from ..price import preset_estimate
+from ..price import Work, price_line
 from ..session import COMPARE_TOKENS_IDS, Session
 from ..stream import bus_payload, container_html
 from ..text import plain_markdown
@@ -385,12 +386,22 @@ def clear_results(tab: CompareTab, s: Session, mode: str) -> Updates:
     }
 
 
-def offer_preset(tab: CompareTab, name: str | None, measure: bool) -> Updates:
-    """Play, where the preset has a recording, and what a comparison of it would take."""
-    return {
-        tab.playback.play: PlaybackControls.offer(name),
-        tab.status: preset_estimate(tab.app.slot, name, "compare", measure) or gr.skip(),
-    }
+def offer_preset(tab: CompareTab, name: str | None) -> Updates:
+    """Play, where the preset has a recording."""
+    return {tab.playback.play: PlaybackControls.offer(name)}
+
+
+def price_compare(tab: CompareTab, s: Session, preset: str | None, **values: Any) -> Updates:
+    """The status before a comparison: how long the one the controls describe takes here."""
+    if s.running:
+        return gr.skip()
+
+    def work() -> Work:
+        asked = compare_request(tab, values)
+        measure = asked.measure_fidelity or asked.run_input.replay
+        return Work(asked.columns, asked.run_input, asked.settings, measure, True)
+
+    return {tab.status: price_line(tab.app.slot, work, preset)}
 
 
 def export_overlay(s: Session) -> str:
@@ -527,11 +538,16 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         [session, tab.view_mode],
         [app.bus, *tab.headers, tab.table, tab.overlay, tab.per_token, tab.legend],
         **hidden,
-    ).then(
-        bind(offer_preset, tab),
-        [tab.panel.preset, chosen.measure_fidelity],
-        [tab.playback.play, tab.status],
-        **hidden,
+    ).then(bind(offer_preset, tab), tab.panel.preset, tab.playback.play, **hidden)
+    work = [tab.panel.preset, *tab.panel.inputs(), *chosen.inputs(), *tab.kv.inputs(), *tab.options.inputs()]
+    price_inputs = named(*tab.run_groups())
+    wire_price(
+        app,
+        bind(price_compare, tab),
+        [*work, *tab.decode.inputs()],
+        [session, tab.panel.preset],
+        tab.status,
+        price_inputs,
     )
     tab.stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
     tab.export_figure.click(export_overlay, session, tab.exported, api_name="export_compare_figure")
