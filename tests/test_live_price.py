@@ -20,7 +20,6 @@ from thinkviz.ui import inputs
 from thinkviz.ui.chat_controls import thinking_switch
 from thinkviz.ui.model_slot import ModelSlot
 from thinkviz.ui.price import LOADING, Work, price_line, sweep_price, work_price
-from thinkviz.ui.session import Session
 from thinkviz.ui.sweep_run import sweep_request
 from thinkviz.ui.tabs import AppContext, live
 from thinkviz.ui.widgets import named
@@ -133,12 +132,11 @@ def _values(tab: live.LiveTab, **changes) -> dict:
 def test_lives_price_handler_prices_its_own_controls_and_the_limit_changes_it(slot):
     tab = _live_tab(slot)
     replay = dict(run_mode="replay", question="What is the total?", trace=TRACE)
-    first = live.price_live(tab, Session(), None, **_values(tab, max_trace_tokens=64, **replay))[tab.status]
-    second = live.price_live(tab, Session(), None, **_values(tab, max_trace_tokens=128, **replay))[tab.status]
+    first = live.price_live(tab, None, **_values(tab, max_trace_tokens=64, **replay))[tab.price]
+    second = live.price_live(tab, None, **_values(tab, max_trace_tokens=128, **replay))[tab.price]
     assert "(64 trace tokens" in first and "(128 trace tokens" in second
-    busy = Session()
-    busy.running = True
-    assert live.price_live(tab, busy, None, **_values(tab, **replay)) == gr.skip()
+    half_set = live.price_live(tab, None, **_values(tab, budget=16, **replay))[tab.price]  # under h2o's recent 32
+    assert half_set.startswith("Not ready to run: ") and "budget (16)" in half_set
 
 
 def test_enable_thinking_shows_only_for_a_model_that_can_switch_it_and_reaches_the_prompt(slot, qwen3):

@@ -61,17 +61,17 @@ def test_a_fresh_page_has_a_preset_picked_whose_recording_plays_at_once(page):
 
 def test_the_price_changes_when_the_trace_limit_changes(page):
     wait_for_text(page, "#tv-model-status", "Model: Ready", MODEL_TIMEOUT)
-    wait_for_text(page, "#tv-live-status", r"on this machine", 60)  # the preset's generation, priced
+    wait_for_text(page, "#tv-live-price", r"on this machine", 60)  # the preset's generation, priced
     page.click("#tv-live-run-mode label:has-text('replay')")
     page.get_by_text("System prompt and replay trace or transcript").first.click()
     page.fill("#tv-live-trace textarea", TRACE)
-    whole = wait_for_text(page, "#tv-live-status", TRACE_TOKENS.pattern, 60)
+    whole = wait_for_text(page, "#tv-live-price", TRACE_TOKENS.pattern, 60)
     assert int(TRACE_TOKENS.search(whole).group(1).replace(",", "")) > 300
     set_number(page, "#tv-live-limit", 64)
-    limited = wait_for_text(page, "#tv-live-status", r"\(64 trace tokens after a", 60)
+    limited = wait_for_text(page, "#tv-live-price", r"\(64 trace tokens after a", 60)
     assert re.search(r"takes (under|about) [\w ]+ on this machine", limited), limited
     page.get_by_role("tab", name="Sweep").click()  # a sweep is priced before it starts
-    wait_for_text(page, "#tv-sweep-status", r"^This sweep takes .* on this machine \(512 trace tokens", 60)
+    wait_for_text(page, "#tv-sweep-price", r"^This sweep takes .* on this machine \(512 trace tokens", 60)
 
 
 def test_an_uploaded_transcript_shows_its_own_system_prompt_and_question_until_it_is_cleared(page, tmp_path):

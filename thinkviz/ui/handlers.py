@@ -169,19 +169,20 @@ def wire_price(
     handler: Callable[..., Any],
     work: Sequence[Any],
     inputs: list[Any],
-    status: Any,
+    line: Any,
     inputs_kwargs: dict[str, Any] | None = None,
 ) -> None:
-    """One listener that re-prices a tab's run into its ``status`` on any change of the controls
+    """One listener that re-prices a tab's run into its price ``line`` on any change of the controls
     ``work`` (those that change the work), of the model (once loaded the price can be computed) and
     on page load; the newest values win (``always_last``)."""
     gr.on(
         [control.change for control in [*work, app.model_status]] + [app.demo.load],
         handler,
         inputs,
-        status,
+        line,
         inputs_kwargs=inputs_kwargs,
         trigger_mode="always_last",
+        preprocess=False,  # values mid-change (a knob slot re-ranged for another policy) are the policy's to refuse
         show_progress="hidden",
         api_visibility="private",
     )

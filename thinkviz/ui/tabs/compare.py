@@ -229,6 +229,7 @@ class CompareTab:
     options: CompareOptions
     decode: DecodeControls
     status: gr.Markdown
+    price: gr.Markdown  # what the comparison the controls describe would take here
     view_mode: gr.Radio
     legend: gr.HTML
     headers: tuple[gr.HTML, ...]
@@ -291,6 +292,7 @@ def layout(app: AppContext) -> CompareTab:
             status = gr.Markdown(
                 "Pick 2–6 policies and press Compare.", elem_id="tv-compare-status", elem_classes="tv-status"
             )
+            price = gr.Markdown("", elem_id="tv-compare-price", elem_classes=["tv-status", "tv-price"])
             with gr.Row(equal_height=True):
                 view_mode = gr.Radio(
                     column_view_choices([make_policy(name) for name in DEFAULT_POLICIES]),
@@ -334,7 +336,7 @@ def layout(app: AppContext) -> CompareTab:
                 elem_classes="tv-download",
             )
     return CompareTab(
-        app, panel, run, stop, playback, chosen, kv, options, decode, status, view_mode, legend,
+        app, panel, run, stop, playback, chosen, kv, options, decode, status, price, view_mode, legend,
         tuple(headers), tuple(columns), overlay, table, per_token, export_fig, exported,
     )  # fmt: skip
 
@@ -391,17 +393,15 @@ def offer_preset(tab: CompareTab, name: str | None) -> Updates:
     return {tab.playback.play: PlaybackControls.offer(name)}
 
 
-def price_compare(tab: CompareTab, s: Session, preset: str | None, **values: Any) -> Updates:
-    """The status before a comparison: how long the one the controls describe takes here."""
-    if s.running:
-        return gr.skip()
+def price_compare(tab: CompareTab, preset: str | None, **values: Any) -> Updates:
+    """The price line: how long the comparison the controls describe takes here."""
 
     def work() -> Work:
         asked = compare_request(tab, values)
         measure = asked.measure_fidelity or asked.run_input.replay
         return Work(asked.columns, asked.run_input, asked.settings, measure, True)
 
-    return {tab.status: price_line(tab.app.slot, work, preset)}
+    return {tab.price: price_line(tab.app.slot, work, preset)}
 
 
 def export_overlay(s: Session) -> str:
@@ -545,8 +545,8 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         app,
         bind(price_compare, tab),
         [*work, *tab.decode.inputs()],
-        [session, tab.panel.preset],
-        tab.status,
+        [tab.panel.preset],
+        tab.price,
         price_inputs,
     )
     tab.stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")

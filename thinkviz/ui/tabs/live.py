@@ -181,6 +181,7 @@ class LiveTab:
     decode: DecodeControls
     projection: ProjectionControls
     status: gr.Markdown
+    price: gr.Markdown  # what the run the controls describe would take here
     stats: gr.HTML
     view_mode: gr.Radio
     legend: gr.HTML
@@ -242,8 +243,12 @@ def layout(app: AppContext) -> LiveTab:
             model_settings(app.slot, app.model, app.quantization, app.model_status, app.model_loading)
         with gr.Column(scale=3, min_width=420, elem_classes="tv-outputs"):
             status = gr.Markdown(
-                "Pick a preset or type a question, then Generate.", elem_id="tv-live-status", elem_classes="tv-status"
+                "Press ▶ Play recording to watch the preset, or Generate to run it live; or pick another preset "
+                "or type a question.",
+                elem_id="tv-live-status",
+                elem_classes="tv-status",
             )
+            price = gr.Markdown("", elem_id="tv-live-price", elem_classes=["tv-status", "tv-price"])
             stats = gr.HTML("", elem_id="tv-live-stats")
             with gr.Row(equal_height=True):
                 view_mode = gr.Radio(
@@ -271,7 +276,7 @@ def layout(app: AppContext) -> LiveTab:
             )
             export_run, export_fig, exported = export_controls("live")
     return LiveTab(
-        app, panel, generate, stop, playback, controls, kv, options, decode, projection, status, stats,
+        app, panel, generate, stop, playback, controls, kv, options, decode, projection, status, price, stats,
         view_mode, legend, memory, fidelity, export_run, export_fig, exported, script_inputs(),
     )  # fmt: skip
 
@@ -317,17 +322,14 @@ def offer_preset(tab: LiveTab, name: str | None) -> Updates:
     return {tab.playback.play: PlaybackControls.offer(name)}
 
 
-def price_live(tab: LiveTab, s: Session, preset: str | None, **values: Any) -> Updates:
-    """The status before a run: how long the run the controls describe takes here (nothing while a
-    run streams its own status)."""
-    if s.running:
-        return gr.skip()
+def price_live(tab: LiveTab, preset: str | None, **values: Any) -> Updates:
+    """The price line: how long the run the controls describe takes here."""
 
     def work() -> Work:
         asked = live_request(tab, values)
         return Work([Column(asked.policy, asked.kv_quant)], asked.run_input, asked.settings, asked.measure, False)
 
-    return {tab.status: price_line(tab.app.slot, work, preset)}
+    return {tab.price: price_line(tab.app.slot, work, preset)}
 
 
 def shown_legend(s: Session, mode: str, chosen: str) -> str:
@@ -498,9 +500,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     )
     work = [tab.panel.preset, *tab.panel.inputs(), *controls.inputs(), *tab.kv.inputs(), *tab.options.inputs()]
     price_inputs = named(*tab.run_groups())
-    wire_price(
-        app, bind(price_live, tab), [*work, *tab.decode.inputs()], [session, tab.panel.preset], tab.status, price_inputs
-    )
+    wire_price(app, bind(price_live, tab), [*work, *tab.decode.inputs()], [tab.panel.preset], tab.price, price_inputs)
     loaded = [app.model_status.change, app.demo.load]
     gr.on(loaded, bind(thinking_switch, app.slot), None, tab.options.enable_thinking, **hidden)
     app.demo.load(bind(first_preset, app.presets), None, tab.panel.preset, **hidden)  # a lesson one click away
