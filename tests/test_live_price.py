@@ -21,7 +21,7 @@ from thinkviz.ui.chat_controls import thinking_switch
 from thinkviz.ui.model_slot import ModelSlot
 from thinkviz.ui.price import LOADING, Work, price_line, sweep_price, work_price
 from thinkviz.ui.sweep_run import sweep_request
-from thinkviz.ui.tabs import AppContext, live
+from thinkviz.ui.tabs import AppContext, compare, live
 from thinkviz.ui.widgets import named
 from tiny_models import tiny_model
 
@@ -152,3 +152,17 @@ def test_enable_thinking_shows_only_for_a_model_that_can_switch_it_and_reaches_t
         assert prompt.reasoning.template_kwargs == {"enable_thinking": enabled}
     off = live.live_request(tab, _values(tab, question="Hi", enable_thinking=False))
     assert prepare(qwen3, off.run_input)[0].reasoning.describe().startswith("Qwen3 template: thinking switched off")
+
+
+def test_compares_price_handler_counts_its_columns(slot):
+    with gr.Blocks() as demo:
+        app = AppContext(
+            demo, slot, gr.State(), gr.Textbox(), gr.Markdown(), inputs.preset_choices(), "t", "none", False
+        )
+        tab = compare.layout(app)
+    values = {name: component.value for name, component in named(*tab.run_groups()).items()}
+    replay = dict(run_mode="replay", question="What is the total?", trace=TRACE, max_trace_tokens=64)
+    line = compare.price_compare(tab, None, **{**values, **replay})[tab.price]
+    assert "(64 trace tokens after a " in line and "3 runs side by side" in line  # window, h2o + the full cache
+    wider = compare.price_compare(tab, None, **{**values, **replay, "vary": "recent=8,16"})[tab.price]
+    assert "4 runs side by side" in wider  # h2o twice (window has no recent), in lockstep with the full cache
