@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.engine import DecodeSettings, EngineError
 from ..text.chat import ChatPrompt, build_chat
+from ..text.reasoning import reasoning_format
 from ..models.loading import LoadedModel
 from .replay import TraceError, trace_from_text
 from .replay import prepare as prepare_replay
@@ -28,12 +29,15 @@ class RunInputError(ValueError):
 @dataclass(frozen=True)
 class RunInput:
     """A chat to run; ``trace`` (assistant text) switches from generating to replaying it, and
-    ``max_tokens`` replays only its first tokens (a quick look at a long trace)."""
+    ``max_tokens`` replays only its first tokens (a quick look at a long trace).  ``enable_thinking``
+    ``False`` switches thinking off in a generation, for a model whose chat template has that switch
+    (Qwen3; :func:`~thinkviz.text.reasoning.reasoning_format`); other models ignore it."""
 
     system: str | None
     question: str
     trace: str | None = None
     max_tokens: int | None = None
+    enable_thinking: bool = True
 
     @property
     def replay(self) -> bool:
@@ -55,16 +59,22 @@ def prepare(loaded: LoadedModel, run_input: RunInput) -> tuple[ChatPrompt, list[
             return prepare_replay(
                 loaded, trace_from_text(trace, run_input.system, run_input.question), run_input.max_tokens
             )
-        return build_chat(loaded.tokenizer, run_input.system, run_input.question), None
+        reasoning = reasoning_format(loaded.tokenizer, enable_thinking=run_input.enable_thinking)
+        return build_chat(loaded.tokenizer, run_input.system, run_input.question, reasoning=reasoning), None
     except TraceError as exc:
         raise RunInputError(str(exc)) from None
 
 
 def run_input(
-    mode: str, system: str | None, question: str | None, trace: str | None, max_tokens: Any = None
+    mode: str,
+    system: str | None,
+    question: str | None,
+    trace: str | None,
+    max_tokens: Any = None,
+    enable_thinking: Any = True,
 ) -> RunInput:
     """The :class:`RunInput` the controls describe (an empty system box sends no system prompt;
-    ``max_tokens`` 0 or ``None``: the whole trace)."""
+    ``max_tokens`` 0 or ``None``: the whole trace; ``enable_thinking``: Qwen3's switch)."""
     if mode not in RUN_MODES:
         raise RunInputError(f"Unknown run mode {mode!r}; choose generate or replay.")
     if mode == "replay" and not (trace or "").strip():
@@ -83,6 +93,7 @@ def run_input(
         question=question or "",
         trace=trace if mode == "replay" else None,
         max_tokens=limit or None,
+        enable_thinking=enable_thinking is None or bool(enable_thinking),
     )
 
 

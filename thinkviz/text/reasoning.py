@@ -50,8 +50,15 @@ class ReasoningFormat:
         """What opens the assistant turn so that it starts thinking."""
         return self.open + ("\n" if self.open == THINK_OPEN else "")
 
+    @property
+    def switchable(self) -> bool:
+        """Whether thinking can be switched on and off (Qwen3's ``enable_thinking``)."""
+        return "enable_thinking" in self.template_kwargs
+
     def describe(self) -> str:
         """One line for a status line or ``inspect``."""
+        if self.template_kwargs.get("enable_thinking") is False:
+            return "Qwen3 template: thinking switched off (enable_thinking off)"
         return _DESCRIPTIONS[self.rule]
 
 

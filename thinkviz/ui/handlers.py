@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from typing import TYPE_CHECKING, Any, TypeVar
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import gradio as gr
 
@@ -31,7 +31,7 @@ from .stream import chart_frame
 from .text import no_markup
 
 if TYPE_CHECKING:
-    from .tabs import ExploreLink
+    from .tabs import AppContext, ExploreLink
 
 MODEL_GROUP = "model"  # every event that runs the model: one at a time, across all sessions
 PLAYBACK_GROUP = "playback"  # playing recordings needs no model: beside a run, a few at a time
@@ -162,3 +162,27 @@ def figure_file(ready: bool, figures: Callable[[], dict[str, Any]], stem: str, w
     if not ready:
         raise nothing_yet(what)
     return str(export_figures(shown(figures), stem=stem))
+
+
+def wire_price(
+    app: AppContext,
+    handler: Callable[..., Any],
+    work: Sequence[Any],
+    inputs: list[Any],
+    line: Any,
+    inputs_kwargs: dict[str, Any] | None = None,
+) -> None:
+    """One listener that re-prices a tab's run into its price ``line`` on any change of the controls
+    ``work`` (those that change the work), of the model (once loaded the price can be computed) and
+    on page load; the newest values win (``always_last``)."""
+    gr.on(
+        [control.change for control in [*work, app.model_status]] + [app.demo.load],
+        handler,
+        inputs,
+        line,
+        inputs_kwargs=inputs_kwargs,
+        trigger_mode="always_last",
+        preprocess=False,  # values mid-change (a knob slot re-ranged for another policy) are the policy's to refuse
+        show_progress="hidden",
+        api_visibility="private",
+    )

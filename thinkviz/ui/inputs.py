@@ -15,8 +15,9 @@ from ..core.kvquant import RESIDUAL, KVQuant, KVQuantError
 from ..memory import TARGETS, Projection, TargetModel
 from ..models.loading import LoadedModel
 from ..demos.presets import Preset, PresetError, list_presets, load_preset
-from ..measure.replay import trace_from_text
-from ..text.transcript import MAX_TRACE_FILE_BYTES, TraceError, decode_trace
+from ..measure.replay import Trace, trace_from_text
+from ..text.reasoning import reasoning_format
+from ..text.transcript import MAX_TRACE_FILE_BYTES, TraceError, decode_trace, is_transcript, parse_transcript
 from ..viz.tables import turn_preview
 from ..measure.requests import RunInputError
 from ..demos.record import named_preset
@@ -58,6 +59,16 @@ def preset_choices() -> list[tuple[str, str]]:
         except PresetError:
             continue  # a broken preset is reported when picked, not at start-up
     return out
+
+
+FIRST_PRESET = "generate_muffins"  # Live's preset on a fresh page: a short generation, recorded
+
+
+def first_preset(choices: list[tuple[str, str]]) -> str | None:
+    """The preset a fresh page opens Live with (:data:`FIRST_PRESET`, else the first of ``choices``,
+    ``(label, name)`` pairs; ``None`` without any), so a lesson starts with one click on Play."""
+    names = [name for _, name in choices]
+    return FIRST_PRESET if FIRST_PRESET in names else next(iter(names), None)
 
 
 def replay_choices(choices: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], str | None]:
@@ -111,6 +122,36 @@ def read_upload(path: str | None) -> str:
         raise RunInputError(str(exc)) from None
     except OSError as exc:
         raise RunInputError(f"cannot read {what} ({exc.strerror})") from None
+
+
+@dataclass(frozen=True)
+class FileChat:
+    """The system prompt (``None``: the file has none) and question a trace file brings."""
+
+    system: str | None
+    question: str
+
+
+def file_chat(text: str) -> FileChat | None:
+    """What a trace or transcript file says in place of the System prompt and Question boxes: a
+    transcript that starts with its own system or user message stands alone (the boxes are not
+    used); ``None`` for the assistant's text or a transcript that continues the boxes' chat."""
+    if not is_transcript(text):
+        return None
+    try:
+        messages = parse_transcript(text, continues=True)
+    except TraceError:  # the turn preview says why
+        return None
+    if not messages or messages[0].role not in ("system", "user"):
+        return None
+    trace = Trace.of_transcript("file", messages)
+    return FileChat(trace.system, trace.question)
+
+
+def can_switch_thinking(loaded: LoadedModel | None) -> bool:
+    """Whether ``loaded``'s chat template switches thinking on and off (Qwen3's ``enable_thinking``;
+    ``False`` while none is loaded)."""
+    return loaded is not None and reasoning_format(loaded.tokenizer).switchable
 
 
 def trace_preview(

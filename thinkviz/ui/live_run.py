@@ -90,9 +90,12 @@ def status_line(driver: Comparison | Playback, timer: RunTimer, done: bool = Fal
         if done:
             stopped = record.summary.get("stopped", "stopped" if driver.cancel.is_set() else "finished")
             measured = " Attention from the answer measured." if "answer_attention" in record.summary else ""
-            return f"Done: {tokens} tokens {verb} (stopped: {stopped}) in {timer.elapsed()}.{measured}"
+            return (
+                f"Done: {tokens} tokens {verb} (stopped: {stopped}) in {timer.elapsed()}.{measured}{thinking(driver)}"
+            )
     if driver.phase == "prefill":
-        return where + with_time(f"Prefilling {len(record.prompt_ids)} prompt tokens…", timer.total())
+        line = with_time(f"Prefilling {len(record.prompt_ids)} prompt tokens…", timer.total())
+        return where + line + ("" if timer.playing else thinking(driver))
     last = record.events[-1] if record.events else None
     if driver.phase == "fidelity":
         line = f"{PHASE_VERBS['fidelity']}… {driver.done}/{driver.total}"
@@ -101,6 +104,14 @@ def status_line(driver: Comparison | Playback, timer: RunTimer, done: bool = Fal
         held = f", cache holds {last.kv_tokens} per layer and head" if last is not None else ""
         line = f"{PHASE_VERBS[driver.phase]}… {count}{held}"
     return where + with_time(line, timer.left())
+
+
+def thinking(driver: Comparison) -> str:
+    """How the model was asked to think, for a generation (``""`` for a replay: the trace decides):
+    its own reasoning format, or none of its own (prompted to think)."""
+    if driver.replay:
+        return ""
+    return f" Reasoning: {driver.prompt.reasoning.describe()}."
 
 
 def _speed_text(speed: float) -> str:

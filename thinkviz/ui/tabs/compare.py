@@ -43,8 +43,9 @@ from ..handlers import (
     run_picker,
     run_with_model,
     streamed,
+    wire_price,
 )
-from ..price import preset_estimate
+from ..price import Work, price_line
 from ..session import COMPARE_TOKENS_IDS, Session
 from ..stream import bus_payload, container_html
 from ..text import plain_markdown
@@ -228,6 +229,7 @@ class CompareTab:
     options: CompareOptions
     decode: DecodeControls
     status: gr.Markdown
+    price: gr.Markdown  # what the comparison the controls describe would take here
     view_mode: gr.Radio
     legend: gr.HTML
     headers: tuple[gr.HTML, ...]
@@ -290,6 +292,7 @@ def layout(app: AppContext) -> CompareTab:
             status = gr.Markdown(
                 "Pick 2–6 policies and press Compare.", elem_id="tv-compare-status", elem_classes="tv-status"
             )
+            price = gr.Markdown("", elem_id="tv-compare-price", elem_classes=["tv-status", "tv-price"])
             with gr.Row(equal_height=True):
                 view_mode = gr.Radio(
                     column_view_choices([make_policy(name) for name in DEFAULT_POLICIES]),
@@ -333,7 +336,7 @@ def layout(app: AppContext) -> CompareTab:
                 elem_classes="tv-download",
             )
     return CompareTab(
-        app, panel, run, stop, playback, chosen, kv, options, decode, status, view_mode, legend,
+        app, panel, run, stop, playback, chosen, kv, options, decode, status, price, view_mode, legend,
         tuple(headers), tuple(columns), overlay, table, per_token, export_fig, exported,
     )  # fmt: skip
 
@@ -385,12 +388,20 @@ def clear_results(tab: CompareTab, s: Session, mode: str) -> Updates:
     }
 
 
-def offer_preset(tab: CompareTab, name: str | None, measure: bool) -> Updates:
-    """Play, where the preset has a recording, and what a comparison of it would take."""
-    return {
-        tab.playback.play: PlaybackControls.offer(name),
-        tab.status: preset_estimate(tab.app.slot, name, "compare", measure) or gr.skip(),
-    }
+def offer_preset(tab: CompareTab, name: str | None) -> Updates:
+    """Play, where the preset has a recording."""
+    return {tab.playback.play: PlaybackControls.offer(name)}
+
+
+def price_compare(tab: CompareTab, preset: str | None, **values: Any) -> Updates:
+    """The price line: how long the comparison the controls describe takes here."""
+
+    def work() -> Work:
+        asked = compare_request(tab, values)
+        measure = asked.measure_fidelity or asked.run_input.replay
+        return Work(asked.columns, asked.run_input, asked.settings, measure, True)
+
+    return {tab.price: price_line(tab.app.slot, work, preset)}
 
 
 def export_overlay(s: Session) -> str:
@@ -527,11 +538,16 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         [session, tab.view_mode],
         [app.bus, *tab.headers, tab.table, tab.overlay, tab.per_token, tab.legend],
         **hidden,
-    ).then(
-        bind(offer_preset, tab),
-        [tab.panel.preset, chosen.measure_fidelity],
-        [tab.playback.play, tab.status],
-        **hidden,
+    ).then(bind(offer_preset, tab), tab.panel.preset, tab.playback.play, **hidden)
+    work = [tab.panel.preset, *tab.panel.inputs(), *chosen.inputs(), *tab.kv.inputs(), *tab.options.inputs()]
+    price_inputs = named(*tab.run_groups())
+    wire_price(
+        app,
+        bind(price_compare, tab),
+        [*work, *tab.decode.inputs()],
+        [tab.panel.preset],
+        tab.price,
+        price_inputs,
     )
     tab.stop.click(Session.stop, session, None, queue=False, api_name="stop_compare")
     tab.export_figure.click(export_overlay, session, tab.exported, api_name="export_compare_figure")

@@ -22,6 +22,7 @@ from ...core.kvquant import KVQuant
 from ...core.engine import DecodeSettings
 from ...demos.playback import SPEEDS
 from ...demos.record import load_preset_recording
+from ...measure.comparison import Column
 from ...measure.requests import RunInput
 from ...memory import CARDS_GB, Projection
 from ...models.loading import LoadedModel
@@ -31,8 +32,9 @@ from ...viz.memory_chart import memory_figure
 from ...viz.legend import view_legend
 from ...viz.tokens import view_mode_choices
 from .. import inputs
-from ..chat_controls import InputControls, input_controls, trace_limit
+from ..chat_controls import InputControls, LiveOptions, input_controls, live_options, thinking_switch
 from ..controls import ControlError, default_view
+from ..inputs import first_preset
 from ..model_panel import model_settings
 from ..wiring import bind
 from ..handlers import (
@@ -48,10 +50,11 @@ from ..handlers import (
     run_with_model,
     streamed,
     shown,
+    wire_price,
 )
 from ..live_run import LiveFrame, live_frames, playback_frames
 from ..model_slot import ModelSlot
-from ..price import preset_estimate
+from ..price import Work, price_line
 from ..scripted import run_summary, script_request
 from ..session import LIVE_TOKENS_ID, Session
 from ..stream import TokenChannel, bus_payload, container_html
@@ -137,30 +140,6 @@ def projection_controls() -> ProjectionControls:
     return ProjectionControls(target, card, device)
 
 
-@dataclass
-class LiveOptions(Group):
-    """What Live adds after the shared groups (at the end of its API): the trace tokens to replay and
-    whether to measure fidelity against the full cache."""
-
-    max_trace_tokens: gr.Slider
-    measure_fidelity: gr.Checkbox
-
-    def inputs(self) -> list:
-        return [self.max_trace_tokens, self.measure_fidelity]
-
-
-def live_options() -> LiveOptions:
-    limit = trace_limit("live")
-    measure = gr.Checkbox(
-        value=False,
-        label="Measure against the full cache",
-        elem_id="tv-live-measure",
-        info="ΔNLL and KL per token: a replay runs in lockstep with the full cache; "
-        "a generation is teacher-forced through both afterwards",
-    )
-    return LiveOptions(limit, measure)
-
-
 @dataclass(frozen=True)
 class ScriptInputs:
     """``/run_policy``'s own inputs, hidden from the page: a policy by name, a JSON object of knobs and
@@ -202,6 +181,7 @@ class LiveTab:
     decode: DecodeControls
     projection: ProjectionControls
     status: gr.Markdown
+    price: gr.Markdown  # what the run the controls describe would take here
     stats: gr.HTML
     view_mode: gr.Radio
     legend: gr.HTML
@@ -263,8 +243,12 @@ def layout(app: AppContext) -> LiveTab:
             model_settings(app.slot, app.model, app.quantization, app.model_status, app.model_loading)
         with gr.Column(scale=3, min_width=420, elem_classes="tv-outputs"):
             status = gr.Markdown(
-                "Pick a preset or type a question, then Generate.", elem_id="tv-live-status", elem_classes="tv-status"
+                "Press ▶ Play recording to watch the preset, or Generate to run it live; or pick another preset "
+                "or type a question.",
+                elem_id="tv-live-status",
+                elem_classes="tv-status",
             )
+            price = gr.Markdown("", elem_id="tv-live-price", elem_classes=["tv-status", "tv-price"])
             stats = gr.HTML("", elem_id="tv-live-stats")
             with gr.Row(equal_height=True):
                 view_mode = gr.Radio(
@@ -292,7 +276,7 @@ def layout(app: AppContext) -> LiveTab:
             )
             export_run, export_fig, exported = export_controls("live")
     return LiveTab(
-        app, panel, generate, stop, playback, controls, kv, options, decode, projection, status, stats,
+        app, panel, generate, stop, playback, controls, kv, options, decode, projection, status, price, stats,
         view_mode, legend, memory, fidelity, export_run, export_fig, exported, script_inputs(),
     )  # fmt: skip
 
@@ -333,12 +317,19 @@ def pick_preset(tab: LiveTab, name: str | None) -> Updates:
     }
 
 
-def offer_preset(tab: LiveTab, name: str | None, measure: bool) -> Updates:
-    """Play, where the preset has a recording, and what a run of it would take."""
-    return {
-        tab.playback.play: PlaybackControls.offer(name),
-        tab.status: preset_estimate(tab.app.slot, name, "live", measure) or gr.skip(),
-    }
+def offer_preset(tab: LiveTab, name: str | None) -> Updates:
+    """Play, where the preset has a recording."""
+    return {tab.playback.play: PlaybackControls.offer(name)}
+
+
+def price_live(tab: LiveTab, preset: str | None, **values: Any) -> Updates:
+    """The price line: how long the run the controls describe takes here."""
+
+    def work() -> Work:
+        asked = live_request(tab, values)
+        return Work([Column(asked.policy, asked.kv_quant)], asked.run_input, asked.settings, asked.measure, False)
+
+    return {tab.price: price_line(tab.app.slot, work, preset)}
 
 
 def shown_legend(s: Session, mode: str, chosen: str) -> str:
@@ -411,7 +402,7 @@ def live_request(tab: LiveTab, values: Mapping[str, Any]) -> LiveRequest:
     """The run Generate's values (by API name) describe; a user error where one is bad."""
     return LiveRequest(
         policy=tab.controls.make(tab.controls.of(values)),
-        run_input=InputControls.request(tab.panel.of(values), values["max_trace_tokens"]),
+        run_input=InputControls.request(tab.panel.of(values), values["max_trace_tokens"], values["enable_thinking"]),
         settings=tab.decode.settings(tab.decode.of(values)),
         memory=MemoryView.of(*tab.projection.of(values)),
         kv_quant=KVControls.make(tab.kv.of(values)),
@@ -505,11 +496,14 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         tab.panel.preset_outputs() + controls.inputs() + tab.kv.inputs() + [tab.decode.max_new_tokens, tab.view_mode],
         **hidden,
     ).then(shown_legend, legend_inputs, tab.legend, **hidden).then(
-        bind(offer_preset, tab),
-        [tab.panel.preset, tab.options.measure_fidelity],
-        [tab.playback.play, tab.status],
-        **hidden,
+        bind(offer_preset, tab), tab.panel.preset, tab.playback.play, **hidden
     )
+    work = [tab.panel.preset, *tab.panel.inputs(), *controls.inputs(), *tab.kv.inputs(), *tab.options.inputs()]
+    price_inputs = named(*tab.run_groups())
+    wire_price(app, bind(price_live, tab), [*work, *tab.decode.inputs()], [tab.panel.preset], tab.price, price_inputs)
+    loaded = [app.model_status.change, app.demo.load]
+    gr.on(loaded, bind(thinking_switch, app.slot), None, tab.options.enable_thinking, **hidden)
+    app.demo.load(bind(first_preset, app.presets), None, tab.panel.preset, **hidden)  # a lesson one click away
     controls.policy.input(policy_views, controls.policy, tab.view_mode, **hidden).then(
         shown_legend, legend_inputs, tab.legend, **hidden
     )

@@ -22,7 +22,8 @@ from ...viz.pareto import pareto_figure
 from .. import inputs
 from ..controls import format_knobs
 from ..fields import slider
-from ..handlers import MODEL_GROUP, WAITING, run_with_model, shown
+from ..handlers import MODEL_GROUP, WAITING, run_with_model, shown, wire_price
+from ..price import sweep_price
 from ..session import Session
 from ..sweep_run import (
     TABLE_COLUMNS,
@@ -81,6 +82,7 @@ class SweepViews:
     """What a sweep shows: its status line, the Pareto plot, the runs' table and the result files."""
 
     status: gr.Markdown
+    price: gr.Markdown  # what the sweep the controls describe would take here
     figure: gr.Plot
     table: gr.Dataframe
     files: gr.File
@@ -169,6 +171,7 @@ def sweep_views() -> SweepViews:
     """The right column: status, plot, table, downloads."""
     return SweepViews(
         status=gr.Markdown("", elem_id="tv-sweep-status", elem_classes="tv-status"),
+        price=gr.Markdown("", elem_id="tv-sweep-price", elem_classes=["tv-status", "tv-price"]),
         figure=gr.Plot(label="Memory vs fidelity", elem_id="tv-sweep-pareto"),
         table=gr.Dataframe(headers=TABLE_COLUMNS, label="Runs", interactive=False),
         files=gr.File(
@@ -261,6 +264,11 @@ def sweep_outputs(
         }
 
 
+def price_sweep(app: AppContext, views: SweepViews, fidelity_axis: str, **values: Any) -> dict:
+    """The price line: how long the sweep the controls describe takes here."""
+    return {views.price: sweep_price(app.slot, lambda: sweep_request(**values))}
+
+
 def replot(s: Session, metric_value: str) -> Any:
     """The last sweep's Pareto plot on another fidelity axis (nothing before a sweep)."""
     return gr.skip() if not s.sweep_rows else pareto_figure(s.sweep_rows, metric_value)
@@ -296,6 +304,8 @@ def build(app: AppContext) -> None:
         api_name="sweep",
         show_progress="hidden",
     )
+    work = [c for c in controls.endpoint().values() if c is not controls.metric]
+    wire_price(app, bind(price_sweep, app, views), work, [], views.price, controls.endpoint())
     controls.metric.change(
         replot, [app.session, controls.metric], views.figure, show_progress="hidden", api_visibility="private"
     )
