@@ -126,6 +126,7 @@ class Session:
     explore_steps: int = 0  # how many steps the explored record had when Explore opened it
     sweep_rows: list[dict] = field(default_factory=list)
     shelf: Shelf = field(default_factory=Shelf)
+    room_seen: int = 0  # the teacher's pushes this session has opened (thinkviz.ui.room.Push.number)
 
     def stop(self) -> None:
         """Ask the running run, if any, to stop after its current step."""
