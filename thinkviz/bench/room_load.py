@@ -4,8 +4,9 @@ live replays waiting in the model's line, all against one served app on loopback
 Each playing client opens its session (as a page does when it loads), then, all at once, plays one
 preset's recording (the presets named taken in turn; a class usually plays one) through the Live
 tab's ``/play`` and then exports what its session shows: it must be that preset's recorded run
-(its policy, budget and number of steps), never another client's.  The recording is played cold
-(the server decodes it when the first client asks).  Its *first frame* is submit →
+(its policy, budget and number of steps), never another client's.  The recording was decoded
+before (the warm-up plays it, as a page decodes a preset's recording when it is picked) unless
+``cold``: then the server decodes it when the first client asks.  Its *first frame* is submit →
 the first streamed update.  Each live client submits, in a fixed order a moment apart, one short
 replay through ``/generate`` (:func:`~thinkviz.bench.load.client_replay`: its own budget and trace),
 reads the wait its first status line shows ("2nd in line — about 40 s") and measures the real one
@@ -75,6 +76,7 @@ class LiveRun:
     real_wait: float
     total: float
     own: bool
+    tracking: float | None = None  # median over its line updates of shown / real wait left then
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,9 @@ class RoomResult:
     speed: str
     rss_before: int
     rss_after: int
-    held: int  # bytes of decoded recordings the server may keep
+    held: int  # bytes of decoded recordings the server may keep, decoded during the load (cold)
     seconds: float
+    cold: bool = False
 
 
 def playable(names: list[str]) -> list[Expected]:
@@ -180,7 +183,7 @@ def live_client(served: Served, replay: Replay, number: int, start: threading.Ba
     try:
         start.wait()
         time.sleep(LIVE_STAGGER * (number + 1))  # a known arrival order, behind the first playbacks
-        submitted, started, place, shown = time.monotonic(), None, None, None
+        submitted, started, place, shown, updates = time.monotonic(), None, None, None, []
         job = session.submit(**own.request(budget=budget), api_name="/generate")
         for output in job:
             where, seconds = shown_wait(str(output[0]))
@@ -188,6 +191,8 @@ def live_client(served: Served, replay: Replay, number: int, start: threading.Ba
                 place, shown = where, seconds
             if where == 0 and started is None:
                 started = time.monotonic()
+            elif where and seconds is not None:
+                updates.append((time.monotonic(), seconds))
             deadline_left(deadline)
         status = str(job.result(timeout=deadline_left(deadline))[0])
         finished = time.monotonic()
@@ -202,22 +207,34 @@ def live_client(served: Served, replay: Replay, number: int, start: threading.Ba
         raise BenchError(f"live client {number} did not finish: {status}")
     started = started or finished
     mine = is_own(record, own, budget)
+    ratios = [seconds / (started - at) for at, seconds in updates if started - at >= 1.0]
+    tracking = statistics.median(ratios) if ratios else None
     return LiveRun(
-        number, submitted - began, started - began, place or 0, shown, started - submitted, finished - submitted, mine
+        number,
+        submitted - began,
+        started - began,
+        place or 0,
+        shown,
+        started - submitted,
+        finished - submitted,
+        mine,
+        tracking,
     )
 
 
-def warm_up(served: Served, deadline: float) -> None:
-    """A one-token generation (the model loaded and timed) and a playback of :data:`WARM_PRESET` at full
-    speed (what every playback runs once in a process, figures included) before memory is read."""
+def warm_up(served: Served, deadline: float, presets: list[str]) -> None:
+    """A one-token generation (the model loaded and timed) and a playback at full speed of
+    :data:`WARM_PRESET` (what every playback runs once in a process, figures included) and of
+    ``presets`` (decoded, as a page decodes a preset's recording when it is picked) before memory is read."""
     session = client(served.url)
     try:
         job = session.submit(
             run_mode="generate", question="Hi", policy="h2o", budget=64, max_new_tokens=1, api_name="/generate"
         )
         job.result(timeout=deadline_left(deadline))
-        job = session.submit(preset=WARM_PRESET, speed="as fast as it draws", api_name="/play")
-        job.result(timeout=deadline_left(deadline))
+        for preset in [WARM_PRESET, *presets]:
+            job = session.submit(preset=preset, speed="as fast as it draws", api_name="/play")
+            job.result(timeout=deadline_left(deadline))
     except BenchError:
         raise
     except Exception as exc:
@@ -227,15 +244,23 @@ def warm_up(served: Served, deadline: float) -> None:
 
 
 def room_load(
-    served: Served, clients: int, presets: list[str], speed: str, replay: Replay | None, live: int, timeout: float
+    served: Served,
+    clients: int,
+    presets: list[str],
+    speed: str,
+    replay: Replay | None,
+    live: int,
+    timeout: float,
+    cold: bool = False,
 ) -> RoomResult:
     """``clients`` playing clients and ``live`` live ones (with a ``replay``) at once; raises
-    :class:`BenchError` if any fails, comes back with another's result or runs out of time."""
+    :class:`BenchError` if any fails, comes back with another's result or runs out of time.
+    ``cold``: the recordings are not decoded before (the very first play of them on this server)."""
     if not 1 <= clients <= MAX_CLIENTS or not 0 <= live <= clients:
         raise BenchError(f"--clients must be 1–{MAX_CLIENTS} and the live runs 0–--clients, not {clients}, {live}")
     deadline = time.monotonic() + timeout
     expected = playable(presets)
-    warm_up(served, deadline)
+    warm_up(served, deadline, [] if cold else presets)
     before = rss_bytes(served.pid) if served.pid else 0
     start = threading.Barrier(clients + live)
     began = time.monotonic()
@@ -252,8 +277,8 @@ def room_load(
     strangers = [r.client for r in plays if not r.own] + [f"live {r.client}" for r in lives if not r.own]
     if strangers:
         raise BenchError(f"clients {strangers} received a result that is not their own")
-    held = sum(sorted((e.nbytes for e in expected), reverse=True)[:CACHED_RECORDINGS])
-    return RoomResult(plays, lives, replay, speed, before, after, held, seconds)
+    held = sum(sorted((e.nbytes for e in expected), reverse=True)[:CACHED_RECORDINGS]) if cold else 0
+    return RoomResult(plays, lives, replay, speed, before, after, held, seconds, cold)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -266,7 +291,8 @@ def room_table(result: RoomResult) -> str:
     firsts = [run.first_frame for run in result.plays]
     presets = sorted({run.preset for run in result.plays})
     lines = [
-        f"{len(result.plays)} concurrent playbacks at {result.speed} of {', '.join(presets)}"
+        f"{len(result.plays)} concurrent playbacks at {result.speed} of {', '.join(presets)} "
+        f"({'cold: its first play on this server' if result.cold else 'decoded before, as picking the preset does'})"
         + (f", with {len(result.lives)} live replays" if result.lives else ""),
         "",
         "| playbacks | first frame p50 (s) | p95 (s) | max (s) | slowest playback (s) | own result |",
@@ -294,15 +320,17 @@ def live_rows(result: RoomResult) -> list[str]:
     in_order = [run.client for run in lives] == [run.client for run in sorted(lives, key=lambda run: run.started)]
     rows = [
         "",
-        "| live client | budget | submitted (s) | place shown | wait shown (s) | real wait (s) | shown / real | own |",
-        "|---|---|---|---|---|---|---|---|",
+        "| live client | budget | submitted (s) | place shown | wait shown (s) | real wait (s) | shown / real "
+        "| shown / real left, median of its updates | own |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in lives:
         ratio = f"{run.shown_wait / run.real_wait:.2f}" if run.shown_wait and run.real_wait > 0 else "–"
         shown = "–" if run.shown_wait is None else f"{run.shown_wait:.0f}"
+        tracking = "–" if run.tracking is None else f"{run.tracking:.2f}"
         rows.append(
             f"| {run.client} | {64 + 8 * run.client} | {run.submitted:.1f} | {run.place} | {shown} | "
-            f"{run.real_wait:.1f} | {ratio} | {'yes' if run.own else 'NO'} |"
+            f"{run.real_wait:.1f} | {ratio} | {tracking} | {'yes' if run.own else 'NO'} |"
         )
     rows += ["", f"live runs started in arrival order: {'yes' if in_order else 'NO'}"]
     return rows

@@ -27,7 +27,7 @@ from ..core.faults import RunFault
 from ..models.loading import LoadedModel
 from .controls import ControlError
 from .model_slot import ModelSlot, ModelUnavailable
-from .room import LINE_LIMIT, PLAYBACK_LIMIT, Refused, run_size
+from .room import CURRENT, LINE_LIMIT, PLAYBACK_LIMIT, Refused, Ticket, run_size
 from ..measure.requests import RunInputError
 from .session import Session
 from .stream import chart_frame
@@ -93,7 +93,7 @@ def run_with_model(
             yield waiting(request, WAITING)
         with slot.use() as loaded:
             room.line.start(ticket)
-            yield from run(loaded, request, cancel)
+            yield from reporting(ticket, run(loaded, request, cancel))
             finished = not ticket.cancel.is_set()
     except USER_ERRORS as exc:
         raise user_error(exc) from None
@@ -101,6 +101,20 @@ def run_with_model(
         room.line.leave(ticket, finished)
         if session is not None:
             session.running = False
+
+
+def reporting(ticket: Ticket, frames: Iterator[Any]) -> Iterator[Any]:
+    """``frames``, each computed with ``ticket`` as :data:`~.room.CURRENT` (Gradio may compute each one in
+    another thread), so the run's timer can tell the line how far it is (:func:`~.room.report_progress`)."""
+    while True:
+        token = CURRENT.set(ticket)
+        try:
+            frame = next(frames)
+        except StopIteration:
+            return
+        finally:
+            CURRENT.reset(token)
+        yield frame
 
 
 def _token_counter(slot: ModelSlot) -> Callable[[str], int] | None:

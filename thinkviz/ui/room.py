@@ -23,6 +23,7 @@ import itertools
 import math
 import threading
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Iterator
@@ -66,6 +67,12 @@ class Ticket:
     joined: float
     seen: float
     started: float | None = None
+    arrived: float = 0.0  # when its event reached the server (wall clock): the line's order
+    fraction: float = 0.0  # how much of it is done, as its run reports (report_progress)
+
+
+CURRENT: ContextVar[Ticket | None] = ContextVar("thinkviz_room_ticket", default=None)
+MIN_FRACTION = 0.05  # a running job's own pace prices the line once it is this far in
 
 
 class Line:
@@ -80,8 +87,13 @@ class Line:
         self._tickets: list[Ticket] = []
         self._rates: dict[str, float] = {}  # kind -> seconds per unit, learnt from finished jobs
 
-    def join(self, client: str, size: int, kind: str, cancel: threading.Event | None = None) -> Ticket:
-        """A new ticket at the end of the line; :class:`Refused` if ``client`` has one that is not stopping."""
+    def join(
+        self, client: str, size: int, kind: str, cancel: threading.Event | None = None, arrived: float | None = None
+    ) -> Ticket:
+        """A new ticket, behind every job that arrived before it (``arrived``: when its event reached the
+        server; default now: the end of the line); :class:`Refused` if ``client`` has one that is not
+        stopping.  (Under load, handlers reach the line in a different order than their events reached
+        the server: the arrival time keeps the line first come, first served.)"""
         with self._changed:
             self._drop_stale()
             mine = next((t for t in self._tickets if t.client == client and not t.cancel.is_set()), None)
@@ -92,8 +104,12 @@ class Line:
                     "Wait for it to finish, or press Stop, then start this one."
                 )
             now = self.clock()
-            ticket = Ticket(client, max(1, int(size)), kind, cancel or threading.Event(), now, now)
-            self._tickets.append(ticket)
+            arrived = time.time() if arrived is None else arrived
+            ticket = Ticket(client, max(1, int(size)), kind, cancel or threading.Event(), now, now, None, arrived)
+            place = len(self._tickets)
+            while place > 1 and self._tickets[place - 1].started is None and self._tickets[place - 1].arrived > arrived:
+                place -= 1  # (never ahead of the first: it has its turn)
+            self._tickets.insert(place, ticket)
             self._changed.notify_all()
             return ticket
 
@@ -163,10 +179,21 @@ class Line:
             if t is not keep and t.started is None and now - t.seen > STALE_SECONDS:
                 self._remove(t)
 
+    def _rate(self, kind: str) -> float | None:
+        """Seconds per unit for a job of ``kind``: the running job's own pace once it is far enough in
+        (it runs under the server's load now), else the last finished jobs', else the model's speed."""
+        now = self.clock()
+        for t in self._tickets:
+            if t.started is not None and t.kind == kind and t.fraction >= MIN_FRACTION and now > t.started:
+                return (now - t.started) / (t.fraction * t.size)
+        rate = self._rates.get(kind)
+        return self.fallback() if rate is None else rate
+
     def _estimate(self, ticket: Ticket) -> float | None:
-        rate = self._rates.get(ticket.kind)
-        if rate is None:
-            rate = self.fallback()
+        if ticket.started is not None and ticket.fraction >= MIN_FRACTION:
+            elapsed = self.clock() - ticket.started
+            return elapsed * (1 - ticket.fraction) / ticket.fraction
+        rate = self._rate(ticket.kind)
         if rate is None:
             return None
         seconds = rate * ticket.size
@@ -230,7 +257,7 @@ class Room:
                 f"This room caps a student's run at {self.cap:,} tokens × policies; this one is {size:,}. "
                 "Make it smaller (fewer tokens or policies), or ask your teacher."
             )
-        return self.line.join(asker(session)[1], size, kind)
+        return self.line.join(asker(session)[1], size, kind, arrived=arrival())
 
     def set_cap(self, cap: float | None) -> str:
         """The teacher's new cap (``None`` or 0: none); returns the line that says it."""
@@ -259,6 +286,23 @@ class Room:
         """The push a session that has seen push number ``seen`` has not opened yet."""
         pushed = self.pushed
         return pushed if pushed is not None and pushed.number > seen else None
+
+
+def report_progress(done: int, total: int) -> None:
+    """The running job of this thread's event (:data:`CURRENT`) has done ``done`` of ``total``."""
+    ticket = CURRENT.get()
+    if ticket is not None and total > 0:
+        ticket.fraction = min(1.0, max(0.0, done / total))
+
+
+def arrival() -> float | None:
+    """When the event being handled reached the server's queue (Gradio's own record of it; ``None``
+    outside an event or where Gradio keeps none)."""
+    try:
+        queue = LocalContext.blocks.get()._queue
+        return float(queue.event_analytics[LocalContext.event_id.get()]["time"])
+    except (LookupError, AttributeError, TypeError, ValueError):
+        return None
 
 
 def asker(session: object | None = None) -> tuple[str | None, str]:

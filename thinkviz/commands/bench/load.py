@@ -36,6 +36,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="PRESET",
         help="the recording the playing clients play (repeat: they take turns; default: --preset's)",
     )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="play recordings the server has not decoded yet (default: decoded once first, as picking a preset does)",
+    )
     parser.add_argument("--speed", default="4×", help="playback speed, as the Play button's choices (default 4×)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the whole load may take")
 
