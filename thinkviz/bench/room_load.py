@@ -41,7 +41,7 @@ from .served import Replay, Served, client, rss_bytes
 MAX_CLIENTS = 100
 WARM_PRESET = "generate_muffins"  # the smallest recording: played once before the load, to warm the server
 LIVE_STAGGER = 0.5  # seconds between two live clients' submits: their arrival order is known
-RELEASE_WAIT = 5.0  # heartbeats after the clients close, before the memory is read again
+RELEASE_WAIT = 10.0  # heartbeats after the clients close (released, memory given back) before memory is read again
 LINE_RE = re.compile(r"(\d+)(?:st|nd|rd|th) in line — (?:(under 5 s)|about (?:(\d+) min)?\s*(?:(\d+) s)?)")
 
 

@@ -54,9 +54,8 @@ def run(args: argparse.Namespace) -> int:
         with served_app(args.url, None, app_args(args)) as served:
             if args.playback or args.mixed:
                 live = args.live if args.mixed else 0
-                result = room_load(
-                    served, args.clients, args.play or [args.preset], args.speed, replay, live, args.timeout
-                )
+                presets = args.play or [args.preset]
+                result = room_load(served, args.clients, presets, args.speed, replay, live, args.timeout, args.cold)
                 print(room_table(result), end="")
                 return 0
             result = load(served, replay, args.clients)
