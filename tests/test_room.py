@@ -93,26 +93,27 @@ def test_a_waiting_job_nobody_polls_any_more_leaves_the_line():
 def test_a_students_run_over_the_cap_is_refused_naming_it_the_room_off_has_no_cap():
     room = Room(on=True, teacher="miss-t", cap=1000)
     with pytest.raises(Refused, match="This room caps a student's run at 1,000 tokens × policies; this one is 1,200"):
-        room.admit(1200, "generate")
-    assert room.line.place(room.admit(1000, "generate")) == 0
-    assert Room().admit(10**6, "generate") is not None  # loopback: no cap, everyone is the teacher
+        room.admit(1200, "generate", "ada", "tab-1")
+    assert room.line.place(room.admit(1000, "generate", "ada", "tab-1")) == 0
+    assert room.admit(5000, "generate", "miss-t", "tab-2") is not None  # the teacher's is not capped
+    assert Room().admit(10**6, "generate", None, "tab-3") is not None  # loopback: no cap, everyone is the teacher
 
 
 def test_only_the_teacher_sets_the_cap_or_pushes_and_each_push_is_news_once():
-    student_room = Room(on=True, teacher="miss-t")  # outside an event nobody is logged in: a student
-    with pytest.raises(Refused, match="Only the teacher can push a preset to the room"):
-        student_room.push("math_h2o_vs_window", "Math")
-    with pytest.raises(Refused, match="Only the teacher can set the cap"):
-        student_room.set_cap(10)
-    room = Room()  # off: everyone may
-    assert room.set_cap(500) == "Students' runs: at most 500 tokens × policies each."
-    assert room.set_cap(0) == "Students' runs: no cap."
+    room = Room(on=True, teacher="miss-t")
+    for student in ("ada", None):  # a student, or nobody logged in
+        with pytest.raises(Refused, match="Only the teacher can push a preset to the room"):
+            room.push("math_h2o_vs_window", "Math", student)
+        with pytest.raises(Refused, match="Only the teacher can set the cap"):
+            room.set_cap(10, student)
+    assert room.set_cap(500, "miss-t") == "Students' runs: at most 500 tokens × policies each."
+    assert Room().set_cap(0, None) == "Students' runs: no cap."  # off: everyone may
     with pytest.raises(Refused, match="Pick a preset"):
-        room.push(None, "")
+        room.push(None, "", "miss-t")
     assert room.news(0) is None
-    pushed = room.push("math_h2o_vs_window", "Math")
+    pushed = room.push("math_h2o_vs_window", "Math", "miss-t")
     assert room.news(0) == pushed and room.news(pushed.number) is None
-    assert room.push("tam_math", "TAM").number == 2
+    assert room.push("tam_math", "TAM", "miss-t").number == 2
 
 
 def test_a_requests_size_is_tokens_times_policies():

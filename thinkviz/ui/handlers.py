@@ -15,11 +15,13 @@ where each sees its place, and the model runs one of them at a time.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import TYPE_CHECKING, Any, TypeVar
 from collections.abc import Callable, Iterator, Mapping
 
 import gradio as gr
+from gradio.context import LocalContext
 
 from ..core.events import RecordingError, RunRecord
 from ..export import export_figures, export_recording
@@ -79,7 +81,8 @@ def run_with_model(
     """
     request = shown(prepare)
     room = slot.room
-    ticket = shown(room.admit, *run_size(request, _token_counter(slot)), session)
+    user, client = asker(session)
+    ticket = shown(room.admit, *run_size(request, _token_counter(slot)), user, client, arrival())
     cancel = session.begin() if session is not None else None
     ticket.cancel = cancel or ticket.cancel
     finished = False
@@ -101,6 +104,31 @@ def run_with_model(
         room.line.leave(ticket, finished)
         if session is not None:
             session.running = False
+
+
+_CALLS = itertools.count()  # a client key for each call made outside any event and session
+
+
+def asker(session: object | None = None) -> tuple[str | None, str]:
+    """The login and the client key of the event being handled: Gradio's ``request.username`` and its
+    ``session_hash`` (one per browser tab or ``gradio_client.Client``); outside an event, the
+    ``session`` object's identity stands for the client."""
+    request = LocalContext.request.get(None)
+    user = getattr(request, "username", None)
+    client = getattr(request, "session_hash", None)
+    if client is None:
+        client = f"session-{id(session)}" if session is not None else f"call-{next(_CALLS)}"
+    return user, client
+
+
+def arrival() -> float | None:
+    """When the event being handled reached the server's queue (Gradio's own record of it; ``None``
+    outside an event or where Gradio keeps none): the model's line is first come, first served."""
+    try:
+        queue = LocalContext.blocks.get()._queue
+        return float(queue.event_analytics[LocalContext.event_id.get()]["time"])
+    except (LookupError, AttributeError, TypeError, ValueError):
+        return None
 
 
 def reporting(ticket: Ticket, frames: Iterator[Any]) -> Iterator[Any]:

@@ -12,7 +12,7 @@ from ..models.loading import QUANTIZATIONS
 from ..models.random_weights import random_names
 from ..models.stores import found_models
 from ..units import format_bytes
-from .handlers import shown, user_error
+from .handlers import asker, shown, user_error
 from .model_slot import LoadStatus, ModelSlot, ModelUnavailable
 from .text import plain_markdown
 
@@ -76,7 +76,7 @@ def model_settings(
         cap_status = gr.Markdown(vram_cap_line(cap_now), elem_id="tv-vram-cap-status", elem_classes="tv-status")
 
     def load_model(model_name: str, weights: str) -> Iterator[tuple[str, str]]:
-        shown(slot.room.require_teacher, "load a model")
+        shown(slot.room.require_teacher, asker()[0], "load a model")
         if not (model_name or "").strip():
             raise gr.Error(
                 "Give a model: 'embedded', a .gguf file, ollama:NAME, a Hugging Face id or a local folder.",
@@ -101,7 +101,7 @@ def model_settings(
     )
 
     def apply_cap(vram_cap_gib: float | None) -> str:
-        shown(slot.room.require_teacher, "cap the card's memory")
+        shown(slot.room.require_teacher, asker()[0], "cap the card's memory")
         with slot.between_runs():  # a run in progress keeps the card it started on
             return vram_cap_line(shown(set_vram_cap, vram_cap_gib, slot.device))
 

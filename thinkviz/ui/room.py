@@ -14,12 +14,12 @@ they can wait *here*, where each one sees its place; the model itself still runs
 Served to a room (``app.py --room``), the user named :attr:`Room.teacher` may load models, run
 anything and push a preset to every session; everyone else is a student whose runs are capped at
 :attr:`Room.cap` tokens × policies.  Who is asking comes from Gradio's own login
-(``gr.Request.username``, read from the event being handled: :func:`asker`).
+(``gr.Request.username``, which the handlers read from the event being handled and pass in:
+:func:`thinkviz.ui.handlers.asker`).  Nothing here imports Gradio.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 import time
@@ -27,8 +27,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Iterator
-
-from gradio.context import LocalContext
 
 from ..measure.estimate import format_seconds
 
@@ -41,7 +39,6 @@ STALE_SECONDS = 30.0  # a waiting job nobody has polled for this long has lost i
 LEARN_WEIGHT = 0.5  # how far one finished job moves the seconds-per-unit of its kind
 TEACHER = "teacher"
 STUDENT = "student"
-_CALLS = itertools.count()  # a client key for each call made outside any event and session
 DEFAULT_CAP = 2048  # tokens × policies a student may run when serving a room without --cap
 
 
@@ -241,27 +238,27 @@ class Room:
     def role(self, user: str | None) -> str:
         return TEACHER if not self.on or user == self.teacher else STUDENT
 
-    def is_teacher(self) -> bool:
-        """Whether the event being handled comes from the teacher."""
-        return self.role(asker()[0]) == TEACHER
+    def is_teacher(self, user: str | None) -> bool:
+        """Whether login ``user`` (``None``: nobody logged in) is the teacher here."""
+        return self.role(user) == TEACHER
 
-    def require_teacher(self, what: str) -> None:
-        if not self.is_teacher():
+    def require_teacher(self, user: str | None, what: str) -> None:
+        if not self.is_teacher(user):
             raise Refused(f"Only the teacher can {what} in this room.")
 
-    def admit(self, size: int, kind: str, session: object | None = None) -> Ticket:
-        """A ticket in the line for a job of ``size`` tokens × policies; :class:`Refused` when a student's
-        job is over the cap or its client already has one."""
-        if self.on and self.cap is not None and size > self.cap and not self.is_teacher():
+    def admit(self, size: int, kind: str, user: str | None, client: str, arrived: float | None = None) -> Ticket:
+        """A ticket in the line for ``client``'s job of ``size`` tokens × policies (its event ``arrived``
+        then); :class:`Refused` when a student's job is over the cap or the client already has one."""
+        if self.on and self.cap is not None and size > self.cap and not self.is_teacher(user):
             raise Refused(
                 f"This room caps a student's run at {self.cap:,} tokens × policies; this one is {size:,}. "
                 "Make it smaller (fewer tokens or policies), or ask your teacher."
             )
-        return self.line.join(asker(session)[1], size, kind, arrived=arrival())
+        return self.line.join(client, size, kind, arrived=arrived)
 
-    def set_cap(self, cap: float | None) -> str:
+    def set_cap(self, cap: float | None, user: str | None) -> str:
         """The teacher's new cap (``None`` or 0: none); returns the line that says it."""
-        self.require_teacher("set the cap")
+        self.require_teacher(user, "set the cap")
         if cap is not None and (not math.isfinite(cap) or cap < 0):
             raise Refused(f"The cap is a number of tokens × policies, 0 or more, not {cap}.")
         self.cap = int(cap) if cap else None
@@ -272,9 +269,9 @@ class Room:
             return "Students' runs: no cap."
         return f"Students' runs: at most {self.cap:,} tokens × policies each."
 
-    def push(self, preset: str | None, title: str) -> Push:
+    def push(self, preset: str | None, title: str, user: str | None) -> Push:
         """The teacher asks every session to open ``preset``."""
-        self.require_teacher("push a preset to the room")
+        self.require_teacher(user, "push a preset to the room")
         if not preset:
             raise Refused("Pick a preset to push to the room.")
         with self._lock:
@@ -293,28 +290,6 @@ def report_progress(done: int, total: int) -> None:
     ticket = CURRENT.get()
     if ticket is not None and total > 0:
         ticket.fraction = min(1.0, max(0.0, done / total))
-
-
-def arrival() -> float | None:
-    """When the event being handled reached the server's queue (Gradio's own record of it; ``None``
-    outside an event or where Gradio keeps none)."""
-    try:
-        queue = LocalContext.blocks.get()._queue
-        return float(queue.event_analytics[LocalContext.event_id.get()]["time"])
-    except (LookupError, AttributeError, TypeError, ValueError):
-        return None
-
-
-def asker(session: object | None = None) -> tuple[str | None, str]:
-    """The login and the client key of the event being handled: Gradio's ``request.username`` and its
-    ``session_hash`` (one per browser tab or ``gradio_client.Client``); outside an event, the
-    ``session`` object's identity stands for the client."""
-    request = LocalContext.request.get(None)
-    user = getattr(request, "username", None)
-    client = getattr(request, "session_hash", None)
-    if client is None:
-        client = f"session-{id(session)}" if session is not None else f"call-{next(_CALLS)}"
-    return user, client
 
 
 def run_size(request: Any, count_tokens: Callable[[str], int] | None = None) -> tuple[int, str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from .handlers import Updates, shown
+from .handlers import Updates, asker, shown
 from .room import Room
 from .session import Session
 from .text import plain_markdown
@@ -58,19 +58,19 @@ def room_line(room: Room, student: bool) -> str:
 
 def greet(panel: RoomPanel, room: Room) -> Updates:
     """On page load: the visitor's room line, and the teacher's panel for the teacher."""
-    teacher = room.is_teacher()
+    teacher = room.is_teacher(asker()[0])
     return {panel.line: room_line(room, student=not teacher), panel.teacher: gr.update(visible=teacher)}
 
 
 def push_preset(panel: RoomPanel, room: Room, presets: dict[str, str], preset: str | None) -> Updates:
     """Ask every session to open `preset` (teacher only)."""
-    pushed = shown(room.push, preset, presets.get(preset or "", preset or ""))
+    pushed = shown(room.push, preset, presets.get(preset or "", preset or ""), asker()[0])
     return {panel.said: f"Pushed to everyone: {plain_markdown(pushed.title)} (push {pushed.number})."}
 
 
 def set_room_cap(panel: RoomPanel, room: Room, cap: float | None) -> Updates:
     """Cap each student's run at `cap` tokens × policies (teacher only; empty or 0: no cap)."""
-    return {panel.said: shown(room.set_cap, cap)}
+    return {panel.said: shown(room.set_cap, cap, asker()[0])}
 
 
 def room_news(panel: RoomPanel, room: Room, target: gr.Dropdown, s: Session) -> Updates:
