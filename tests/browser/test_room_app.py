@@ -17,6 +17,7 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+from thinkviz.demos.presets import load_preset
 from thinkviz.policies.base import Policy
 from thinkviz.ui.room import Room
 from tiny_app import served_demo
@@ -158,3 +159,29 @@ def test_the_teachers_preset_push_opens_it_in_another_session(room_app):
     assert preset == PRESET and "your teacher opened" in line
     again, line = student.predict(api_name="/room_news")
     assert "your teacher opened" not in str(line)  # each push opens once per session
+
+
+@pytest.mark.integration  # the browser tier's marker set: Chromium drives the page (no embedded model here)
+def test_in_chromium_a_student_logs_in_and_the_teachers_push_opens_the_preset(room_app, browser):
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(room_app)
+        page.fill("input[type=text]", LOGINS[1][0])
+        page.fill("input[type=password]", LOGINS[1][1])
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#tv-room-line", timeout=TIMEOUT * 1000)
+        page.wait_for_function(
+            "document.querySelector('#tv-room-line').textContent.includes('you are a student')", timeout=TIMEOUT * 1000
+        )
+        assert not page.locator("#tv-room-teacher").is_visible()  # the teacher's panel is the teacher's
+        teacher = Client(room_app, verbose=False, auth=LOGINS[0])
+        teacher.predict("generate_muffins", api_name="/push_preset")
+        page.wait_for_function(
+            "document.querySelector('#tv-room-line').textContent.includes('your teacher opened')",
+            timeout=TIMEOUT * 1000,
+        )
+        # the Live tab's preset picker shows the pushed preset
+        assert page.input_value("#tv-live-preset input") == load_preset("generate_muffins").title
+    finally:
+        context.close()
