@@ -150,12 +150,13 @@ def test_no_tab_imports_another():
 
 def test_no_gradio_outside_the_wiring():
     """Gradio is imported only by the Blocks modules (the app, its tabs, widgets, chat controls, the
-    model panel, handlers, field checks)."""
+    model panel, the room panel, handlers, field checks)."""
     wiring = {
         "thinkviz.ui.app",
         "thinkviz.ui.widgets",
         "thinkviz.ui.chat_controls",
         "thinkviz.ui.model_panel",
+        "thinkviz.ui.room_panel",
         "thinkviz.ui.handlers",
         "thinkviz.ui.fields",
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from thinkviz.bench.browser import launched_app
+from tiny_models import tiny_model
 
 START_TIMEOUT = 240  # seconds for imports + the page to answer on a busy 2-core machine
 
@@ -19,3 +20,13 @@ def app_url(tmp_path_factory) -> str:
     """URL of a running ``app.py`` (embedded model, 4-bit); stopped after the session."""
     with launched_app(timeout=START_TIMEOUT, log=tmp_path_factory.mktemp("app") / "app.log") as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory) -> str:
+    """A tiny random Llama saved as a checkpoint: ``app.py --model FOLDER --quant none`` serves it."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny = tiny_model("llama")
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    return str(folder)

@@ -9,19 +9,8 @@ from __future__ import annotations
 import pytest
 
 from thinkviz.cli import main
-from tiny_models import tiny_model
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> str:
-    """A tiny random Llama saved as a checkpoint: ``app.py --model FOLDER --quant none`` serves it."""
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tiny = tiny_model("llama")
-    tiny.model.save_pretrained(folder)
-    tiny.tokenizer.save_pretrained(folder)
-    return str(folder)
 
 
 def test_bench_soak_reports_memory_across_sessions(tiny_folder, capsys):
@@ -64,6 +53,21 @@ def test_bench_load_runs_every_client_to_its_own_result(tiny_folder, capsys):
     rows = [line for line in out.out.splitlines() if line.startswith("| ") and line.endswith(" | yes |")]
     assert [row.split(" | ")[0] for row in rows] == ["| 0", "| 1", "| 2"]
     assert "queue wait: median" in out.out and "for 3 runs" in out.out
+
+
+def test_bench_load_playback_and_mixed_report_first_frames_waits_and_memory(tiny_folder, capsys):
+    tiny = ["--model", tiny_folder, "--quant", "none", "--trace-tokens", "40"]
+    assert main(["bench", "load", *tiny, "--clients", "3", "--playback", "--play", "generate_muffins"]) == 0
+    out = capsys.readouterr().out
+    assert "3 concurrent playbacks at 4× of generate_muffins" in out
+    assert "| 3 |" in out and "| 3/3 |" in out  # every client played its own recording
+    assert "server RSS: before" in out
+    code = main(["bench", "load", *tiny, "--clients", "2", "--mixed", "--live", "2", "--play", "generate_muffins"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    rows = [line for line in out.out.splitlines() if line.startswith("| ") and line.endswith(" | yes |")]
+    assert [row.split(" | ")[0] for row in rows] == ["| 0", "| 1"]
+    assert "live runs started in arrival order: yes" in out.out
 
 
 def test_bench_soak_with_url_needs_the_process_id(capsys):

@@ -13,24 +13,27 @@ import pytest
 from thinkviz.bench.browser import free_port
 from thinkviz.policies.base import Policy
 from thinkviz.policies.registry import POLICIES
-from thinkviz.ui.app import build_app
+from thinkviz.ui.app import build_app, queue_for_a_room
 from thinkviz.ui.model_slot import ModelSlot
 from tiny_models import tiny_model
 
 
 @contextmanager
-def served_demo(*extra: type[Policy], **build: Any) -> Iterator[gr.Blocks]:
+def served_demo(
+    *extra: type[Policy], auth: list[tuple[str, str]] | None = None, model: Any = None, **build: Any
+) -> Iterator[gr.Blocks]:
     """The launched app (``demo.local_url``: a free 127.0.0.1 port), with the ``extra`` policies
-    registered while it runs; ``build`` goes to :func:`~thinkviz.ui.app.build_app`."""
-    tiny = tiny_model("llama")
+    registered while it runs, behind ``auth``'s logins if given, serving ``model`` (default: a tiny
+    random Llama); ``build`` goes to :func:`~thinkviz.ui.app.build_app`."""
+    tiny = model or tiny_model("llama")
     with pytest.MonkeyPatch.context() as patch:
         for policy in extra:
             patch.setitem(POLICIES, policy.name, policy)
         slot = ModelSlot(loader=lambda name, quantization, device, progress=None: tiny)
         slot.start("tiny", "none")
         demo = build_app(slot, model="tiny", quantization="none", **build)
-        demo.queue(default_concurrency_limit=4)
-        demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+        queue_for_a_room(demo)
+        demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, auth=auth)
         try:
             yield demo
         finally:

@@ -71,11 +71,16 @@ def one_client(served: Served, replay: Replay, number: int, barrier: threading.B
         raise BenchError(f"client {number} failed: {exc}") from None
     finally:
         session.close()
-    replayed = record.generated_text.strip()  # the trace after what the prompt took (its opening <think>)
-    mine = record.meta.get("budget") == budget and bool(replayed) and own.trace.rstrip().endswith(replayed)
+    mine = is_own(record, own, budget)
     return ClientRun(
         number, budget, len(record.events), (first or finished) - submitted, finished - submitted, status, mine
     )
+
+
+def is_own(record, own: Replay, budget: int) -> bool:
+    """Whether ``record`` is the run of ``own`` at ``budget``: its budget, and the replayed text its trace ends with."""
+    replayed = record.generated_text.strip()  # the trace after what the prompt took (its opening <think>)
+    return record.meta.get("budget") == budget and bool(replayed) and own.trace.rstrip().endswith(replayed)
 
 
 def load(served: Served, replay: Replay, clients: int) -> LoadResult:

@@ -46,6 +46,7 @@ RECORDING_MODEL = (EMBEDDED, "4bit")  # what every committed recording is made w
 CACHED_RECORDINGS = 4  # recordings kept decoded in memory (a few MB each)
 _CACHE: dict[tuple, Recording] = {}
 _CACHE_LOCK = threading.Lock()
+_DECODING: dict[tuple, threading.Lock] = {}  # a lock per recording being decoded
 Progress = Callable[[str, int, int], None]  # (phase, tokens done, tokens in the phase)
 
 
@@ -118,7 +119,9 @@ def request_signature(request: PresetRequest) -> dict[str, Any]:
 def load_preset_recording(name: str) -> Recording:
     """Preset ``name``'s committed recording, checked against the preset as it is now;
     :class:`~thinkviz.core.events.RecordingError` if there is none or it is stale.  Read once per
-    version of the file (a recording is never changed in place by a player)."""
+    version of the file (a recording is never changed in place by a player): a room of clients asking
+    for the same recording at once waits for one decoding of it, not one each (a decoding holds the
+    interpreter for a third of a second: thirty of them put the last client's first frame 10 s out)."""
     path = recording_path(name)
     if not path.is_file():
         raise RecordingError(f"preset {name!r} has no recording yet (python -m thinkviz presets record {name})")
@@ -126,12 +129,18 @@ def load_preset_recording(name: str) -> Recording:
     key = (name, stat.st_mtime_ns, stat.st_size)
     with _CACHE_LOCK:
         recording = _CACHE.get(key)
-    if recording is None:
-        recording = load(path)
-        with _CACHE_LOCK:
-            if len(_CACHE) >= CACHED_RECORDINGS:
-                _CACHE.pop(next(iter(_CACHE)))  # the oldest
-            _CACHE[key] = recording
+        decoding = _DECODING.setdefault(key, threading.Lock()) if recording is None else None
+    if decoding is not None:
+        with decoding:  # the first asker decodes; the others wait for it, then find it cached
+            with _CACHE_LOCK:
+                recording = _CACHE.get(key)
+            if recording is None:
+                recording = load(path)
+                with _CACHE_LOCK:
+                    if len(_CACHE) >= CACHED_RECORDINGS:
+                        _CACHE.pop(next(iter(_CACHE)))  # the oldest
+                    _CACHE[key] = recording
+                    _DECODING.pop(key, None)
     check(recording, preset_signature(name))
     return recording
 

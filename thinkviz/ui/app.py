@@ -5,8 +5,9 @@ Every handler turns component values into a request (:mod:`.widgets`, :mod:`.con
 drives a plain generator (:mod:`.live_run`, :mod:`.compare_run`, :mod:`.sweep_run`) or a pure
 function (:mod:`.explore_views`, :mod:`.learn_cards`, :mod:`thinkviz.export`) and places what it
 returns by component (``{component: value}``, :mod:`.handlers`).  Events
-that run the model share one Gradio concurrency group of size one and borrow the model from
-a :class:`ModelSlot` (:func:`.handlers.run_with_model`).
+that run the model wait in the room's line (:mod:`.room`), one running at a time, and borrow the
+model from a :class:`ModelSlot` (:func:`.handlers.run_with_model`); playing a recording, Explore
+and Learn never wait for it (:func:`queue_for_a_room`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from .session import RECORDING_BUDGET, Session, Shelf, release
 from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID
 from .tabs import AppContext, compare, explore, learn, lessons, live, sweep
 from .model_panel import load_status_markdown
+from . import room_panel
+from .room import VIEW_LIMIT, Room
 
 APP_CSS = TOKEN_CSS + LEGEND_CSS + (Path(__file__).with_name("app.css")).read_text(encoding="utf-8")
 
@@ -37,6 +40,7 @@ def build_app(
     recording_budget: int = RECORDING_BUDGET,
     ray_address: str | None = None,
     quant_backend: str = "auto",
+    room: Room | None = None,
 ) -> gr.Blocks:
     """The whole UI.  ``slot`` holds the shared model; ``model`` starts loading when a page opens.
 
@@ -44,8 +48,12 @@ def build_app(
     for an app that strangers can reach (any id or local folder could otherwise be loaded).
     ``recording_budget``: bytes of recordings each session keeps (:class:`~.session.Shelf`).
     ``ray_address`` makes the Sweep tab run its groups on that Ray cluster, each worker loading
-    the slot's model with ``quant_backend``.
+    the slot's model with ``quant_backend``.  ``room`` (:class:`~.room.Room`): who is the teacher and
+    the cap on a student's run, served to a room (its line and panel); by default none.
     """
+    if room is not None:
+        room.line.fallback = slot.seconds_per_token
+        slot.room = room
     with gr.Blocks(title="ThinkViz — KV-cache eviction, live", analytics_enabled=False) as demo:
 
         def new_session() -> Session:
@@ -82,6 +90,7 @@ def build_app(
             ray_address,
             quant_backend,
         )
+        panel = room_panel.layout(slot.room, inputs.preset_choices()) if slot.room.on else None
         with gr.Tabs() as tabs:
             with gr.Tab("Live", id="live"):
                 offer_live_runs = live.build(app)
@@ -97,6 +106,8 @@ def build_app(
                 lessons.build(app, tabs, lessons_tab)
         offer_live_runs(explore_link)
         offer_compare_runs(explore_link)
+        if panel is not None:
+            room_panel.wire(demo, panel, slot.room, session, app.presets)
 
         def watch_default() -> Iterator[str]:
             slot.start_once(model, quantization)
@@ -113,3 +124,9 @@ def build_app(
 
         demo.unload(release_session)
     return demo
+
+
+def queue_for_a_room(demo: gr.Blocks) -> gr.Blocks:
+    """Gradio's queue as the app needs it: every event but the model's (its own group, its line) lets a
+    room's worth in at once (:data:`~.room.VIEW_LIMIT`), so opening Explore or Learn never waits."""
+    return demo.queue(default_concurrency_limit=VIEW_LIMIT)

@@ -5,19 +5,23 @@ the components with :func:`~thinkviz.ui.wiring.bind`; it returns (or yields, fra
 for the outputs it updates, so nothing depends on the order of a list of outputs.
 
 A handler that runs the model follows :func:`run_with_model`: validate the controls (a bad
-value is a toast, before anything waits), wait for the model to load, borrow it for the
-run, show any user error the run raises as a toast, and always mark the session idle after.
-Events that run the model share one Gradio concurrency group (:data:`MODEL_GROUP`) of size
-one, across all sessions.
+value is a toast, before anything waits), take a place in the model's line (:mod:`.room`: one
+job per client, a student's capped), wait there showing its place, wait for the model to load,
+borrow it for the run, show any user error the run raises as a toast, and always leave the line
+and mark the session idle after.  Events that run the model share one Gradio concurrency group
+(:data:`MODEL_GROUP`) wide enough for a room (:data:`~.room.LINE_LIMIT`): they wait in the line,
+where each sees its place, and the model runs one of them at a time.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import TYPE_CHECKING, Any, TypeVar
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import gradio as gr
+from gradio.context import LocalContext
 
 from ..core.events import RecordingError, RunRecord
 from ..export import export_figures, export_recording
@@ -25,17 +29,20 @@ from ..core.faults import RunFault
 from ..models.loading import LoadedModel
 from .controls import ControlError
 from .model_slot import ModelSlot, ModelUnavailable
+from .room import CURRENT, LINE_LIMIT, PLAYBACK_LIMIT, Refused, Ticket, run_size
 from ..measure.requests import RunInputError
 from .session import Session
 from .stream import chart_frame
+from .throttle import streaming
 from .text import no_markup
 
 if TYPE_CHECKING:
     from .tabs import AppContext, ExploreLink
 
-MODEL_GROUP = "model"  # every event that runs the model: one at a time, across all sessions
-PLAYBACK_GROUP = "playback"  # playing recordings needs no model: beside a run, a few at a time
-USER_ERRORS = (ControlError, RunInputError, ModelUnavailable, RecordingError, RunFault, ValueError)
+MODEL_GROUP = "model"  # every event that runs the model: in the room's line, one running at a time
+MODEL_LIMIT = LINE_LIMIT  # Gradio lets this many in at once: they wait in the line, not in Gradio's queue
+PLAYBACK_GROUP = "playback"  # playing recordings needs no model: beside a run, a room's worth at a time
+USER_ERRORS = (ControlError, RunInputError, ModelUnavailable, RecordingError, RunFault, Refused, ValueError)
 WAITING = "Waiting for the model to load…"
 RUN_PICKER_INFO = "this session's runs, newest first (the oldest go when they outgrow the session's budget)"
 
@@ -60,28 +67,90 @@ def run_with_model(
     slot: ModelSlot,
     prepare: Callable[[], Request],
     run: Callable[[LoadedModel, Request, threading.Event | None], Iterator[Any]],
-    waiting: Callable[[Request], Any],
+    waiting: Callable[[Request, str], Any],
     session: Session | None = None,
 ) -> Iterator[Any]:
     """The skeleton of a handler that runs the model; yields the outputs of each frame.
 
-    ``prepare()`` validates the controls into a request; ``waiting(request)`` is the outputs to
-    show while the model is still loading; ``run(loaded, request, cancel)`` yields each frame's
-    outputs.  With a ``session``, the run gets a fresh cancel event (its Stop button sets it)
-    and the session is marked running until the run ends, however it ends.
+    ``prepare()`` validates the controls into a request; the request joins the model's line
+    (:meth:`~.room.Room.admit`: refused, as a toast, over a student's cap or while this client has a
+    job in line); ``waiting(request, line)`` is the outputs that show ``line`` (its place in the line,
+    then that the model is still loading); ``run(loaded, request, cancel)`` yields each frame's
+    outputs.  With a ``session``, the run gets a fresh cancel event (its Stop button sets it, in
+    the line too) and the session is marked running until the run ends, however it ends.
     """
     request = shown(prepare)
+    room = slot.room
+    user, client = asker(session)
+    ticket = shown(room.admit, *run_size(request, _token_counter(slot)), user, client, arrival())
     cancel = session.begin() if session is not None else None
+    ticket.cancel = cancel or ticket.cancel
+    finished = False
     try:
+        for line in room.line.turn(ticket):
+            yield waiting(request, line)
+        if ticket.cancel.is_set():
+            yield waiting(request, "Stopped before its turn: it left the line.")
+            return
         if not slot.status.ready:
-            yield waiting(request)
+            yield waiting(request, WAITING)
         with slot.use() as loaded:
-            yield from run(loaded, request, cancel)
+            room.line.start(ticket)
+            yield from reporting(ticket, run(loaded, request, cancel))
+            finished = not ticket.cancel.is_set()
     except USER_ERRORS as exc:
         raise user_error(exc) from None
     finally:
+        room.line.leave(ticket, finished)
         if session is not None:
             session.running = False
+
+
+_CALLS = itertools.count()  # a client key for each call made outside any event and session
+
+
+def asker(session: object | None = None) -> tuple[str | None, str]:
+    """The login and the client key of the event being handled: Gradio's ``request.username`` and its
+    ``session_hash`` (one per browser tab or ``gradio_client.Client``); outside an event, the
+    ``session`` object's identity stands for the client."""
+    request = LocalContext.request.get(None)
+    user = getattr(request, "username", None)
+    client = getattr(request, "session_hash", None)
+    if client is None:
+        client = f"session-{id(session)}" if session is not None else f"call-{next(_CALLS)}"
+    return user, client
+
+
+def arrival() -> float | None:
+    """When the event being handled reached the server's queue (Gradio's own record of it; ``None``
+    outside an event or where Gradio keeps none): the model's line is first come, first served."""
+    try:
+        queue = LocalContext.blocks.get()._queue
+        return float(queue.event_analytics[LocalContext.event_id.get()]["time"])
+    except (LookupError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def reporting(ticket: Ticket, frames: Iterator[Any]) -> Iterator[Any]:
+    """``frames``, each computed with ``ticket`` as :data:`~.room.CURRENT` (Gradio may compute each one in
+    another thread), so the run's timer can tell the line how far it is (:func:`~.room.report_progress`)."""
+    while True:
+        token = CURRENT.set(ticket)
+        try:
+            frame = next(frames)
+        except StopIteration:
+            return
+        finally:
+            CURRENT.reset(token)
+        yield frame
+
+
+def _token_counter(slot: ModelSlot) -> Callable[[str], int] | None:
+    """Counts a text's tokens with the loaded model's tokenizer (``None`` before one is loaded)."""
+    loaded = slot.loaded
+    if loaded is None:
+        return None
+    return lambda text: len(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def run_picker(session: Session, value: str | None = None) -> dict:
@@ -113,14 +182,15 @@ def streamed(
     inputs_kwargs: dict[str, Any] | None = None,
 ) -> None:
     """Wire ``button`` to a handler that streams a run's frames into ``outputs``: in the model's
-    group (one run at a time) or, a recording's ``playback``, in the playback group (a few at a
-    time); then refresh Explore, which may have opened the run while it streamed."""
+    group (they wait in the model's line) or, a recording's ``playback``, in the playback group (a
+    room's worth at a time, never behind a run); then refresh Explore, which may have opened the run
+    while it streamed."""
     button.click(
         handler,
         inputs,
         outputs,
         inputs_kwargs=inputs_kwargs,
-        concurrency_limit=4 if playback else 1,
+        concurrency_limit=PLAYBACK_LIMIT if playback else MODEL_LIMIT,
         concurrency_id=PLAYBACK_GROUP if playback else MODEL_GROUP,
         api_name=api_name,
         show_progress="hidden",
@@ -138,7 +208,8 @@ def play_recording(
     recording = shown(load)
     cancel = session.begin()
     try:
-        yield from play(recording, cancel)
+        with streaming():  # many at once: each draws fewer frames (thinkviz.ui.throttle)
+            yield from play(recording, cancel)
     except USER_ERRORS as exc:
         raise user_error(exc) from None
     finally:

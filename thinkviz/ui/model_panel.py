@@ -1,5 +1,5 @@
 """The model's own panel: its status line, and the settings that load another model or cap the card's
-memory (or say why loading is off)."""
+memory (or say why loading is off).  Served to a room, only the teacher may use them (:mod:`.room`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from ..models.loading import QUANTIZATIONS
 from ..models.random_weights import random_names
 from ..models.stores import found_models
 from ..units import format_bytes
-from .handlers import MODEL_GROUP, shown, user_error
+from .handlers import asker, shown, user_error
 from .model_slot import LoadStatus, ModelSlot, ModelUnavailable
 from .text import plain_markdown
+
+
+SETTINGS_GROUP = "model-settings"  # loading a model, capping the card: one at a time
 
 
 def load_status_markdown(status: LoadStatus) -> str:
@@ -73,6 +76,7 @@ def model_settings(
         cap_status = gr.Markdown(vram_cap_line(cap_now), elem_id="tv-vram-cap-status", elem_classes="tv-status")
 
     def load_model(model_name: str, weights: str) -> Iterator[tuple[str, str]]:
+        shown(slot.room.require_teacher, asker()[0], "load a model")
         if not (model_name or "").strip():
             raise gr.Error(
                 "Give a model: 'embedded', a .gguf file, ollama:NAME, a Hugging Face id or a local folder.",
@@ -91,21 +95,22 @@ def model_settings(
         [name, quant],
         [progress, model_status],
         concurrency_limit=1,
-        concurrency_id=MODEL_GROUP,
+        concurrency_id=SETTINGS_GROUP,
         api_name="load_model",
         show_progress="hidden",
     )
 
     def apply_cap(vram_cap_gib: float | None) -> str:
-        return vram_cap_line(shown(set_vram_cap, vram_cap_gib, slot.device))
+        shown(slot.room.require_teacher, asker()[0], "cap the card's memory")
+        with slot.between_runs():  # a run in progress keeps the card it started on
+            return vram_cap_line(shown(set_vram_cap, vram_cap_gib, slot.device))
 
-    # between runs (the model group), so a run in progress keeps the card it started on
     set_cap.click(
         apply_cap,
         cap,
         cap_status,
         concurrency_limit=1,
-        concurrency_id=MODEL_GROUP,
+        concurrency_id=SETTINGS_GROUP,
         api_name="set_vram_cap",
         show_progress="hidden",
     )

@@ -1,10 +1,11 @@
 """The one model every browser session shares: loaded in the background, used one run at a time.
 
 Loading happens in a thread so the page is usable at once; :meth:`ModelSlot.watch` yields
-the loader's progress messages for the UI to show.  Runs borrow the model with
+the loader's progress messages for the UI to show.  :attr:`ModelSlot.room` says who shares the
+model and keeps its line (:mod:`.room`).  Runs borrow the model with
 :meth:`ModelSlot.use`, which waits for a load in progress and holds a lock for the whole
 run: the engine's attention hooks live on the model, so two runs must never overlap.
-(Gradio's queue already runs one model-using event at a time; the lock makes it a rule.)
+(The room's line already lets one model-using event at a time run; the lock makes it a rule.)
 A new model replaces the old one by reference, so a run in progress keeps the model it
 started with.  Right after loading, a short calibration measures how fast the model runs on this
 machine (:func:`~thinkviz.measure.estimate.measure_speed`): the status lines' run-time estimates.
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 
 from ..measure.estimate import Speed, measure_speed
 from ..models.loading import LoadedModel, ModelLoadError, load_model
+from .room import Room
 
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ class ModelSlot:
         self._run_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._speeds: dict[int, Speed] = {}  # id(model) -> its speed on this machine
+        self.room = Room()  # who shares the model and its line (build_app sets the app's own)
+        self.room.line.fallback = self.seconds_per_token
 
     @property
     def status(self) -> LoadStatus:
@@ -79,6 +83,18 @@ class ModelSlot:
         """How fast the loaded model runs here (measured once it loaded, corrected by every run)."""
         loaded = self._loaded
         return None if loaded is None else self._speeds.get(id(loaded))
+
+    def seconds_per_token(self) -> float | None:
+        """About how long one token of one run takes here (a decode step after 256 cached tokens, as
+        measured and corrected): what the model's line prices a job by before it has timed one."""
+        speed = self.speed
+        return None if speed is None else speed.forward(1, 256) * speed.correction
+
+    @contextmanager
+    def between_runs(self) -> Iterator[None]:
+        """Hold the model between two runs (none starts meanwhile), for a change a run must not see."""
+        with self._run_lock:
+            yield
 
     def start_once(self, name: str, quantization: str) -> None:
         """Start loading ``name`` if no model was ever asked for (a new page must not replace the

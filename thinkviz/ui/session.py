@@ -16,6 +16,9 @@ once the tab closes it waits ``STATE_TTL_WHEN_CLOSED`` (an hour) before deleting
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import threading
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Sequence
@@ -126,6 +129,7 @@ class Session:
     explore_steps: int = 0  # how many steps the explored record had when Explore opened it
     sweep_rows: list[dict] = field(default_factory=list)
     shelf: Shelf = field(default_factory=Shelf)
+    room_seen: int = 0  # the teacher's pushes this session has opened (thinkviz.ui.room.Push.number)
 
     def stop(self) -> None:
         """Ask the running run, if any, to stop after its current step."""
@@ -196,3 +200,34 @@ def release(demo, state_id: int, session_hash: str) -> None:
     with holder.lock:
         holder.session_data.pop(session_hash, None)
         holder.time_last_used.pop(session_hash, None)
+    give_back_memory_soon()
+
+
+_LIBC = ctypes.util.find_library("c")
+TRIM_DELAY = 2.0  # seconds after the last release: a room leaving at once frees its memory in one pass
+_trim_lock = threading.Lock()
+_trim_timer: threading.Timer | None = None
+
+
+def give_back_memory() -> None:
+    """Collect what released sessions left (their runs hold cycles) and hand the freed heap back to the
+    system (glibc's ``malloc_trim``: the streams of a room run on many threads, each with its own heap
+    arena, which otherwise keeps its peak size: measured, 30 playbacks left the server 365 MiB above
+    its start after every session was released, 200 MiB with only ``gc.collect``)."""
+    gc.collect()
+    if _LIBC:
+        try:
+            ctypes.CDLL(_LIBC).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
+
+
+def give_back_memory_soon() -> None:
+    """:func:`give_back_memory` once, :data:`TRIM_DELAY` seconds after the last call (in a thread)."""
+    global _trim_timer
+    with _trim_lock:
+        if _trim_timer is not None:
+            _trim_timer.cancel()
+        _trim_timer = threading.Timer(TRIM_DELAY, give_back_memory)
+        _trim_timer.daemon = True
+        _trim_timer.start()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from ..measure.comparison import Comparison
 from ..measure.estimate import Progress, Speed, format_seconds
 from ..demos.playback import Playback
+from .room import report_progress
 
 Clock = Callable[[], float]
 
@@ -35,6 +36,8 @@ class RunTimer:
         return isinstance(self.driver, Playback)
 
     def update(self) -> None:
+        if self.driver.phase not in ("prefill", "fidelity") and not self.playing:
+            report_progress(self.driver.done, self.driver.total)  # the run itself: the model's line prices it
         if self.progress is None or self.driver.phase == "prefill":
             return
         if self._phase is not None and self.driver.phase != self._phase:

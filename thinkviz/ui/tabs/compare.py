@@ -35,7 +35,6 @@ from ..controls import ControlError, build_policy, default_view, format_knobs, k
 from ..wiring import bind
 from ..handlers import (
     USER_ERRORS,
-    WAITING,
     Updates,
     charted,
     figure_file,
@@ -481,8 +480,8 @@ def run_compare(tab: CompareTab, screen: CompareScreen, s: Session, view_mode: s
             channel.set_mode(view_mode)
         return request
 
-    def waiting(asked: CompareRequest) -> Updates:
-        return {screen.status: WAITING, **visible_columns(screen.columns, len(asked.columns))}
+    def waiting(asked: CompareRequest, line: str) -> Updates:
+        return {screen.status: line, **visible_columns(screen.columns, len(asked.columns))}
 
     def frames(loaded, asked: CompareRequest, cancel) -> Iterator[Updates]:
         channels = s.compare_channels[: len(asked.columns)]

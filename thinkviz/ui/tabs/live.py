@@ -39,8 +39,8 @@ from ..model_panel import model_settings
 from ..wiring import bind
 from ..handlers import (
     MODEL_GROUP,
+    MODEL_LIMIT,
     USER_ERRORS,
-    WAITING,
     Updates,
     charted,
     figure_file,
@@ -435,7 +435,7 @@ def run_live(tab: LiveTab, screen: LiveScreen, s: Session, view_mode: str, **val
         )
         yield from placed(screen, s, run, memory)
 
-    yield from run_with_model(tab.app.slot, prepare, frames, lambda _: {screen.status: WAITING}, s)
+    yield from run_with_model(tab.app.slot, prepare, frames, lambda _, line: {screen.status: line}, s)
 
 
 def play_live(
@@ -480,7 +480,7 @@ def run_policy(tab: LiveTab, s: Session, policy: str, knobs: str, preset: str, *
         summary = run_summary(s.keep_live(frame.record), frame)
         yield {tab.script.summary: summary, tab.exported: recording_file(frame.record)}
 
-    yield from run_with_model(tab.app.slot, prepare, frames, lambda _: gr.skip(), s)
+    yield from run_with_model(tab.app.slot, prepare, frames, lambda _, line: {tab.script.summary: line}, s)
 
 
 # ---- the wiring ---------------------------------------------------------------------------------
@@ -526,7 +526,7 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
         [session],
         [tab.script.summary, tab.exported],
         inputs_kwargs={**tab.script.named(), **named(tab.panel, tab.decode)},
-        concurrency_limit=1,
+        concurrency_limit=MODEL_LIMIT,
         concurrency_id=MODEL_GROUP,
         api_name="run_policy",
         show_progress="hidden",

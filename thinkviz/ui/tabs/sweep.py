@@ -22,7 +22,7 @@ from ...viz.pareto import pareto_figure
 from .. import inputs
 from ..controls import format_knobs
 from ..fields import slider
-from ..handlers import MODEL_GROUP, WAITING, run_with_model, shown, wire_price
+from ..handlers import MODEL_GROUP, MODEL_LIMIT, run_with_model, shown, wire_price
 from ..price import sweep_price
 from ..session import Session
 from ..sweep_run import (
@@ -231,7 +231,7 @@ def run_sweep(
     def frames(loaded: LoadedModel, request: SweepRequest, cancel: threading.Event | None) -> Iterator[dict]:
         return sweep_outputs(app, views, s, loaded, request, fidelity_axis)
 
-    yield from run_with_model(app.slot, prepare, frames, lambda _: {views.status: WAITING})
+    yield from run_with_model(app.slot, prepare, frames, lambda _, line: {views.status: line})
 
 
 def sweep_outputs(
@@ -299,7 +299,7 @@ def build(app: AppContext) -> None:
         [app.session],
         views.outputs(),
         inputs_kwargs=controls.endpoint(),
-        concurrency_limit=1,
+        concurrency_limit=MODEL_LIMIT,
         concurrency_id=MODEL_GROUP,
         api_name="sweep",
         show_progress="hidden",
