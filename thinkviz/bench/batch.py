@@ -130,8 +130,10 @@ def measure_batch(
     budget: int = 256,
     interval: int = 32,
     repeats: int = 1,
+    progress: Callable[[str], None] = lambda line: None,
 ) -> BatchResult:
-    """Time the three scenarios (module docstring), alternating their contenders ``repeats`` times."""
+    """Time the three scenarios (module docstring), alternating their contenders ``repeats`` times;
+    ``progress`` gets a line after each contender."""
     settings = DecodeSettings(max_new_tokens=new_tokens, stop_at_eos=False, scoring=True)
     many, one = _columns(columns, budget, 1), _columns(columns[-1:], budget, 1)
     replaying, replaying_one = _columns(columns, budget, interval), _columns(columns[-1:], budget, interval)
@@ -162,6 +164,7 @@ def measure_batch(
                 timing = result.scenarios[name][key]
                 timing.add(*_timed(contender))
                 timing.runs = 1 if key == "one" else counts[name]
+                progress(f"{name}, {key}: {timing.seconds:.2f} s")
     return result
 
 

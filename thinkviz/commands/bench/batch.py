@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ...bench.batch import COLUMNS, SWEEP_POLICIES, measure_batch, report
 from ...measure.replay import TraceError, load_trace, prepare
@@ -60,7 +61,16 @@ def run(args: argparse.Namespace) -> int:
         f"budget {args.budget}, interval {args.interval}, best of {args.repeats}"
     )
     result = measure_batch(
-        loaded, prompt, ids, columns, sweep, args.new_tokens, args.budget, args.interval, args.repeats
+        loaded,
+        prompt,
+        ids,
+        columns,
+        sweep,
+        args.new_tokens,
+        args.budget,
+        args.interval,
+        args.repeats,
+        progress=lambda line: print(f"[    ] {line}", file=sys.stderr, flush=True),
     )
     for line in report(result, len(columns), len(sweep)):
         print(line)
