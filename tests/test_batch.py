@@ -11,7 +11,7 @@ import torch
 from thinkviz.core import engine
 from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.core.kvquant import KVQuant, format_names
-from thinkviz.core.together import QUANTIZED_ALONE, generate_together, replay_together
+from thinkviz.core.together import MAX_BATCHED_TOKENS, QUANTIZED_ALONE, generate_together, replay_together
 from thinkviz.policies import make_policy, policy_names, policy_params
 from thinkviz.text.chat import build_chat
 
@@ -163,6 +163,10 @@ def test_runs_that_cannot_share_a_pass_run_alone_and_say_why(tiny_llama, tiny_qw
     for _ in alone.replay(trace):
         pass
     _same_run(alone, runs[2])
+    long = [Run(tiny_llama, make_policy(name, budget=16, interval=16), prompt, settings) for name in ("full", "window")]
+    list(replay_together(long, trace))
+    reason = f"its chunks of 16 tokens are over {MAX_BATCHED_TOKENS}: faster one pass each"
+    assert [run.record.meta["batch"] for run in long] == [{"rows": 1, "batched": False, "reason": reason}] * 2
     off = [Run(tiny_llama, make_policy("full"), prompt, settings) for _ in range(2)]
     list(replay_together(off, trace, batched=False))
     assert off[0].record.meta["batch"] == {"rows": 1, "batched": False, "reason": "batching is off"}

@@ -23,6 +23,13 @@ from .engine import Run
 from .events import StepEvent
 
 OnLogits = Callable[[list[int], torch.Tensor], None]
+# The most tokens per row a batched forward takes.  A decode step (1 token a row) reads the weights
+# once for every row: six rows cost about twice one on the CPU's int4 kernel.  A chunk of 32 (a
+# replay's interval) is already bound by arithmetic there, and padding every row to the longest
+# (the full cache) makes attention cost more: batched 32-token chunks measured slower than one
+# pass per run (``python -m thinkviz bench batch``, docs/benchmarks.md), so longer forwards
+# (prefill chunks, replays with a larger interval) take one pass per run.
+MAX_BATCHED_TOKENS = 8
 QUANTIZED_ALONE = (
     "a quantized KV format: its codes would be rounded from keys the batched projection computes "
     "a rounding error apart, and a flipped code moves the logits past 1e-4"
@@ -42,13 +49,17 @@ def _key(run: Run, replay: bool) -> tuple[tuple[str, object], ...]:
     return tuple(parts)
 
 
+def _long_chunks(run: Run, replay: bool) -> bool:
+    return replay and run.policy.interval > MAX_BATCHED_TOKENS
+
+
 def batch_groups(runs: Sequence[Run], replay: bool, batched: bool = True) -> list[list[int]]:
     """Runs (indices) that share a forward, in order of their first run; writes each run's
     ``record.meta["batch"]``: ``rows`` (the runs in its pass), ``batched``, and ``reason`` when it
     runs alone beside others."""
     groups: dict[tuple, list[int]] = {}
     for index, run in enumerate(runs):
-        alone = not batched or run.kv_quant.spec.quantized
+        alone = not batched or run.kv_quant.spec.quantized or _long_chunks(run, replay)
         key = (index,) if alone else tuple(value for _, value in _key(run, replay))
         groups.setdefault(key, []).append(index)
     for members in groups.values():
@@ -67,11 +78,20 @@ def _why_alone(runs: Sequence[Run], index: int, replay: bool, batched: bool) -> 
         return "batching is off"
     if runs[index].kv_quant.spec.quantized:
         return QUANTIZED_ALONE
+    if _long_chunks(runs[index], replay):
+        return f"its chunks of {runs[index].policy.interval} tokens are over {MAX_BATCHED_TOKENS}: faster one pass each"
     own = _key(runs[index], replay)
     for position, (reason, value) in enumerate(own):
         if all(_key(other, replay)[position][1] != value for i, other in enumerate(runs) if i != index):
             return reason
     return "it differs from every other run"
+
+
+def _forward(runs: Sequence[Run], ids: Sequence[list[int]], keep: int, kv_rows: KVRows) -> list[torch.Tensor]:
+    """One forward for all rows, or one each when a row runs more than :data:`MAX_BATCHED_TOKENS`."""
+    if len(ids[0]) > MAX_BATCHED_TOKENS:
+        return [run._forward(row, keep) for run, row in zip(runs, ids)]
+    return forward_rows(runs, ids, keep, kv_rows)
 
 
 def _advance(
@@ -83,7 +103,7 @@ def _advance(
         return [event], [logits]
     start = time.perf_counter()
     texts = [run._take_tokens(row) for run, row in zip(runs, ids)]
-    logits = forward_rows(runs, ids, keep, kv_rows)
+    logits = _forward(runs, ids, keep, kv_rows)
     share = (time.perf_counter() - start) / len(runs)  # each run's share of the pass
     return [run._step_event(step, row, text, share) for run, row, text in zip(runs, ids, texts)], logits
 
@@ -95,7 +115,7 @@ def _prefill(runs: Sequence[Run], kv_rows: KVRows) -> list[torch.Tensor]:
     for run in runs[1:]:
         run._prompt_chunks()
     for chunk in chunks:
-        logits = forward_rows(runs, [chunk] * len(runs), 1, kv_rows)
+        logits = _forward(runs, [chunk] * len(runs), 1, kv_rows)
         for run in runs:
             run._prefilled_chunk()
     seconds = (time.perf_counter() - start) / len(runs)
