@@ -9,6 +9,7 @@ import pytest
 from thinkviz.text.chat import build_chat
 from thinkviz.core.engine import DecodeSettings, Run
 from thinkviz.core.kvquant import KVQuant, format_names
+from thinkviz.core.together import generate_together
 from thinkviz.policies import PolicyConfigError, make_policy, policy_class, policy_names, policy_params
 
 SYSTEM = "You are a careful assistant. Think inside <think> tags, then answer."
@@ -35,16 +36,16 @@ VARIANT_IDS = [name + "".join(f"-{v}" for v in knobs.values()) for name, knobs i
 
 
 def _run(loaded, name, budget, interval, kv_quant=KVQuant(), **flags):
+    """The policy's run, decoded as row 0 of a batch beside the full cache (as Compare and Live run it;
+    a quantized format runs alone, :mod:`thinkviz.core.together`)."""
     policy = make_policy(name, budget=budget, interval=interval, **_own_params(name), **flags)
     prompt = build_chat(loaded.tokenizer, SYSTEM, QUESTION)
-    run = Run(
-        loaded,
-        policy,
-        prompt,
-        DecodeSettings(max_new_tokens=48, stop_at_eos=False, prefill_chunk=32),
-        kv_quant=kv_quant,
-    )
-    return run, list(run.generate())
+    settings = DecodeSettings(max_new_tokens=48, stop_at_eos=False, prefill_chunk=32)
+    run = Run(loaded, policy, prompt, settings, kv_quant=kv_quant)
+    beside = Run(loaded, make_policy("full"), prompt, settings)
+    events = [step[0] for step in generate_together([run, beside]) if step[0] is not None]
+    assert run.record.meta["batch"]["batched"] == (not kv_quant.spec.quantized)
+    return run, events
 
 
 def _protected_positions(run):

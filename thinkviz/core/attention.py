@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -104,8 +105,16 @@ class AttentionCapture:
         self.hidden_layers = tuple(i % (depth + 1) for i in hidden_layers)
         self.query_rows = query_rows
         self.enabled = True
+        self.row: int | None = None  # in a batched forward: this run's batch row (see :meth:`in_batch`)
+        self.widths: Sequence[int] = ()  # and each layer's key width for this row, ``T_l + q``
         self._handles: list = []
         self._reset()
+
+    def in_batch(self, row: int | None, widths: Sequence[int] = ()) -> None:
+        """Take batch row ``row`` of the next forwards' outputs, each layer's attention weights cut to
+        ``widths[l]`` columns (the row's own slots and new tokens; the rest is other rows' padding);
+        ``None``: a forward of this run alone."""
+        self.row, self.widths = row, widths
 
     def _reset(self) -> None:
         self._pending: list[torch.Tensor] = []  # (1, H, q, T) weights of consecutive layers, not reduced yet
@@ -119,8 +128,9 @@ class AttentionCapture:
     def __enter__(self) -> AttentionCapture:
         if not self.enabled:  # nothing to capture: no hooks at all
             return self
-        for module in self.modules:
-            self._handles.append(module.register_forward_hook(self._on_attention, with_kwargs=True))
+        for layer, module in enumerate(self.modules):
+            hook = functools.partial(self._on_attention, layer)
+            self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
         layers = self.model.model.layers
         for index in set(self.hidden_layers):
             if index == 0:  # the input of the first decoder layer
@@ -136,10 +146,12 @@ class AttentionCapture:
             handle.remove()
         self._handles.clear()
 
-    def _on_attention(self, module, args, kwargs, output) -> None:
+    def _on_attention(self, layer: int, module, args, kwargs, output) -> None:
         weights = output[1]
         if weights is None:
             raise RuntimeError("attention weights are missing: load the model with attn_implementation='eager'")
+        if self.row is not None:
+            weights = weights[self.row : self.row + 1, :, :, : self.widths[layer]]
         weights = weights.float()  # (1, H, q, T)
         self._pending.append(weights)
         self._pending_bytes += weights.numel() * weights.element_size()
@@ -176,7 +188,8 @@ class AttentionCapture:
         if self.enabled and self.query_rows:
             if layer_idx != len(self._queries):
                 raise RuntimeError(f"queries of layer {layer_idx} arrived after {len(self._queries)} layers")
-            self._queries.append(queries[0, :, -self.query_rows :, :].detach().float().clone())
+            row = queries[0 if self.row is None else self.row]
+            self._queries.append(row[:, -self.query_rows :, :].detach().float().clone())
 
     def _on_input(self, index: int, module, args, kwargs) -> None:
         self._keep_hidden(index, args[0] if args else kwargs["hidden_states"])
@@ -185,7 +198,7 @@ class AttentionCapture:
         self._keep_hidden(index, output[0] if isinstance(output, tuple) else output)
 
     def _keep_hidden(self, index: int, states: torch.Tensor) -> None:
-        self._hidden[index] = states[0].detach().float()  # (B, q, d) -> (q, d)
+        self._hidden[index] = states[self.row or 0].detach().float()  # (B, q, d) -> (q, d)
 
     def take(self) -> ForwardScores:
         """Return the reductions of the last forward pass and clear the buffers."""
@@ -210,6 +223,23 @@ def _stack_padded(blocks: list[torch.Tensor]) -> torch.Tensor:
     if all(block.shape[-1] == width for block in blocks):
         return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
     return torch.cat([F.pad(block, (0, width - block.shape[-1])) for block in blocks])
+
+
+_MODEL_LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: torch.nn.Module) -> threading.Lock:
+    """The lock serialising forward passes on ``model``.
+
+    Attention hooks are installed on the shared model for the duration of one forward, so
+    two runs (two browser sessions, or Compare columns in threads) must never overlap there.
+    """
+    with _LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.Lock()
+        return lock
 
 
 # model -> {kernel name: [(config, the value set_attn_implementation gave it), ...]}
@@ -323,7 +353,8 @@ def biased_attention(
     ``query`` ``(B, H, q, D)``, ``key`` / ``value`` ``(B, H_kv, T + q, D)`` (the cache's ``T`` slots,
     then the ``q`` new tokens), ``attention_mask`` additive ``(B, 1 or H, q, T + q)``;
     ``slot_bias`` ``(H_kv, T)`` is added to the logits of the cached slots of every query head of
-    a kv group (the new tokens get none).  Returns ``(output (B, q, H, D), weights (B, H, q, T + q))``
+    a kv group (the new tokens get none); ``(B, H_kv, S)`` (a batched forward) gives every batch row
+    its own, added to the first ``S`` key columns.  Returns ``(output (B, q, H, D), weights (B, H, q, T + q))``
     as transformers' eager attention does, and computes exactly what it computes when
     ``slot_bias`` is ``None``.  ``query_sink(layer_idx, query · scaling)`` sees the queries first.
     """
@@ -337,12 +368,33 @@ def biased_attention(
         logits = logits + attention_mask[:, :, :, : keys.shape[-2]]
     if slot_bias is not None:
         cached = slot_bias.shape[-1]
-        bias = slot_bias.to(logits.dtype).repeat_interleave(groups, dim=0)  # (H, T)
-        logits = torch.cat([logits[..., :cached] + bias[None, :, None, :], logits[..., cached:]], dim=-1)
+        bias = slot_bias.to(logits.dtype).repeat_interleave(groups, dim=-2)  # (H, T) or (B, H, S)
+        bias = bias[None, :, None, :] if bias.dim() == 2 else bias[:, :, None, :]
+        logits = torch.cat([logits[..., :cached] + bias, logits[..., cached:]], dim=-1)
     weights = F.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, values).transpose(1, 2).contiguous()
     return output, weights
+
+
+def causal_mask(cached: int, new: int, dtype: torch.dtype, device, hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """Additive mask ``(1, H, new, cached + new)``: cached slots visible, new tokens causal.
+
+    ``hidden`` ``(H, cached)`` bool optionally hides cached slots from the new queries (per
+    head, ``H`` may be 1); this is the reference the eviction oracle compares against.
+    """
+    if hidden is None:  # no bool mask to build: zeros, and the new tokens' upper triangle blocked
+        mask = torch.zeros(1, 1, new, cached + new, dtype=dtype, device=device)
+        if new > 1:
+            mask[0, 0, :, cached:] = torch.full((new, new), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
+        return mask
+    blocked = torch.ones(new, new, dtype=torch.bool, device=device).triu(1)
+    visible_past = torch.zeros(new, cached, dtype=torch.bool, device=device)
+    mask = torch.cat([visible_past, blocked], dim=-1)[None, None]  # (1, 1, q, T + q)
+    hide = hidden.to(device)[:, None, :].expand(-1, new, -1)  # (H, q, T)
+    mask = mask.repeat(1, hidden.shape[0], 1, 1)
+    mask[0, :, :, :cached] |= hide
+    return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(mask, torch.finfo(dtype).min)
 
 
 AttentionInterface.register(BIASED_ATTENTION, biased_attention)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Sequence
 
@@ -40,7 +39,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .attention import BIASED_ATTENTION, AttentionCapture, LayerArguments, attention_implementation
+from .attention import BIASED_ATTENTION, AttentionCapture, LayerArguments, attention_implementation, causal_mask
+from .attention import model_lock
 from .cache import EvictingCache
 from ..text.chat import ChatPrompt, token_texts
 from .events import RunRecord, StepEvent
@@ -95,43 +95,6 @@ def attention_kernel(model: torch.nn.Module, policy: Policy, settings: DecodeSet
         return BIASED_ATTENTION
     fast = settings.fast_attention and not needs_weights(policy, settings)
     return "sdpa" if fast and getattr(model, "_supports_sdpa", False) else "eager"
-
-
-def causal_mask(cached: int, new: int, dtype: torch.dtype, device, hidden: torch.Tensor | None = None) -> torch.Tensor:
-    """Additive mask ``(1, H, new, cached + new)``: cached slots visible, new tokens causal.
-
-    ``hidden`` ``(H, cached)`` bool optionally hides cached slots from the new queries (per
-    head, ``H`` may be 1); this is the reference the eviction oracle compares against.
-    """
-    if hidden is None:  # no bool mask to build: zeros, and the new tokens' upper triangle blocked
-        mask = torch.zeros(1, 1, new, cached + new, dtype=dtype, device=device)
-        if new > 1:
-            mask[0, 0, :, cached:] = torch.full((new, new), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
-        return mask
-    blocked = torch.ones(new, new, dtype=torch.bool, device=device).triu(1)
-    visible_past = torch.zeros(new, cached, dtype=torch.bool, device=device)
-    mask = torch.cat([visible_past, blocked], dim=-1)[None, None]  # (1, 1, q, T + q)
-    hide = hidden.to(device)[:, None, :].expand(-1, new, -1)  # (H, q, T)
-    mask = mask.repeat(1, hidden.shape[0], 1, 1)
-    mask[0, :, :, :cached] |= hide
-    return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(mask, torch.finfo(dtype).min)
-
-
-_MODEL_LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.Lock] = weakref.WeakKeyDictionary()
-_LOCKS_GUARD = threading.Lock()
-
-
-def model_lock(model: torch.nn.Module) -> threading.Lock:
-    """The lock serialising forward passes on ``model``.
-
-    Attention hooks are installed on the shared model for the duration of one forward, so
-    two runs (two browser sessions, or Compare columns in threads) must never overlap there.
-    """
-    with _LOCKS_GUARD:
-        lock = _MODEL_LOCKS.get(model)
-        if lock is None:
-            lock = _MODEL_LOCKS[model] = threading.Lock()
-        return lock
 
 
 def eos_ids(loaded: LoadedModel) -> set[int]:
@@ -289,14 +252,7 @@ class Run:
         ``on_logits(positions, logits)`` receives each chunk's logits ``(q, V)``: row ``i``
         predicts the token after absolute position ``positions[i]``.
         """
-        ids = [int(i) for i in ids]
-        if not ids:
-            raise EngineError("the trace is empty")
-        if len(self.ids) + len(ids) > self.loaded.geometry.max_context:
-            raise EngineError(
-                f"prompt + trace is {len(self.ids) + len(ids)} tokens; "
-                f"the model's context is {self.loaded.geometry.max_context}"
-            )
+        ids = self.check_trace(ids)
         chunk = self.policy.interval
         last = self._prefill()
         if on_logits is not None:
@@ -313,19 +269,37 @@ class Run:
             self.record.summary["stopped"] = "end of trace"
         self._finish()
 
+    def check_trace(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` as a list of ints; :class:`EngineError` when empty or past the model's context."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise EngineError("the trace is empty")
+        if len(self.ids) + len(ids) > self.loaded.geometry.max_context:
+            raise EngineError(
+                f"prompt + trace is {len(self.ids) + len(ids)} tokens; "
+                f"the model's context is {self.loaded.geometry.max_context}"
+            )
+        return ids
+
     # ---- internals -----------------------------------------------------------------
     def _prefill(self) -> torch.Tensor:
         """Run the prompt in chunks, compressing between chunks; return the last logits ``(V,)``."""
         start_time = time.perf_counter()
-        prompt = self.ids[self.processed :]
-        chunk = self.settings.prefill_chunk
-        for start in range(0, len(prompt), chunk):
-            logits = self._forward(prompt[start : start + chunk], logits_to_keep=1)
-            self.steps_since_compress += self.policy.interval  # a chunk always makes a compression due
-            self._maybe_compress()
+        for chunk in self._prompt_chunks():
+            logits = self._forward(chunk, logits_to_keep=1)
+            self._prefilled_chunk()
         self.record.summary["prefill_seconds"] = time.perf_counter() - start_time
-        self.record.summary["prompt_tokens"] = len(prompt)
         return logits[-1]
+
+    def _prompt_chunks(self) -> list[list[int]]:
+        """The prompt's tokens not run yet, in chunks of ``prefill_chunk`` (recording how many there are)."""
+        prompt, chunk = self.ids[self.processed :], self.settings.prefill_chunk
+        self.record.summary["prompt_tokens"] = len(prompt)
+        return [prompt[start : start + chunk] for start in range(0, len(prompt), chunk)]
+
+    def _prefilled_chunk(self) -> None:
+        self.steps_since_compress += self.policy.interval  # a chunk always makes a compression due
+        self._maybe_compress()
 
     @torch.inference_mode()
     def _forward(self, ids: list[int], logits_to_keep: int) -> torch.Tensor:
@@ -356,12 +330,16 @@ class Run:
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
             )
+        return self._after_forward(positions, out.logits[0])
+
+    def _after_forward(self, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Book a forward of the tokens at ``positions`` (its cache entries are written); its logits as float32."""
         self.cache.record_positions(positions)
-        self.processed += q
+        self.processed += len(positions)
         self.peak_kv_bytes = max(self.peak_kv_bytes, self.cache.nbytes())
         if self.capture.enabled:
-            self._absorb(self.capture.take(), q)
-        return out.logits[0].float()
+            self._absorb(self.capture.take(), len(positions))
+        return logits.float()
 
     def _layer_masks(self, q: int) -> list[torch.Tensor]:
         """One mask ``(1, H, q, T_l + q)`` per layer of a ragged cache: its padding hidden per head."""
@@ -489,15 +467,23 @@ class Run:
     def _advance(self, step: int, ids: list[int], logits_to_keep: int) -> tuple[StepEvent, torch.Tensor]:
         """Append ``ids``, compress if due; return the StepEvent and the logits ``(q', V)``."""
         start = time.perf_counter()
+        new_texts = self._take_tokens(ids)
+        logits = self._forward(ids, logits_to_keep)
+        return self._step_event(step, ids, new_texts, time.perf_counter() - start), logits
+
+    def _take_tokens(self, ids: list[int]) -> list[str]:
+        """Append ``ids`` (about to be run) to the run's text; their texts."""
         new_texts = token_texts(self.loaded.tokenizer, ids, prefix_ids=self.ids[-8:])
-        positions = list(range(self.processed, self.processed + len(ids)))
         self.ids.extend(ids)
         self.texts.extend(new_texts)
         if self.segmenter is not None:
             self.segmenter.feed(new_texts)
             self.record.segments = self._segments()  # current while the run streams
-        logits = self._forward(ids, logits_to_keep)
-        seconds_forward = time.perf_counter() - start
+        return new_texts
+
+    def _step_event(self, step: int, ids: list[int], new_texts: list[str], seconds_forward: float) -> StepEvent:
+        """After the forward of ``ids``: compress if due, and the step's event."""
+        positions = list(range(self.processed - len(ids), self.processed))
         self.steps_since_compress += len(ids)  # a replayed chunk of `interval` tokens makes a compression due
         held_before, seconds_policy = self._maybe_compress()
         after = self._holders()
@@ -525,7 +511,7 @@ class Run:
         )
         self.record.events.append(event)
         self._maybe_snapshot(step)
-        return event, logits
+        return event
 
     def _slot_positions(self) -> torch.Tensor:
         """``(L, H_kv, W)`` the position each slot holds; a hole gets ``N``, one past the last

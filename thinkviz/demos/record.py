@@ -186,7 +186,8 @@ def _drive(
 
 
 def _same_run(a: RunRecord, b: RunRecord) -> bool:
-    """The same events, arrays and snapshots (timings aside): one record can stand for both."""
+    """The same events, arrays and snapshots (timings aside; scores within float32 rounding, since a
+    run batched with other rows computes within ~1e-6 of itself alone): one record can stand for both."""
     if len(a.events) != len(b.events) or a.meta["params"] != b.meta["params"]:
         return False
     if a.snapshots.keys() != b.snapshots.keys():
@@ -194,7 +195,7 @@ def _same_run(a: RunRecord, b: RunRecord) -> bool:
     for x, y in zip(a.events, b.events):
         if x.token_ids != y.token_ids or x.evicted != y.evicted or x.kv_bytes != y.kv_bytes:
             return False
-        if not np.array_equal(x.scores, y.scores, equal_nan=True):
+        if not np.allclose(x.scores, y.scores, rtol=1e-4, atol=1e-6, equal_nan=True):
             return False
         if not np.array_equal(x.keep_fraction, y.keep_fraction):
             return False

@@ -10,9 +10,13 @@ runs the columns and measures their fidelity against the full cache at full prec
   column and the full cache, chunk by chunk; fidelity grows with every chunk.  Without ``measure``
   the columns replay on their own, one chunk each in turn (Live's plain replay).
 - **generate**: every column, and a full-cache run unless a column is one (or ``reference_run`` is
-  off), decode round-robin, one token each in turn, so they grow together.  Then, with
+  off), decode together, one token each per step, so they grow together.  Then, with
   ``measure``, the full cache's text (without a full-cache run: the first column's own text) is
   teacher-forced through fresh copies of the evicting columns in lockstep with the full cache.
+
+With ``batched`` (the default) the runs of a step are the rows of one forward pass wherever they
+can be (:mod:`thinkviz.core.together`: each row computes what it computes alone; a run that cannot
+share the pass says why in ``record.meta["batch"]``).
 
 Iterating drives it one step at a time (a chunk of every run, a round of tokens, a chunk of the
 fidelity pass); between steps, ``runs``, ``fidelity``, ``phase``, ``done`` and ``total`` say where it
@@ -29,6 +33,7 @@ from collections.abc import Iterator, Sequence
 
 from ..text.chat import ChatPrompt
 from ..core.engine import DecodeSettings, Run
+from ..core.together import generate_together, replay_together
 from .estimate import Phase
 from ..core.kvquant import KVQuant
 from .metrics import TokenFidelity
@@ -130,13 +135,14 @@ class Comparison:
         cancel: threading.Event | None = None,
         measure: bool = True,
         reference_run: bool = True,
+        batched: bool = True,
     ) -> None:
         if not columns:
             raise ValueError("a comparison needs at least one column")
         self.loaded, self.columns, self.prompt, self.settings = loaded, list(columns), prompt, settings
         self.trace_ids = None if trace_ids is None else [int(i) for i in trace_ids]
         self.cancel = cancel or threading.Event()
-        self.measure = measure
+        self.measure, self.batched = measure, batched
         self.labels = column_labels(self.columns)
         self.interval = self.columns[0].policy.interval
         self.references = [i for i, c in enumerate(self.columns) if c.is_reference]
@@ -209,6 +215,7 @@ class Comparison:
             settings,
             self.cancel,
             kv_quants=[c.kv_quant for c in columns],
+            batched=self.batched,
         )
         self.fidelity = {i: f for i, f in zip(self.evicting, lockstep.fidelity)}
         self.fidelity[None] = lockstep.reference_fidelity
@@ -224,26 +231,16 @@ class Comparison:
 
     def _plain_replay(self) -> Iterator[Comparison]:
         self.phase = "replay"
-        streams = [run.replay(self.trace_ids) for run in self.runs]
-        for events in zip(*streams):  # every run replays the same chunks
-            self.done = events[0].positions[-1] + 1 - len(self.prompt.ids)
+        for events in replay_together(self.runs, self.trace_ids, batched=self.batched):  # the same chunks
+            self.done = max(e.positions[-1] for e in events if e is not None) + 1 - len(self.prompt.ids)
             yield self
 
     def _generate(self) -> Iterator[Comparison]:
         everyone = self.runs + ([self.reference] if self.reference is not None and not self.references else [])
         self.phase = "generate"
-        streams = [run.generate() for run in everyone]
-        active = list(range(len(streams)))
-        while active:
-            grew = False
-            for i in list(active):  # one token from each run in turn: the columns grow together
-                if next(streams[i], None) is None:
-                    active.remove(i)
-                else:
-                    grew = True
+        for _ in generate_together(everyone, batched=self.batched):  # one token of every run: they grow together
             self.done = max(len(run.record.events) for run in everyone)
-            if grew:
-                yield self
+            yield self
         source = self.reference or self.runs[0]
         self.fidelity_text = [t for e in source.record.events for t in e.token_ids]
         if not self.measure or self.cancel.is_set() or not self.fidelity_text or not self.evicting:

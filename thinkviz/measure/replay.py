@@ -32,6 +32,7 @@ import torch
 from ..text.chat import REASONING_SYSTEM_PROMPT, ChatPrompt, build_chat, build_conversation, split_conversation
 from ..core.engine import DecodeSettings, EngineError, Run
 from ..core.kvquant import KVQuant
+from ..core.together import replay_together
 from .metrics import (
     FIDELITY_KINDS,
     TokenFidelity,
@@ -235,7 +236,9 @@ class LockstepReplay:
     full-precision full cache.  Every event of every record carries
     ``info["fidelity"]`` (``nll``, ``nll_full``, ``kl``, ``top1`` lists aligned with the
     event's positions) and ``record.summary["fidelity"]`` holds the means overall and per
-    segment kind.  Setting ``cancel`` stops every run after the same chunk.
+    segment kind.  Setting ``cancel`` stops every run after the same chunk.  ``batched``: the runs
+    advance as the rows of one forward pass where they can (:mod:`thinkviz.core.together`; each row
+    computes what it computes alone), else each with its own.
     """
 
     def __init__(
@@ -247,7 +250,9 @@ class LockstepReplay:
         settings: DecodeSettings = DecodeSettings(scoring=False),
         cancel: threading.Event | None = None,
         kv_quants: Sequence[KVQuant] | None = None,
+        batched: bool = True,
     ) -> None:
+        self.batched = batched
         kv_quants = list(kv_quants) if kv_quants is not None else [KVQuant()] * len(policies)
         if len(kv_quants) != len(policies):
             raise EngineError(f"{len(policies)} policies but {len(kv_quants)} KV formats")
@@ -268,15 +273,13 @@ class LockstepReplay:
     def __iter__(self) -> Iterator[int]:
         everyone = [self.reference, *self.runs]
         pending: list[list[tuple[list[int], torch.Tensor]]] = [[] for _ in everyone]
-        streams = [
-            run.replay(self.trace_ids, on_logits=lambda positions, logits, box=box: box.append((positions, logits)))
-            for run, box in zip(everyone, pending)
-        ]
+        sinks = [lambda positions, logits, box=box: box.append((positions, logits)) for box in pending]
+        steps = replay_together(everyone, self.trace_ids, sinks, batched=self.batched)
         while True:
             if self.cancel.is_set():
                 self._stop.set()
-            events = [next(stream, None) for stream in streams]
-            if all(event is None for event in events):
+            events = next(steps, None)
+            if events is None:
                 break
             if any(event is None for event in events):
                 raise RuntimeError("lockstep runs fell out of step")

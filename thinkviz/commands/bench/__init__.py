@@ -13,6 +13,7 @@ from types import ModuleType
 
 from ..common import command
 from . import (
+    batch,
     browser,
     gpu,
     load,
@@ -40,6 +41,7 @@ KINDS: dict[str, ModuleType] = {
     "gpu": gpu,
     "soak": soak,
     "load": load,
+    "batch": batch,
 }
 
 
