@@ -75,7 +75,7 @@ def test_a_broken_lesson_gets_one_line_per_problem(tmp_path, capsys):
     code, lines = _check(capsys, str(path))
     assert code == 1
     assert lines == [
-        "broken step 1: recording 'no_such_preset' names no preset",
+        "broken step 1: recording 'no_such_preset' names no preset (or a .zip of the lesson's own)",
         "broken step 2: unknown moment 'first evicton'; use a step number or one of: "
         + ", ".join(lesson_facts.MOMENTS),
         "broken step 3: moment 'first eviction' is not found in run 'full' of math_h2o_vs_window",
@@ -250,3 +250,26 @@ def test_the_warm_up_builds_every_lesson_once_in_the_background():
         lesson = lessons.load_lesson(name)
         stat = lesson.path.stat()
         assert (str(lesson.path), stat.st_mtime_ns, stat.st_size) in lessons._BUILT
+
+
+def test_a_step_draws_from_a_recording_of_the_lessons_own(tmp_path, capsys):
+    shutil.copy(recordings.recording_path("tam_math"), tmp_path / "my_run.zip")  # any recording, no preset's name
+    path = _lesson(
+        tmp_path,
+        """
+        - recording: my_run.zip
+          frame: end
+          narration: "After {tokens} tokens the cache holds {full_kv_mib} MiB."
+        - recording: gone.zip
+          narration: "Not beside the lesson."
+        """,
+        name="own",
+    )
+    step = lessons.resolve_step(lessons.load_lesson(path).steps[0])
+    assert step.run.recording.preset == load_preset_recording("tam_math").preset
+    assert "{" not in step.narration and any(ch.isdigit() for ch in step.narration)
+    code, lines = _check(capsys, str(path))
+    assert code == 1 and lines == ["own step 2: recording gone.zip does not exist"]
+    elsewhere = _lesson(tmp_path, '- recording: ../x.zip\n  narration: "A path."', name="path")
+    with pytest.raises(lessons.LessonError, match="a file name beside it, not a path"):
+        lessons.load_lesson(elsewhere)

@@ -28,7 +28,7 @@ from ..memory import Projection
 from .lesson_facts import FactError, RunAt, divergence_position, moment_frame, number_text, quantity, run_labels
 from .presets import PRESETS_DIR, list_presets
 from .record import load_preset_recording
-from .recordings import Recording
+from .recordings import Recording, load
 
 LESSONS_DIR = PRESETS_DIR / "lessons"
 TABS = ("live", "compare")
@@ -57,6 +57,7 @@ class StepSpec:
     chart: str
     card: tuple[str, float] | None
     narration: str
+    recording_file: Path | None = None  # the lesson's own recording (a .zip beside the lesson file)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def load_lesson(name_or_path: str | Path, directory: Path | str = LESSONS_DIR) -
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
         raise LessonError(f"{where}: 'steps' must be a non-empty list")
-    specs = tuple(_step(item, f"{where} step {i}") for i, item in enumerate(steps, 1))
+    specs = tuple(_step(item, f"{where} step {i}", path.parent) for i, item in enumerate(steps, 1))
     return Lesson(path.stem, data["title"].strip(), specs, path)
 
 
@@ -119,7 +120,7 @@ def named_lesson(name: str) -> Lesson:
     return load_lesson(name)
 
 
-def _step(item: Any, where: str) -> StepSpec:
+def _step(item: Any, where: str, folder: Path) -> StepSpec:
     if not isinstance(item, dict):
         raise LessonError(f"{where}: a step must be a mapping")
     unknown = sorted(str(k) for k in item if k not in _STEP_KEYS)
@@ -153,7 +154,18 @@ def _step(item: Any, where: str) -> StepSpec:
         picked["chart"],
         _card(item.get("card"), where),
         " ".join(item["narration"].split()),
+        _own_recording(item["recording"], where, folder),
     )
+
+
+def _own_recording(name: str, where: str, folder: Path) -> Path | None:
+    """The file of a step's own recording (``NAME.zip``, a file name beside the lesson, never a path
+    elsewhere), or ``None`` for a preset's recording."""
+    if not name.endswith(".zip"):
+        return None
+    if Path(name).name != name or name.startswith("."):
+        raise LessonError(f"{where}: a recording of the lesson's own is a file name beside it, not a path")
+    return folder / name
 
 
 def _card(value: Any, where: str) -> tuple[str, float] | None:
@@ -254,9 +266,12 @@ def _divergence(run: RunAt) -> int:
 
 def resolve_step(spec: StepSpec) -> LessonStep:
     """``spec`` against its recording; :class:`FactError` or :class:`RecordingError` with the one problem."""
-    if spec.recording not in list_presets():
-        raise FactError(f"recording {spec.recording!r} names no preset")
-    recording = load_preset_recording(spec.recording)
+    if spec.recording_file is not None:
+        recording = load(spec.recording_file)  # the lesson's own: no preset to be current against
+    elif spec.recording not in list_presets():
+        raise FactError(f"recording {spec.recording!r} names no preset (or a .zip of the lesson's own)")
+    else:
+        recording = load_preset_recording(spec.recording)
     run = _run(spec, recording, spec.run)
     frame = _frame(spec, run)
     highlight = highlight_positions(spec, run, frame)
