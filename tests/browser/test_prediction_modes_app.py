@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from playwright.sync_api import expect
-from test_ui_browser import pick, wait_for_text
+from test_ui_browser import open_chat_boxes, pick, wait_for_text
 from tiny_app import served_app
 
 from thinkviz import predictor as P
@@ -57,11 +56,7 @@ def test_dynts_offers_predicted_importance_and_the_answers_attention(app_url, br
     page.wait_for_function(
         "document.querySelector('#tv-live-mode').innerText.includes('attention from the answer')", timeout=30_000
     )
-    # the accordion mounts its boxes when first opened, and a box's first render sets its value: a trace
-    # typed before that (a loaded machine delays it) was wiped, so open it first and wait for the system
-    # prompt box, which renders with its default text, before typing
-    page.click("text=System prompt and replay trace")
-    expect(page.get_by_label("System prompt (empty: none)").first).not_to_have_value("", timeout=30_000)
+    open_chat_boxes(page)
     page.click("#tv-live-run-mode label:has-text('replay')")
     page.fill("#tv-live-question textarea", "Sum 1, 2 and 3.")
     page.fill("#tv-live-trace textarea", TRACE)

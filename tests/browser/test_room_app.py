@@ -8,6 +8,7 @@ that waits, inside the real engine, until the test lets it go (no timing decides
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -177,11 +178,13 @@ def test_in_chromium_a_student_logs_in_and_the_teachers_push_opens_the_preset(ro
         assert not page.locator("#tv-room-teacher").is_visible()  # the teacher's panel is the teacher's
         teacher = Client(room_app, verbose=False, auth=LOGINS[0])
         teacher.predict("generate_muffins", api_name="/push_preset")
+        # a page opened after an earlier push (this module's other tests) opens that one first: wait for
+        # this push by its title, in the room line and in the Live tab's preset picker
+        title = json.dumps(load_preset("generate_muffins").title)
         page.wait_for_function(
-            "document.querySelector('#tv-room-line').textContent.includes('your teacher opened')",
+            f"document.querySelector('#tv-room-line').textContent.includes('your teacher opened ' + {title})",
             timeout=TIMEOUT * 1000,
         )
-        # the Live tab's preset picker shows the pushed preset
-        assert page.input_value("#tv-live-preset input") == load_preset("generate_muffins").title
+        page.wait_for_function(f"document.querySelector('#tv-live-preset input').value === {title}")
     finally:
         context.close()

@@ -58,6 +58,18 @@ def wait_for_text(page, selector: str, pattern: str, timeout: float) -> str:
     pytest.fail(f"{selector} never matched {pattern!r}; last text: {text!r}")
 
 
+def open_chat_boxes(page, tab: str = "live") -> None:
+    """Open the System prompt and trace accordion and wait until its boxes are drawn.
+
+    The accordion mounts its boxes when first opened, and a box's first render sets its value: text
+    typed before that (a loaded machine delays it) is wiped, so wait for the system prompt box, which
+    renders with its default text, before typing into any of them."""
+    page.get_by_text("System prompt and replay trace or transcript").first.click()
+    page.wait_for_function(
+        f"document.querySelector('#tv-{tab}-system textarea')?.value.length > 0", timeout=30_000
+    )
+
+
 def pick(page, selector: str, label: str) -> None:
     """Choose the option ``label`` (or the one option whose label starts with it) in a Gradio dropdown."""
     page.click(f"{selector} input")
@@ -250,7 +262,7 @@ def test_an_uploaded_transcript_previews_its_turns_and_replays_with_tool_segment
     path = tmp_path / "agent.jsonl"
     path.write_text("\n".join(json.dumps({"role": r, "content": c}) for r, c in MESSAGES), encoding="utf-8")
     page.get_by_role("tab", name="Live").click()
-    page.get_by_text("System prompt and replay trace or transcript").first.click()
+    open_chat_boxes(page)
     page.set_input_files("#tv-live-upload input[type=file]", str(path))
     wait_for_text(page, "#tv-live-turns-caption", rf"{len(MESSAGES)} turns \(a transcript\): [\d,]+ tokens", 60)
     assert page.locator("#tv-live-run-mode input[value=replay]").is_checked()

@@ -3,6 +3,7 @@ or look inside the server (its sessions)."""
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Any
 from collections.abc import Iterator
@@ -20,16 +21,27 @@ from tiny_models import tiny_model
 
 @contextmanager
 def served_demo(
-    *extra: type[Policy], auth: list[tuple[str, str]] | None = None, model: Any = None, **build: Any
+    *extra: type[Policy],
+    auth: list[tuple[str, str]] | None = None,
+    model: Any = None,
+    loads: threading.Event | None = None,
+    **build: Any,
 ) -> Iterator[gr.Blocks]:
     """The launched app (``demo.local_url``: a free 127.0.0.1 port), with the ``extra`` policies
     registered while it runs, behind ``auth``'s logins if given, serving ``model`` (default: a tiny
-    random Llama); ``build`` goes to :func:`~thinkviz.ui.app.build_app`."""
+    random Llama), whose load ends once ``loads`` is set if given; ``build`` goes to
+    :func:`~thinkviz.ui.app.build_app`."""
     tiny = model or tiny_model("llama")
+
+    def load(name, quantization, device, progress=None):
+        if loads is not None:
+            loads.wait()
+        return tiny
+
     with pytest.MonkeyPatch.context() as patch:
         for policy in extra:
             patch.setitem(POLICIES, policy.name, policy)
-        slot = ModelSlot(loader=lambda name, quantization, device, progress=None: tiny)
+        slot = ModelSlot(loader=load)
         slot.start("tiny", "none")
         demo = build_app(slot, model="tiny", quantization="none", **build)
         queue_for_a_room(demo)

@@ -124,8 +124,9 @@ def cleared(panel: InputControls, kept: tuple | None) -> dict:
 
 
 def switched(panel: InputControls, mode: str, kept: tuple | None) -> dict:
-    """Generate chosen by hand: the file is not used, so the boxes are the user's again."""
-    return released(panel, kept) if mode == "generate" else {}
+    """Generate chosen by hand: the file is not used, so the boxes are the user's again (and nothing
+    changes otherwise: Gradio reads an empty dict as one output value, so that is a skip)."""
+    return (released(panel, kept) if mode == "generate" else {}) or gr.skip()
 
 
 def input_controls(choices: list[tuple[str, str]], tab: str, slot: ModelSlot) -> InputControls:

@@ -480,7 +480,7 @@ def run_policy(tab: LiveTab, s: Session, policy: str, knobs: str, preset: str, *
         summary = run_summary(s.keep_live(frame.record), frame)
         yield {tab.script.summary: summary, tab.exported: recording_file(frame.record)}
 
-    yield from run_with_model(tab.app.slot, prepare, frames, lambda _, line: {tab.script.summary: line}, s)
+    yield from run_with_model(tab.app.slot, prepare, frames, lambda _, line: {tab.script.summary: {"status": line}}, s)
 
 
 # ---- the wiring ---------------------------------------------------------------------------------
