@@ -65,9 +65,7 @@ def open_chat_boxes(page, tab: str = "live") -> None:
     typed before that (a loaded machine delays it) is wiped, so wait for the system prompt box, which
     renders with its default text, before typing into any of them."""
     page.get_by_text("System prompt and replay trace or transcript").first.click()
-    page.wait_for_function(
-        f"document.querySelector('#tv-{tab}-system textarea')?.value.length > 0", timeout=30_000
-    )
+    page.wait_for_function(f"document.querySelector('#tv-{tab}-system textarea')?.value.length > 0", timeout=30_000)
 
 
 def pick(page, selector: str, label: str) -> None:
