@@ -41,7 +41,7 @@ def _outcome(final: tuple) -> tuple[str, str]:
     """The final status line without the run's time (#11: "… in 0.5 s."; it differs run to run) and the
     final token view (the last patch is a full reset)."""
     status, bus = final[0], json.loads(final[1])  # the bus: a list of messages, the frame's own last
-    return re.sub(r" in [0-9.]+ s\.$", ".", status), bus[-1]["patch"]["reset"]
+    return re.sub(r" in [0-9.]+ s\.", ".", status), bus[-1]["patch"]["reset"]
 
 
 def _recording_policy(client) -> str:
