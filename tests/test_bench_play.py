@@ -20,3 +20,9 @@ def test_play_needs_a_preset_with_a_current_recording(preset, reason, tmp_path, 
     assert main(["bench", "browser", "--play", preset]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and reason in lines[0]
+
+
+def test_lesson_needs_a_lesson_that_exists(capsys):
+    assert main(["bench", "browser", "--lesson", "nosuch"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--lesson: unknown lesson 'nosuch'" in lines[0]

@@ -11,7 +11,7 @@ import pytest
 
 from thinkviz.text.chat import build_chat
 from thinkviz.core.engine import DecodeSettings, Run
-from thinkviz.measure.estimate import Phase, Progress, Speed, format_seconds, measure_speed
+from thinkviz.measure.estimate import RECENT_STEPS, Phase, Progress, Speed, format_seconds, measure_speed
 from thinkviz.policies import make_policy
 from thinkviz.measure.replay import LockstepReplay, prepare_trace
 from tiny_models import tiny_model
@@ -121,3 +121,34 @@ def test_the_fit_prices_a_decode_step_as_well_as_a_replayed_chunk():
     for q, cached, seconds in samples:
         if q <= 32:  # what a generation and a replay take step after step
             assert 0.75 < speed.forward(q, cached) / seconds < 1.33
+
+
+def test_a_phase_running_slower_than_priced_says_how_much_and_slows_the_later_phases_too():
+    now = [0.0]
+    speed = Speed(base=0.0, per_token=0.01)  # 0.01 s a token, priced
+    plan = [Phase("generate", 1, 0, 100), Phase("fidelity", 1, 0, 100, rows=10)]
+    progress = Progress(speed, plan, lambda: now[0])
+    progress.step(1)
+    assert progress.slowdown() is None  # no pace before a second step
+    assert progress.left() == pytest.approx(2.0)  # all as priced
+    now[0] = 2.0
+    progress.step(11)  # 10 tokens in 2 s: 0.2 s a token, 20 times the price (a busy server)
+    assert progress.slowdown() == pytest.approx(20.0)
+    assert progress.left() == pytest.approx(89 * 0.2 + 1.0 * 20)
+
+
+def test_a_run_is_paced_by_its_last_steps_so_a_burst_of_load_passes():
+    """A served app's load comes and goes (a room's playbacks all ending at once): once the model runs at
+    its priced speed again for a few steps, the estimate says so instead of carrying the burst along."""
+    now = [0.0]
+    progress = Progress(Speed(base=0.0, per_token=0.01), [Phase("generate", 1, 0, 1000)], lambda: now[0])
+    progress.step(1)
+    for done in range(2, 12):  # ten steps at 2 s each: 200 times the price
+        now[0] += 2.0
+        progress.step(done)
+    assert progress.slowdown() == pytest.approx(200.0)
+    for done in range(12, 12 + RECENT_STEPS):  # then as priced again
+        now[0] += 0.01
+        progress.step(done)
+    assert progress.slowdown() == pytest.approx(1.0)
+    assert progress.left() == pytest.approx((1000 - progress.done) * 0.01)

@@ -228,7 +228,28 @@ def test_a_running_jobs_reported_progress_prices_the_line():
     line.start(running)
     clock.now = 10.0
     token = CURRENT.set(running)
-    report_progress(25, 100)  # a quarter done in 10 s: the server is busier than calibrated
+    report_progress(30.0, 40.0)  # its run: 30 s left, 40 times slower than priced (the server is busy)
     CURRENT.reset(token)
     assert line.wait_seconds(waiting) == pytest.approx(30.0)  # 30 s left of it
     assert line.status(line.join("c", 100, "replay")) == "2nd in line — about 1 min 10 s"  # + 40 s at its pace
+    clock.now = 20.0
+    assert line.wait_seconds(waiting) == pytest.approx(20.0)  # counting down from what it said
+
+
+def test_a_finished_jobs_slowdown_prices_the_next_jobs_until_the_running_one_reports_its_own():
+    clock = Clock()
+    line = Line(fallback=lambda: 0.01, clock=clock)  # the idle machine's speed: 1 s for 100 tokens
+    first = line.join("a", 100, "replay")
+    line.start(first)
+    token = CURRENT.set(first)
+    report_progress(30.0, 4.0)  # four times slower than priced
+    CURRENT.reset(token)
+    clock.now = 4.0  # it took 4 s: 0.04 s a token under a slowdown of 4, 0.01 at the priced speed
+    line.leave(first, finished=True)
+    second, third = line.join("b", 100, "replay"), line.join("c", 100, "replay")
+    line.start(second)
+    assert line.wait_seconds(third) == pytest.approx(4.0)  # still as busy as the last run found it
+    token = CURRENT.set(second)
+    report_progress(1.0, 1.0)  # the load is gone: as priced
+    CURRENT.reset(token)
+    assert line.wait_seconds(line.join("d", 100, "replay")) == pytest.approx(1.0 + 1.0)

@@ -6,6 +6,10 @@ them as the real app does (no model is used).
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 import pytest
 from tiny_app import served_app
 
@@ -109,3 +113,20 @@ def test_a_link_to_an_unknown_lesson_says_so(context, url):
         timeout=TIMEOUT,
     )
     page.close()
+
+
+def test_bench_browser_lesson_times_a_link_and_every_step(url):
+    """``bench browser --lesson`` against the served app, in a process of its own (Playwright's sync API
+    refuses a thread where the browser fixture runs); its numbers stay in its output."""
+    steps = len(load_lesson(LESSON).steps)
+    done = subprocess.run(
+        [sys.executable, "-m", "thinkviz", "bench", "browser", "--lesson", LESSON, "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Lessons tab, {LESSON} ({steps} steps, no model needed)" in done.stdout
+    for label in ("Next", "Back"):
+        assert re.search(rf"{label} -> step shown:  median [\d.]+ s, max [\d.]+ s over {steps - 1} steps", done.stdout)
+    assert re.search(r"link \?lesson=\.\.\.&step=\d+ -> step shown: [\d.]+, [\d.]+, [\d.]+ s", done.stdout)

@@ -9,6 +9,7 @@ that waits, inside the real engine, until the test lets it go (no timing decides
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from gradio_client.exceptions import AppError
 
 from thinkviz.demos.presets import load_preset
 from thinkviz.policies.base import Policy
-from thinkviz.ui.room import Room
+from thinkviz.ui.room import SWITCH_INTERVAL, Room
 from tiny_app import served_demo
 
 pytestmark = pytest.mark.browser
@@ -100,6 +101,7 @@ def test_a_recording_plays_while_a_run_holds_the_model_and_the_line_keeps_arriva
     assert str(one.result()[0]).startswith("Done: 4 tokens") and str(two.result()[0]).startswith("Done: 4 tokens")
     # arrival order: the second waiting run moved up to first in line once the first one took the model
     assert any("1st in line" in s for s in statuses(two))
+    assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)  # the served app's threads take turns often
 
 
 def test_a_second_run_of_the_same_client_is_refused_while_its_first_waits(open_app, hold):

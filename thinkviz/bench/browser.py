@@ -1,5 +1,6 @@
-"""Smoothness of the app as a browser sees it: click → first painted token, frames per second; and
-the tuning cycle: a knob changed → the new ΔNLL on screen (:func:`measure_tune`).
+"""Smoothness of the app as a browser sees it: click → first painted token, frames per second; the
+tuning cycle: a knob changed → the new ΔNLL on screen (:func:`measure_tune`); a lesson's steps, from
+a link and by Next and Back (:func:`measure_lesson`).
 
 Starts ``app.py`` on a free 127.0.0.1 port (or uses a running one), opens it in headless
 Chromium (Debian's ``/usr/bin/chromium`` through Playwright) and instruments the Live
@@ -45,6 +46,25 @@ INSTRUMENT_JS = """(button) => {
   }).observe({entryTypes: ['longtask']});
   document.getElementById(button || 'tv-live-run')
     .addEventListener('click', () => { bench.clicked = performance.now(); }, {capture: true});
+}"""
+
+
+# A lesson step: click ``button``, resolve with the milliseconds until the step indicator reads ``want``
+# (its narration and view arrive in the same update).
+LESSON_STEP_JS = """async ([button, want]) => {
+  const box = document.getElementById('tv-lesson-step');
+  const start = performance.now();
+  const shown = new Promise((resolve, reject) => {
+    const observer = new MutationObserver(() => {
+      if (box.textContent.trim() !== want) return;
+      observer.disconnect();
+      resolve(performance.now() - start);
+    });
+    observer.observe(box, {subtree: true, childList: true, characterData: true});
+    setTimeout(() => reject(new Error(`the step indicator never read ${want}`)), 30000);
+  });
+  document.getElementById(button).click();
+  return await shown;
 }"""
 
 
@@ -335,3 +355,50 @@ def measure_tune(
                     )
                 )
     return cycles
+
+
+@dataclass
+class LessonTimes:
+    """Seconds for each way a lesson's step is reached."""
+
+    link: tuple[float, ...]  # navigation to ``?lesson=NAME&step=N`` → that step shown (the page load included)
+    next: tuple[float, ...]  # Next clicked → the next step shown, for every step after the first
+    back: tuple[float, ...]  # Back clicked → the step before shown, from the last to the first
+
+
+def measure_lesson(url: str, name: str, steps: int, links: int = 3) -> LessonTimes:
+    """Time lesson ``name`` (``steps`` steps) at ``url``: opened ``links`` times by its link at its middle
+    step (the first right after the app answers, as a class's slide link may be), then stepped to the
+    end with Next and back to the start with Back."""
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    middle, link, forward, backward = (steps + 1) // 2, [], [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            for _ in range(links):
+                page = browser.new_page(viewport={"width": 1920, "height": 1080})
+                page.goto(f"{url}?lesson={name}&step={middle}")
+                want = f"{middle} / {steps}"
+                page.wait_for_function(
+                    f"document.getElementById('tv-lesson-step')?.textContent.trim() === {want!r}", timeout=60_000
+                )
+                link.append(page.evaluate("performance.now()") / 1000)  # from the navigation's start
+                page.close()
+            page = browser.new_page(viewport={"width": 1920, "height": 1080})
+            page.goto(f"{url}?lesson={name}&step=1")
+            page.wait_for_function(
+                f"document.getElementById('tv-lesson-step')?.textContent.trim() === '1 / {steps}'", timeout=60_000
+            )
+            for step in range(2, steps + 1):
+                forward.append(page.evaluate(LESSON_STEP_JS, ["tv-lesson-next", f"{step} / {steps}"]) / 1000)
+            for step in range(steps - 1, 0, -1):
+                backward.append(page.evaluate(LESSON_STEP_JS, ["tv-lesson-back", f"{step} / {steps}"]) / 1000)
+        except PlaywrightError as exc:
+            raise BenchError(f"lesson {name!r}: {str(exc).splitlines()[0]}") from None
+        finally:
+            browser.close()
+    return LessonTimes(tuple(link), tuple(forward), tuple(backward))

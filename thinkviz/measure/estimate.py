@@ -11,8 +11,8 @@ after every real run by :meth:`Speed.learn` (the ratio of measured to estimated 
 takes in what the calibration does not see: the policy, scoring, building the frames).
 
 While a run streams, :class:`Progress` says how much is left: from the run's own pace once it has
-done some steps (what is left of the phase at the pace measured so far, later phases priced by
-:class:`Speed`), from :class:`Speed` alone before that.  Every function takes a ``clock``, so tests
+done some steps (what is left of the phase at the pace of its last steps, later phases priced by
+:class:`Speed` and slowed as much), from :class:`Speed` alone before that.  Every function takes a ``clock``, so tests
 drive it with a fake one.
 """
 
@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,6 +40,7 @@ CALIBRATION_CHUNKS = 3
 CALIBRATION_STEPS = 4  # decode steps it times
 LEARN_WEIGHT = 0.5  # how far one run's measured/estimated ratio moves the correction
 CORRECTION_RANGE = (0.25, 8.0)
+RECENT_STEPS = 16  # a run is paced over its last steps: a served app's load comes and goes within a run
 
 
 @dataclass(frozen=True)
@@ -141,27 +143,44 @@ class Progress:
         self.speed, self.phases, self.clock = speed, list(phases), clock
         self.started = self._phase_started = clock()
         self.phase, self.done = 0, 0
-        self._first: tuple[float, int] | None = None  # (time, tokens done) at the phase's first step
+        self._recent: deque[tuple[float, int]] = deque(maxlen=RECENT_STEPS + 1)  # (time, tokens done) per step
 
     def step(self, done: int | None = None) -> None:
         """The current phase has done ``done`` tokens (default: one step's more)."""
         self.done = self.done + self.phases[self.phase].rows if done is None else done
-        if self._first is None:
-            self._first = (self.clock(), self.done)  # paced from here on: the prefill is behind
+        self._recent.append((self.clock(), self.done))  # paced from the first step on: the prefill is behind
 
     def next_phase(self) -> None:
         self.phase = min(self.phase + 1, len(self.phases) - 1)
-        self.done, self._first, self._phase_started = 0, None, self.clock()
+        self.done, self._phase_started = 0, self.clock()
+        self._recent.clear()
+
+    def _pace(self) -> tuple[float, float] | None:
+        """Over this phase's last steps (:data:`RECENT_STEPS`): seconds per token, and that time over its
+        priced time (2.0: twice as slow as priced); ``None`` before a second step."""
+        if len(self._recent) < 2 or self.done <= self._recent[0][1]:
+            return None
+        phase, (start, first) = self.phases[self.phase], self._recent[0]
+        seconds = self.clock() - start
+        steps = [-(-tokens // phase.rows) for tokens in (first, self.done)]  # steps done, the last partial
+        planned = self.speed.phase_seconds(phase, steps[0]) - self.speed.phase_seconds(phase, steps[1])
+        return seconds / (self.done - first), (seconds / planned if planned > 0 else 1.0)
+
+    def slowdown(self) -> float | None:
+        """How much slower than priced this phase's last steps ran (as on a server busy with other work
+        that comes and goes); ``None`` before it has a pace."""
+        pace = self._pace()
+        return None if pace is None else pace[1]
 
     def left(self) -> float:
-        """Seconds still to go: the rest of this phase at its own pace so far (before it has one, as
-        priced), then the later phases as priced."""
+        """Seconds still to go: the rest of this phase at its recent pace, then the later phases as priced,
+        slowed as this one is now (before it has a pace: all as priced)."""
         phase = self.phases[self.phase]
         later = sum(self.speed.phase_seconds(p) for p in self.phases[self.phase + 1 :])
-        if self._first is not None and self.done > self._first[1]:
-            start, first = self._first
-            pace = (self.clock() - start) / (self.done - first)  # seconds per token of this phase
-            return max(0.0, (phase.tokens - self.done) * pace) + later
+        pace = self._pace()
+        if pace is not None:
+            seconds_per_token, slowdown = pace
+            return max(0.0, (phase.tokens - self.done) * seconds_per_token) + later * slowdown
         planned = self.speed.phase_seconds(phase)
         return max(0.0, planned - (self.clock() - self._phase_started)) + later
 

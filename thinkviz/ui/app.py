@@ -12,6 +12,7 @@ and Learn never wait for it (:func:`queue_for_a_room`).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from collections.abc import Iterator
 
@@ -27,7 +28,7 @@ from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID
 from .tabs import AppContext, compare, explore, learn, lessons, live, sweep
 from .model_panel import load_status_markdown
 from . import room_panel
-from .room import VIEW_LIMIT, Room
+from .room import SWITCH_INTERVAL, VIEW_LIMIT, Room
 
 APP_CSS = TOKEN_CSS + LEGEND_CSS + (Path(__file__).with_name("app.css")).read_text(encoding="utf-8")
 
@@ -128,5 +129,8 @@ def build_app(
 
 def queue_for_a_room(demo: gr.Blocks) -> gr.Blocks:
     """Gradio's queue as the app needs it: every event but the model's (its own group, its line) lets a
-    room's worth in at once (:data:`~.room.VIEW_LIMIT`), so opening Explore or Learn never waits."""
+    room's worth in at once (:data:`~.room.VIEW_LIMIT`), so opening Explore or Learn never waits; and the
+    interpreter switches threads often enough (:data:`~.room.SWITCH_INTERVAL`) that a room's playbacks
+    do not starve the model's run of it (this process's setting: the app serves from it)."""
+    sys.setswitchinterval(SWITCH_INTERVAL)
     return demo.queue(default_concurrency_limit=VIEW_LIMIT)

@@ -5,10 +5,13 @@ the presets the teacher pushes to everyone.  No Gradio components here (:mod:`.r
 and waits there for its turn, yielding a status line that says its place and an estimated wait
 ("3rd in line — about 40 s") as the line moves; a client (a browser tab's Gradio session) has at
 most one job queued or running, a second one is refused (:class:`Refused`) with the place of the
-first.  The estimate prices each job ahead of it by its size (tokens × policies, :func:`run_size`)
-at the seconds per unit the line measured on the last jobs of its kind (before any, the model's
-calibrated speed).  Gradio's queue lets many model events in at once (:data:`LINE_LIMIT`) so that
-they can wait *here*, where each one sees its place; the model itself still runs one job at a time.
+first.  The estimate prices the running job by what its own run says is left (:func:`report_progress`:
+the run's pace so far, which the server's load slows) and each job waiting ahead by its size (tokens ×
+policies, :func:`run_size`) at the seconds per unit the line learnt on the last jobs of its kind
+(before any, the model's calibrated speed), times how much slower than priced the model runs now
+(the running job's slowdown, or the last one reported).  Gradio's queue lets many model events in
+at once (:data:`LINE_LIMIT`) so that they can wait *here*, where each one sees its place; the model
+itself still runs one job at a time.
 
 **The room.**  :class:`Room` is off by default (loopback, no password, everyone may do everything).
 Served to a room (``app.py --room``), the user named :attr:`Room.teacher` may load models, run
@@ -35,6 +38,12 @@ PLAYBACK_LIMIT = 96  # recordings played at once (no model: they never wait for 
 VIEW_LIMIT = 96  # every other event (Explore, Learn, preset pickers): per event, Gradio's default limit
 SERVER_THREADS = 256  # Gradio's worker threads (its default, 40, is fewer than a room's streams)
 POLL_SECONDS = 1.0  # a waiting job's status line is refreshed at least this often
+# Seconds a thread may hold the interpreter while another waits for it (Python's default: 0.005).  A
+# forward pass hands the interpreter back at each of its ~3,700 torch calls and waits that long to get it
+# again whenever another thread runs Python (a playback building its figures): measured on the embedded
+# model, a 23 ms decode step took 18.6 s beside one busy thread at 5 ms, 2.6 s at 1 ms, 0.71 s at 0.2 ms;
+# four busy threads lost 9 % of their own work at 0.2 ms.
+SWITCH_INTERVAL = 0.0002
 STALE_SECONDS = 30.0  # a waiting job nobody has polled for this long has lost its client: it leaves
 LEARN_WEIGHT = 0.5  # how far one finished job moves the seconds-per-unit of its kind
 TEACHER = "teacher"
@@ -65,11 +74,13 @@ class Ticket:
     seen: float
     started: float | None = None
     arrived: float = 0.0  # when its event reached the server (wall clock): the line's order
-    fraction: float = 0.0  # how much of it is done, as its run reports (report_progress)
+    left: float | None = None  # seconds its run said were left (report_progress), at ``reported``
+    slowdown: float | None = None  # its run's time so far over its priced time (None: no pace yet)
+    reported: float = 0.0
+    clock: Callable[[], float] = time.monotonic  # its line's clock
 
 
 CURRENT: ContextVar[Ticket | None] = ContextVar("thinkviz_room_ticket", default=None)
-MIN_FRACTION = 0.05  # a running job's own pace prices the line once it is this far in
 
 
 class Line:
@@ -82,7 +93,8 @@ class Line:
         self.clock = clock
         self._changed = threading.Condition()
         self._tickets: list[Ticket] = []
-        self._rates: dict[str, float] = {}  # kind -> seconds per unit, learnt from finished jobs
+        self._rates: dict[str, float] = {}  # kind -> seconds per unit at the priced speed, learnt
+        self._slowdown = 1.0  # the last slowdown a run reported: how busy the server was then
 
     def join(
         self, client: str, size: int, kind: str, cancel: threading.Event | None = None, arrived: float | None = None
@@ -103,6 +115,7 @@ class Line:
             now = self.clock()
             arrived = time.time() if arrived is None else arrived
             ticket = Ticket(client, max(1, int(size)), kind, cancel or threading.Event(), now, now, None, arrived)
+            ticket.clock = self.clock
             place = len(self._tickets)
             while place > 1 and self._tickets[place - 1].started is None and self._tickets[place - 1].arrived > arrived:
                 place -= 1  # (never ahead of the first: it has its turn)
@@ -151,10 +164,13 @@ class Line:
             ticket.started = self.clock()
 
     def leave(self, ticket: Ticket, finished: bool = False) -> None:
-        """The job is over (``finished``: it ran to its end, so its time teaches the line its speed)."""
+        """The job is over (``finished``: it ran to its end, so its time, over the slowdown it ran
+        under, teaches the line its kind's speed)."""
         with self._changed:
+            if ticket.slowdown is not None:
+                self._slowdown = ticket.slowdown
             if finished and ticket.started is not None:
-                rate = (self.clock() - ticket.started) / ticket.size
+                rate = (self.clock() - ticket.started) / ticket.size / (ticket.slowdown or 1.0)
                 old = self._rates.get(ticket.kind)
                 self._rates[ticket.kind] = rate if old is None else old ** (1 - LEARN_WEIGHT) * rate**LEARN_WEIGHT
             self._remove(ticket)
@@ -177,19 +193,18 @@ class Line:
                 self._remove(t)
 
     def _rate(self, kind: str) -> float | None:
-        """Seconds per unit for a job of ``kind``: the running job's own pace once it is far enough in
-        (it runs under the server's load now), else the last finished jobs', else the model's speed."""
-        now = self.clock()
-        for t in self._tickets:
-            if t.started is not None and t.kind == kind and t.fraction >= MIN_FRACTION and now > t.started:
-                return (now - t.started) / (t.fraction * t.size)
+        """Seconds per unit for a job of ``kind`` now: the last finished jobs' (else the model's
+        calibrated speed), slowed as the running job is (else as the last one reported was)."""
         rate = self._rates.get(kind)
-        return self.fallback() if rate is None else rate
+        rate = self.fallback() if rate is None else rate
+        if rate is None:
+            return None
+        running = (t.slowdown for t in self._tickets if t.started is not None and t.slowdown is not None)
+        return rate * next(running, self._slowdown)
 
     def _estimate(self, ticket: Ticket) -> float | None:
-        if ticket.started is not None and ticket.fraction >= MIN_FRACTION:
-            elapsed = self.clock() - ticket.started
-            return elapsed * (1 - ticket.fraction) / ticket.fraction
+        if ticket.started is not None and ticket.left is not None:
+            return max(0.0, ticket.left - (self.clock() - ticket.reported))
         rate = self._rate(ticket.kind)
         if rate is None:
             return None
@@ -285,11 +300,14 @@ class Room:
         return pushed if pushed is not None and pushed.number > seen else None
 
 
-def report_progress(done: int, total: int) -> None:
-    """The running job of this thread's event (:data:`CURRENT`) has done ``done`` of ``total``."""
+def report_progress(left: float, slowdown: float | None) -> None:
+    """The running job of this thread's event (:data:`CURRENT`) has ``left`` seconds to go, by its own
+    estimate, and runs ``slowdown`` times slower than priced (``None``: it has no pace yet)."""
     ticket = CURRENT.get()
-    if ticket is not None and total > 0:
-        ticket.fraction = min(1.0, max(0.0, done / total))
+    if ticket is not None:
+        ticket.left, ticket.reported = max(0.0, float(left)), ticket.clock()
+        if slowdown is not None:
+            ticket.slowdown = float(slowdown)
 
 
 def run_size(request: Any, count_tokens: Callable[[str], int] | None = None) -> tuple[int, str]:

@@ -36,14 +36,13 @@ class RunTimer:
         return isinstance(self.driver, Playback)
 
     def update(self) -> None:
-        if self.driver.phase not in ("prefill", "fidelity") and not self.playing:
-            report_progress(self.driver.done, self.driver.total)  # the run itself: the model's line prices it
         if self.progress is None or self.driver.phase == "prefill":
             return
         if self._phase is not None and self.driver.phase != self._phase:
             self.progress.next_phase()
         self._phase = self.driver.phase
         self.progress.step(self.driver.done)
+        report_progress(self.progress.left(), self.progress.slowdown())  # the model's line prices the run by it
 
     def total(self) -> str:
         """Before it starts: ``"about 2 min in all"`` (``""`` when there is nothing to go by)."""

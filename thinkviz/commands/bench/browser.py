@@ -1,15 +1,18 @@
 """``bench browser``: the Live tab timed in headless Chromium against an app it starts (or one at
-``--url``): a long run's paints and long tasks, ``--play`` a recording, ``--tune`` the tuning loop."""
+``--url``): a long run's paints and long tasks, ``--play`` a recording, ``--tune`` the tuning loop,
+``--lesson`` a lesson's steps."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
-from ...bench.browser import BenchError, launched_app, measure, measure_play, measure_tune
+from ...bench.browser import BenchError, launched_app, measure, measure_lesson, measure_play, measure_tune
 from ...bench.trace_profile import breakdown_lines, long_task_breakdown
 from ...cores import AUTO, TORCH, choose_threads, usable_cores
+from ...demos.lessons import LessonError, named_lesson
 from ...demos.presets import MAX_NEW_TOKENS_RANGE, list_presets, load_preset
 from ...demos.record import recording_problem
 from ...sweep.grid import check_vary, parse_vary
@@ -42,6 +45,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="PRESET",
         help="time a preset's committed recording instead: in Live, 'Play recording' as fast as it "
         "draws, from the click to its first painted token (target <= 2 s) and to its end",
+    )
+    parser.add_argument(
+        "--lesson",
+        default=None,
+        metavar="NAME",
+        help="time a lesson instead: its link ?lesson=NAME&step=N opened (page load included), then each "
+        "step by Next and by Back, from the click to the step shown (target < 1 s a step)",
     )
     parser.add_argument(
         "--tune",
@@ -136,6 +146,34 @@ def _play(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lesson(args: argparse.Namespace) -> int:
+    """``bench browser --lesson NAME``: how soon each of a lesson's steps shows."""
+    try:
+        steps = len(named_lesson(args.lesson).steps)
+    except LessonError as exc:
+        raise CliError(f"--lesson: {exc}") from None
+    try:
+        if args.url:
+            times = measure_lesson(args.url, args.lesson, steps)
+        else:
+            with launched_app(app_args(args)) as url:
+                times = measure_lesson(url, args.lesson, steps)
+    except BenchError as exc:
+        raise CliError(str(exc)) from None
+    middle = (steps + 1) // 2
+    print(f"Lessons tab, {args.lesson} ({steps} steps, no model needed), 1920x1080")
+    print(
+        f"link ?lesson=...&step={middle} -> step shown: {', '.join(f'{t:.2f}' for t in times.link)} s "
+        "(page load included; the first right after the app answered)"
+    )
+    for label, seconds in (("Next", times.next), ("Back", times.back)):
+        print(
+            f"{label} -> step shown:  median {statistics.median(seconds):.2f} s, max {max(seconds):.2f} s "
+            f"over {len(seconds)} steps (target < 1 s)"
+        )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Headless Chromium: click → first painted token, frames per second and long tasks during a long Live run."""
     low, high = MAX_NEW_TOKENS_RANGE  # what the Live tab's slider allows
@@ -146,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
         return _tune(args, settings)
     if args.play is not None:
         return _play(args)
+    if args.lesson is not None:
+        return _lesson(args)
     if args.url and len(settings) > 1:
         raise CliError("--threads with several settings starts the app for each; it cannot measure --url")
     if args.profile is not None and len(settings) > 1:

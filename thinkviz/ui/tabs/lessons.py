@@ -141,7 +141,6 @@ def from_link(tab: LessonsTab, tabs: gr.Tabs, request: gr.Request) -> dict:
     params = dict(request.query_params) if request is not None else {}
     name = params.get("lesson")
     if not name:
-        warm_up()  # the page opened elsewhere: have the lessons ready before the tab is picked
         return gr.skip()
     picked = {tab.pick: name} if name in list_lessons() else {}
     return {tabs: gr.Tabs(selected=TAB_ID), **picked, **show(tab, name, params.get("step", 1))}
@@ -150,6 +149,7 @@ def from_link(tab: LessonsTab, tabs: gr.Tabs, request: gr.Request) -> dict:
 def build(app: AppContext, tabs: gr.Tabs, tab: gr.Tab) -> None:
     """Lay out the Lessons tab (``tab``, inside ``tabs``) and wire it."""
     c = lessons_tab()
+    warm_up()  # read every lesson's recordings now, in the background: a link's first step draws at once
     hidden: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
     c.next.click(bind(forward, c), [c.pick, c.step], c.views(), **hidden)
     c.back.click(bind(backward, c), [c.pick, c.step], c.views(), **hidden)
