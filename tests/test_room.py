@@ -253,3 +253,22 @@ def test_a_finished_jobs_slowdown_prices_the_next_jobs_until_the_running_one_rep
     report_progress(1.0, 1.0)  # the load is gone: as priced
     CURRENT.reset(token)
     assert line.wait_seconds(line.join("d", 100, "replay")) == pytest.approx(1.0 + 1.0)
+
+
+def test_a_finished_job_teaches_the_line_its_speed_over_the_slowdown_of_its_whole_run():
+    """A run slowed 10× for 9 s by a burst of load, then as priced for its last second, teaches the line
+    its kind's speed over the mean slowdown it ran under (9.1), not over the last one (1)."""
+    clock = Clock()
+    line = Line(fallback=lambda: 0.01, clock=clock)
+    first = line.join("a", 100, "replay")
+    line.start(first)
+    token = CURRENT.set(first)
+    clock.now = 9.0
+    report_progress(1.0, 10.0)
+    clock.now = 10.0
+    report_progress(0.0, 1.0)
+    CURRENT.reset(token)
+    line.leave(first, finished=True)
+    second, third = line.join("b", 100, "replay"), line.join("c", 100, "replay")
+    line.start(second)
+    assert line.wait_seconds(third) == pytest.approx(10.0 / 100 / 9.1 * 100 * 1.0)  # at the last slowdown, 1

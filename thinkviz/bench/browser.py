@@ -366,6 +366,12 @@ class LessonTimes:
     back: tuple[float, ...]  # Back clicked → the step before shown, from the last to the first
 
 
+def _showing(page, want: str) -> None:
+    """Wait until the page's lesson step indicator reads ``want`` (``"3 / 6"``)."""
+    shown = f"document.getElementById('tv-lesson-step')?.textContent.trim() === {want!r}"
+    page.wait_for_function(shown, timeout=60_000)
+
+
 def measure_lesson(url: str, name: str, steps: int, links: int = 3) -> LessonTimes:
     """Time lesson ``name`` (``steps`` steps) at ``url``: opened ``links`` times by its link at its middle
     step (the first right after the app answers, as a class's slide link may be), then stepped to the
@@ -382,17 +388,12 @@ def measure_lesson(url: str, name: str, steps: int, links: int = 3) -> LessonTim
             for _ in range(links):
                 page = browser.new_page(viewport={"width": 1920, "height": 1080})
                 page.goto(f"{url}?lesson={name}&step={middle}")
-                want = f"{middle} / {steps}"
-                page.wait_for_function(
-                    f"document.getElementById('tv-lesson-step')?.textContent.trim() === {want!r}", timeout=60_000
-                )
+                _showing(page, f"{middle} / {steps}")
                 link.append(page.evaluate("performance.now()") / 1000)  # from the navigation's start
                 page.close()
             page = browser.new_page(viewport={"width": 1920, "height": 1080})
             page.goto(f"{url}?lesson={name}&step=1")
-            page.wait_for_function(
-                f"document.getElementById('tv-lesson-step')?.textContent.trim() === '1 / {steps}'", timeout=60_000
-            )
+            _showing(page, f"1 / {steps}")
             for step in range(2, steps + 1):
                 forward.append(page.evaluate(LESSON_STEP_JS, ["tv-lesson-next", f"{step} / {steps}"]) / 1000)
             for step in range(steps - 1, 0, -1):

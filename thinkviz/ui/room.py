@@ -75,8 +75,10 @@ class Ticket:
     started: float | None = None
     arrived: float = 0.0  # when its event reached the server (wall clock): the line's order
     left: float | None = None  # seconds its run said were left (report_progress), at ``reported``
-    slowdown: float | None = None  # its run's time so far over its priced time (None: no pace yet)
-    reported: float = 0.0
+    slowdown: float | None = None  # its run's recent time over its priced time (None: no pace yet)
+    reported: float | None = None  # when its run last reported
+    slowed: float = 0.0  # seconds run × the slowdown reported for them: their sum over ``paced`` is the
+    paced: float = 0.0  # mean slowdown of the whole run, which its time is divided by to teach the line
     clock: Callable[[], float] = time.monotonic  # its line's clock
 
 
@@ -115,7 +117,7 @@ class Line:
             now = self.clock()
             arrived = time.time() if arrived is None else arrived
             ticket = Ticket(client, max(1, int(size)), kind, cancel or threading.Event(), now, now, None, arrived)
-            ticket.clock = self.clock
+            ticket.clock = self.clock  # report_progress stamps the run's reports on the line's clock
             place = len(self._tickets)
             while place > 1 and self._tickets[place - 1].started is None and self._tickets[place - 1].arrived > arrived:
                 place -= 1  # (never ahead of the first: it has its turn)
@@ -170,7 +172,8 @@ class Line:
             if ticket.slowdown is not None:
                 self._slowdown = ticket.slowdown
             if finished and ticket.started is not None:
-                rate = (self.clock() - ticket.started) / ticket.size / (ticket.slowdown or 1.0)
+                slowdown = ticket.slowed / ticket.paced if ticket.paced > 0 else ticket.slowdown or 1.0
+                rate = (self.clock() - ticket.started) / ticket.size / slowdown
                 old = self._rates.get(ticket.kind)
                 self._rates[ticket.kind] = rate if old is None else old ** (1 - LEARN_WEIGHT) * rate**LEARN_WEIGHT
             self._remove(ticket)
@@ -304,10 +307,15 @@ def report_progress(left: float, slowdown: float | None) -> None:
     """The running job of this thread's event (:data:`CURRENT`) has ``left`` seconds to go, by its own
     estimate, and runs ``slowdown`` times slower than priced (``None``: it has no pace yet)."""
     ticket = CURRENT.get()
-    if ticket is not None:
-        ticket.left, ticket.reported = max(0.0, float(left)), ticket.clock()
-        if slowdown is not None:
-            ticket.slowdown = float(slowdown)
+    if ticket is None:
+        return
+    now = ticket.clock()
+    if slowdown is not None:  # the time since the last report ran at this slowdown
+        since = ticket.reported if ticket.reported is not None else ticket.started
+        span = max(0.0, now - since) if since is not None else 0.0
+        ticket.slowdown = float(slowdown)
+        ticket.slowed, ticket.paced = ticket.slowed + span * slowdown, ticket.paced + span
+    ticket.left, ticket.reported = max(0.0, float(left)), now
 
 
 def run_size(request: Any, count_tokens: Callable[[str], int] | None = None) -> tuple[int, str]:
