@@ -130,3 +130,5 @@ def test_bench_browser_lesson_times_a_link_and_every_step(url):
     for label in ("Next", "Back"):
         assert re.search(rf"{label} -> step shown:  median [\d.]+ s, max [\d.]+ s over {steps - 1} steps", done.stdout)
     assert re.search(r"link \?lesson=\.\.\.&step=\d+ -> step shown: [\d.]+, [\d.]+, [\d.]+ s", done.stdout)
+    baseline = r"without a lesson -> busy until: [\d.]+, [\d.]+, [\d.]+ s .*; the link's step [+-][\d.]+ s"
+    assert re.search(baseline, done.stdout)

@@ -362,8 +362,32 @@ class LessonTimes:
     """Seconds for each way a lesson's step is reached."""
 
     link: tuple[float, ...]  # navigation to ``?lesson=NAME&step=N`` → that step shown (the page load included)
+    page: tuple[float, ...]  # the baseline: navigation to the app's page without a lesson → its last long task's end
     next: tuple[float, ...]  # Next clicked → the next step shown, for every step after the first
     back: tuple[float, ...]  # Back clicked → the step before shown, from the last to the first
+
+
+# Keeps, in ``window.tvBusyUntil``, the end of the page's latest long task (ms from the navigation's start).
+BUSY_JS = """window.tvBusyUntil = 0;
+new PerformanceObserver((list) => {
+  for (const task of list.getEntries()) {
+    window.tvBusyUntil = Math.max(window.tvBusyUntil, task.startTime + task.duration);
+  }
+}).observe({type: 'longtask', buffered: true});"""
+# The page has sent its events to the app and its main thread has had no long task for 1.5 s.
+SETTLED_JS = """() => performance.getEntriesByType('resource').some((entry) => entry.name.includes('/queue/join'))
+  && performance.now() - window.tvBusyUntil > 1500"""
+
+
+def _page_settled(browser, url: str) -> float:
+    """Seconds from navigating to ``url`` to the end of the page's last long task, once it has settled."""
+    page = browser.new_page(viewport={"width": 1920, "height": 1080})
+    page.add_init_script(BUSY_JS)
+    page.goto(url)
+    page.wait_for_function(SETTLED_JS, timeout=60_000, polling=100)
+    busy = page.evaluate("window.tvBusyUntil") / 1000
+    page.close()
+    return busy
 
 
 def _showing(page, want: str) -> None:
@@ -381,7 +405,7 @@ def measure_lesson(url: str, name: str, steps: int, links: int = 3) -> LessonTim
 
     if not Path(CHROMIUM).exists():
         raise BenchError(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    middle, link, forward, backward = (steps + 1) // 2, [], [], []
+    middle, link, plain, forward, backward = (steps + 1) // 2, [], [], [], []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -391,6 +415,7 @@ def measure_lesson(url: str, name: str, steps: int, links: int = 3) -> LessonTim
                 _showing(page, f"{middle} / {steps}")
                 link.append(page.evaluate("performance.now()") / 1000)  # from the navigation's start
                 page.close()
+                plain.append(_page_settled(browser, url))
             page = browser.new_page(viewport={"width": 1920, "height": 1080})
             page.goto(f"{url}?lesson={name}&step=1")
             _showing(page, f"1 / {steps}")
@@ -402,4 +427,4 @@ def measure_lesson(url: str, name: str, steps: int, links: int = 3) -> LessonTim
             raise BenchError(f"lesson {name!r}: {str(exc).splitlines()[0]}") from None
         finally:
             browser.close()
-    return LessonTimes(tuple(link), tuple(forward), tuple(backward))
+    return LessonTimes(tuple(link), tuple(plain), tuple(forward), tuple(backward))

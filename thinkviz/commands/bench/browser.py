@@ -166,6 +166,11 @@ def _lesson(args: argparse.Namespace) -> int:
         f"link ?lesson=...&step={middle} -> step shown: {', '.join(f'{t:.2f}' for t in times.link)} s "
         "(page load included; the first right after the app answered)"
     )
+    beyond = statistics.median(times.link) - statistics.median(times.page)
+    print(
+        f"baseline, the app's page without a lesson -> busy until: {', '.join(f'{t:.2f}' for t in times.page)} s "
+        f"(its last long task's end); the link's step {beyond:+.2f} s beyond it (medians)"
+    )
     for label, seconds in (("Next", times.next), ("Back", times.back)):
         print(
             f"{label} -> step shown:  median {statistics.median(seconds):.2f} s, max {max(seconds):.2f} s "
