@@ -8,6 +8,7 @@ formats) and plays through the Live frames to the view Explore shows for the rec
 
 from __future__ import annotations
 
+import itertools
 import math
 import shutil
 import threading
@@ -27,6 +28,13 @@ from thinkviz.ui.throttle import FramePacer
 from thinkviz.viz.tokens import render_tokens
 
 COMMITTED = sorted(path.stem for path in RECORDINGS_DIR.glob("*.zip"))
+FRAMES = 8  # frames drawn along a play-through, besides the first and the last
+
+
+def sampled(steps: int) -> FramePacer:
+    """A pacer due about ``FRAMES`` times over ``steps`` steps (its clock ticks once a call): the play-through
+    draws frames from the whole run, without drawing all of them (every frame: ~100 s over the recordings)."""
+    return FramePacer(max(1, steps // FRAMES), clock=itertools.count().__next__)
 
 
 def test_every_committed_recording_belongs_to_a_shipped_preset():
@@ -41,7 +49,9 @@ def test_a_committed_recording_matches_its_preset_and_plays_to_the_view_explore_
     live = recording.records[recording.live]
     assert live.meta["policy"] == request.live.policy.name
     assert len(recording.labels) == len(request.columns)
-    frames = list(playback_frames(recording, math.inf, threading.Event(), TokenChannel("t"), None, FramePacer(0.0)))
+    pacer = sampled(len(live.events))
+    frames = list(playback_frames(recording, math.inf, threading.Event(), TokenChannel("t"), None, pacer))
+    assert len(frames) >= min(FRAMES, len(live.events)) // 2  # frames along the way, not only the first and last
     final = frames[-1]
     assert final.done and "no model needed" in final.status
     shown = explore_views.explore_view(
@@ -49,7 +59,7 @@ def test_a_committed_recording_matches_its_preset_and_plays_to_the_view_explore_
     )
     assert render_tokens(final.view, "combined") == shown.tokens_html
     channels = [TokenChannel(f"c{i}") for i in range(6)]
-    compared = list(compare_playback(recording, math.inf, threading.Event(), channels, FramePacer(0.0)))[-1]
+    compared = list(compare_playback(recording, math.inf, threading.Event(), channels, sampled(len(live.events))))[-1]
     assert compared.done and list(compared.records) == recording.labels
 
 
