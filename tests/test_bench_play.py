@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from thinkviz.demos import recordings
+from thinkviz.bench.browser import busy_until
 from thinkviz.cli import main
 
 
@@ -26,3 +27,16 @@ def test_lesson_needs_a_lesson_that_exists(capsys):
     assert main(["bench", "browser", "--lesson", "nosuch"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "--lesson: unknown lesson 'nosuch'" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "tasks, end",
+    [
+        ([], 0.0),
+        ([[100, 400], [500, 900]], 900.0),  # one stretch of loading
+        ([[500, 900], [100, 400], [3000, 3100]], 900.0),  # a timer's task after a quiet 2.1 s is not loading
+        ([[100, 400], [300, 1200], [2600, 2700]], 2700.0),  # overlapping tasks, then a gap of only 1.4 s
+    ],
+)
+def test_a_pages_loading_ends_at_its_first_quiet_gap(tasks, end):
+    assert busy_until(tasks) == end

@@ -273,3 +273,16 @@ def test_a_step_draws_from_a_recording_of_the_lessons_own(tmp_path, capsys):
     elsewhere = _lesson(tmp_path, '- recording: ../x.zip\n  narration: "A path."', name="path")
     with pytest.raises(lessons.LessonError, match="a file name beside it, not a path"):
         lessons.load_lesson(elsewhere)
+
+
+def test_opening_the_tab_draws_its_step_only_when_none_is_shown():
+    import gradio as gr
+
+    from thinkviz.ui.tabs import lessons as lessons_tab
+
+    with gr.Blocks():
+        tab = lessons_tab.lessons_tab()
+    name = lessons.list_lessons()[0]
+    assert isinstance(lessons_tab.entered(tab, name, 1, '<span role="status">3 / 8</span>'), type(gr.skip()))
+    drawn = lessons_tab.entered(tab, name, 2, "")
+    assert drawn[tab.step] == 2 and "2 / " in drawn[tab.indicator]

@@ -136,6 +136,12 @@ def opened(tab: LessonsTab, name: str | None) -> dict:
     return show(tab, name, 1)
 
 
+def entered(tab: LessonsTab, name: str | None, step: Any, shown: str | None) -> dict:
+    """The tab opened: its step, unless one is already shown (a link's, or one stepped to before: drawing
+    it again would race a Next pressed meanwhile and take the page back a step)."""
+    return gr.skip() if shown else show(tab, name, step)
+
+
 def from_link(tab: LessonsTab, tabs: gr.Tabs, request: gr.Request) -> dict:
     """A page opened with ``?lesson=NAME[&step=N]``: the Lessons tab, at that step."""
     params = dict(request.query_params) if request is not None else {}
@@ -154,7 +160,7 @@ def build(app: AppContext, tabs: gr.Tabs, tab: gr.Tab) -> None:
     c.next.click(bind(forward, c), [c.pick, c.step], c.views(), **hidden)
     c.back.click(bind(backward, c), [c.pick, c.step], c.views(), **hidden)
     c.pick.input(bind(opened, c), [c.pick], c.views(), **hidden)
-    tab.select(bind(show, c), [c.pick, c.step], c.views(), **hidden)
+    tab.select(bind(entered, c), [c.pick, c.step, c.indicator], c.views(), **hidden)
     app.demo.load(bind_request(from_link, c, tabs), None, [tabs, c.pick, *c.views()], **hidden)
     app.demo.load(None, None, None, js=KEYS_JS)
     c.tokens.change(None, None, None, js=SCROLL_JS, api_visibility="private")
