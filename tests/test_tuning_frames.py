@@ -3,8 +3,10 @@ N trace tokens, the estimate in the status line, and a recording played through 
 
 from __future__ import annotations
 
+import json
 import math
 import threading
+from functools import partial
 
 import pytest
 
@@ -12,9 +14,11 @@ from thinkviz.measure.comparison import Column, column_labels
 from thinkviz.core.engine import DecodeSettings
 from thinkviz.measure.estimate import Speed
 from thinkviz.policies import make_policy
+from thinkviz.demos.playback import Playback
 from thinkviz.demos.recordings import load, save
 from thinkviz.ui import explore_views
 from thinkviz.ui import live_run as live_tab
+from thinkviz.ui.compare_run import charts as compare_charts
 from thinkviz.ui.compare_run import compare_frames
 from thinkviz.ui.compare_run import playback_frames as compare_playback
 from thinkviz.demos.record import PresetRequest, record
@@ -22,6 +26,8 @@ from thinkviz.measure.requests import decode_settings
 from thinkviz.ui.live_run import live_frames, playback_frames
 from thinkviz.measure.requests import RunInput, RunInputError
 from thinkviz.ui.stream import TokenChannel
+from thinkviz.ui import shared_charts
+from thinkviz.ui.shared_charts import SharedBuilds, chart_position
 from thinkviz.ui.throttle import FramePacer
 from thinkviz.viz.tokens import render_tokens
 from tiny_models import tiny_model
@@ -165,3 +171,42 @@ def test_stopping_a_playback_ends_it_with_a_final_frame(recording):
 
 def test_live_tab_module_speaks_of_phases_it_knows():
     assert set(live_tab.PHASE_VERBS) == {"replay", "generate", "fidelity"}
+
+
+def _plotted(figure) -> dict | None:
+    """What a figure draws (a copy's JSON may order its keys differently)."""
+    return None if figure is None else json.loads(figure.to_json())
+
+
+def test_playbacks_of_one_recording_share_their_charts_each_with_its_own_copy(recording, monkeypatch):
+    """Thirty students playing one preset build each chart once (at fixed places along the recording), and a
+    chart shown at a place is the one of the run as it stood there."""
+    shared = SharedBuilds()
+    monkeypatch.setattr(shared_charts, "PLAYBACK_CHARTS", shared)
+    runs = [
+        list(
+            playback_frames(recording, math.inf, threading.Event(), TokenChannel(f"t{i}"), None, *[FramePacer(0.0)] * 2)
+        )
+        for i in range(3)
+    ]
+    steps = len(recording.timelines["live"])
+    places = {chart_position(steps, position) for position in range(steps)}
+    assert shared.builds == len(places)  # once each, not once per playback
+    finals = [frames[-1].figure for frames in runs]
+    assert finals[0] is not finals[1] and finals[0].to_json() == finals[1].to_json()
+    playback, draw = Playback(recording, "live", math.inf), partial(live_tab.charts, projection=None, device_stats={})
+    for position, _ in enumerate(playback):
+        if position in places:
+            shown = shared_charts.playback_charts(
+                playback, False, partial(draw, show_device=False), "live", None, False
+            )
+            alone = draw(playback, show_device=False)
+            assert [_plotted(f) for f in shown] == [_plotted(f) for f in alone]
+    compared = list(
+        compare_playback(
+            recording, math.inf, threading.Event(), [TokenChannel("c0"), TokenChannel("c1")], FramePacer(0.0)
+        )
+    )
+    assert shared.builds == len(places) + 1  # and Compare's, at its end (its own pacer)
+    end = Playback(recording, "compare", math.inf).at(len(recording.timelines["compare"]) - 1)
+    assert _plotted(compared[-1].figure) == _plotted(compare_charts(end)[0])

@@ -111,15 +111,26 @@ class Playback:
                 wait = start + step.seconds / self.speed - self.clock()
                 if wait > 0:
                     self.sleep(wait)
-            self.phase, self.done, self.total = step.phase, step.done, step.total
-            for run, index in zip(self.runs, self._shown):
-                run.show(step.events[index])
-            if self.reference is not None:
-                self.reference.show(step.events[self.recording.reference])
-            self.fidelity = {
-                column: self.recording.fidelity[key].first(step.fidelity[key])
-                for column, key in self._keys.items()
-                if key in step.fidelity
-            }
-            self.position = position
+            self.show(position)
             yield self
+
+    def show(self, position: int) -> None:
+        """Hold what the run held after the timeline's step ``position`` (0-based)."""
+        step = self.steps[position]
+        self.phase, self.done, self.total = step.phase, step.done, step.total
+        for run, index in zip(self.runs, self._shown):
+            run.show(step.events[index])
+        if self.reference is not None:
+            self.reference.show(step.events[self.recording.reference])
+        self.fidelity = {
+            column: self.recording.fidelity[key].first(step.fidelity[key])
+            for column, key in self._keys.items()
+            if key in step.fidelity
+        }
+        self.position = position
+
+    def at(self, position: int) -> Playback:
+        """A still of this playback's recording and view, holding what the run held after step ``position``."""
+        still = Playback(self.recording, self.view, math.inf)
+        still.show(position)
+        return still

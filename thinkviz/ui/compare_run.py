@@ -42,6 +42,7 @@ from ..viz.legend import view_legend
 from ..viz.tables import peak_kv_bytes, stats_html
 from ..viz.tokens import TokenData, token_view
 from ..measure.requests import RunInput, RunInputError, prepare
+from .shared_charts import playback_charts
 from .stream import TokenChannel
 from .throttle import FramePacer, chart_pacer
 from .timing import RunTimer, with_time
@@ -274,19 +275,12 @@ def _frames(
         fidelity = [driver.fidelity.get(i) for i in range(len(runs))]
         legend, headers = column_views(channels[0].mode, driver.labels, [r.record for r in runs], views, fidelity)
         records = {label: run.record for label, run in zip(driver.labels, runs)}
-        due = figure_pacer.due() or done
-        figure = compare_memory_figure(records) if due else None
-        curves = {
-            label: f
-            for label, f, column in zip(driver.labels, fidelity, range(len(runs)))
-            if f is not None and column in _evicting(driver)
-        }
-        basis = (driver.reference or runs[0]).record
-        per_token = (
-            fidelity_figure(curves, basis.segments, texts=basis.texts, styles=series_styles(driver.labels))
-            if due and any(len(c.positions) for c in curves.values())
-            else None
-        )
+        figure = per_token = None
+        if figure_pacer.due() or done:
+            if isinstance(driver, Playback):
+                figure, per_token = playback_charts(driver, done, charts, "compare")
+            else:
+                figure, per_token = charts(driver)
         bus = [m for channel in channels for m in channel.recent()]
         return CompareFrame(
             _status(driver, timer, done),
@@ -310,6 +304,21 @@ def _frames(
             yield frame()
     timer.finish()
     yield frame(done=True)
+
+
+def charts(driver: Comparison | Playback) -> tuple[Any, Any | None]:
+    """The columns' memory figure and their per-token fidelity figure (``None`` before any is measured)."""
+    runs = driver.runs
+    figure = compare_memory_figure({label: run.record for label, run in zip(driver.labels, runs)})
+    curves = {
+        label: f
+        for label, f, column in zip(driver.labels, (driver.fidelity.get(i) for i in range(len(runs))), range(len(runs)))
+        if f is not None and column in _evicting(driver)
+    }
+    if not any(len(c.positions) for c in curves.values()):
+        return figure, None
+    basis = (driver.reference or runs[0]).record
+    return figure, fidelity_figure(curves, basis.segments, texts=basis.texts, styles=series_styles(driver.labels))
 
 
 def _evicting(driver: Comparison | Playback) -> set[int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from collections.abc import Callable, Iterator
 
@@ -42,6 +43,7 @@ from ..viz.legend import view_legend
 from ..viz.tables import stats_html
 from ..viz.tokens import TokenData, token_view
 from ..measure.requests import RunInput, RunInputError, prepare
+from .shared_charts import playback_charts
 from .stream import TokenChannel
 from .throttle import FramePacer, chart_pacer
 from .timing import RunTimer, with_time
@@ -212,6 +214,17 @@ def playback_frames(
     )
 
 
+def charts(
+    driver: Comparison | Playback, projection: Projection | None, device_stats: dict[int, dict], show_device: bool
+) -> tuple[Any, Any | None]:
+    """The memory figure and the per-token fidelity figure (``None`` before any is measured) of ``driver``'s run."""
+    record, fidelity = driver.runs[0].record, driver.fidelity.get(0)
+    curve = None
+    if fidelity is not None and len(fidelity.positions):
+        curve = fidelity_figure({driver.labels[0]: fidelity}, record.segments, texts=record.texts)
+    return memory_figure(record, projection=projection, device_stats=device_stats, show_device=show_device), curve
+
+
 def _frames(
     driver,
     timer,
@@ -234,19 +247,19 @@ def _frames(
         if record.events and device is not None:
             device_stats[record.events[-1].step] = device_memory(device)
         view = token_view(record)
-        fidelity = driver.fidelity.get(0)
-        due = figure_pacer.due() or done
-        curve = None
-        if due and fidelity is not None and len(fidelity.positions):
-            curve = fidelity_figure({driver.labels[0]: fidelity}, record.segments, texts=record.texts)
+        figure = curve = None
+        if figure_pacer.due() or done:
+            if isinstance(driver, Playback):
+                draw = partial(charts, projection=projection, device_stats={}, show_device=show_device)
+                figure, curve = playback_charts(driver, done, draw, "live", projection, show_device)
+            else:
+                figure, curve = charts(driver, projection, device_stats, show_device)
         return LiveFrame(
             status=status_line(driver, timer, done),
             message=channel.message(view, reset=done or not record.events),
             bus=channel.recent(),
-            figure=memory_figure(record, projection=projection, device_stats=device_stats, show_device=show_device)
-            if due
-            else None,
-            stats=stats_html(record, fidelity),
+            figure=figure,
+            stats=stats_html(record, driver.fidelity.get(0)),
             legend=view_legend(channel.mode, policy, view),
             record=record,
             view=view,
