@@ -41,9 +41,11 @@ POLL_SECONDS = 1.0  # a waiting job's status line is refreshed at least this oft
 # Seconds a thread may hold the interpreter while another waits for it (Python's default: 0.005).  A
 # forward pass hands the interpreter back at each of its ~3,700 torch calls and waits that long to get it
 # again whenever another thread runs Python (a playback building its figures): measured on the embedded
-# model, a 23 ms decode step took 18.6 s beside one busy thread at 5 ms, 2.6 s at 1 ms, 0.71 s at 0.2 ms;
-# four busy threads lost 9 % of their own work at 0.2 ms.
-SWITCH_INTERVAL = 0.0002
+# model, a 23 ms decode step took 18.6 s beside one busy thread at 5 ms, 2.6 s at 1 ms, 0.71 s at 0.2 ms.
+# But a room's thirty playbacks at 0.2 ms thrash (~100,000 context switches a second, a third of the CPU
+# in the kernel): under ``bench load --clients 30 --mixed`` the slowest playback took 107.9 s at 0.2 ms,
+# 37.1 s at 1 ms, 37.5 s at 5 ms, and the live runs waited 121.6/132.9 s, 46.0/56.3 s, 47.4/58.2 s.
+SWITCH_INTERVAL = 0.001
 STALE_SECONDS = 30.0  # a waiting job nobody has polled for this long has lost its client: it leaves
 LEARN_WEIGHT = 0.5  # how far one finished job moves the seconds-per-unit of its kind
 TEACHER = "teacher"
