@@ -159,9 +159,9 @@ def test_the_teachers_preset_push_opens_it_in_another_session(room_app):
     said = teacher.predict(PRESET, api_name="/push_preset")
     assert "Pushed to everyone" in str(said)
     preset, line = student.predict(api_name="/room_news")
-    assert preset == PRESET and "your teacher opened" in line
+    assert preset == PRESET and "Your teacher opened" in line and "you are a student" in line
     again, line = student.predict(api_name="/room_news")
-    assert "your teacher opened" not in str(line)  # each push opens once per session
+    assert "Your teacher opened" not in str(line)  # each push opens once per session
 
 
 @pytest.mark.integration  # the browser tier's marker set: Chromium drives the page (no embedded model here)
@@ -184,7 +184,7 @@ def test_in_chromium_a_student_logs_in_and_the_teachers_push_opens_the_preset(ro
         # this push by its title, in the room line and in the Live tab's preset picker
         title = json.dumps(load_preset("generate_muffins").title)
         page.wait_for_function(
-            f"document.querySelector('#tv-room-line').textContent.includes('your teacher opened ' + {title})",
+            f"document.querySelector('#tv-room-line').textContent.includes('Your teacher opened ' + {title})",
             timeout=TIMEOUT * 1000,
         )
         page.wait_for_function(f"document.querySelector('#tv-live-preset input').value === {title}")

@@ -74,15 +74,17 @@ def set_room_cap(panel: RoomPanel, room: Room, cap: float | None) -> Updates:
 
 
 def room_news(panel: RoomPanel, room: Room, target: gr.Dropdown, s: Session) -> Updates:
-    """The preset the teacher pushed since this session last asked: opened in the Live tab."""
+    """The preset the teacher pushed since this session last asked: opened in the Live tab, and said in the
+    room line after what the visitor is (a student's cap stays on screen)."""
     pushed = room.news(s.room_seen)
     if pushed is None:
         return {target: gr.skip()}  # (an empty dict reads as one output value to Gradio)
     s.room_seen = pushed.number
-    return {
-        target: pushed.preset,
-        panel.line: f"**Room:** your teacher opened *{plain_markdown(pushed.title)}* for everyone, in the Live tab.",
-    }
+    teacher = room.is_teacher(asker()[0])
+    opened = "You opened" if teacher else "Your teacher opened"  # after what the visitor is and may do
+    title = plain_markdown(pushed.title)
+    line = f"{room_line(room, student=not teacher)} {opened} *{title}* for everyone, in the Live tab."
+    return {target: pushed.preset, panel.line: line}
 
 
 def wire(demo: gr.Blocks, panel: RoomPanel, room: Room, session: gr.State, presets: list[tuple[str, str]]) -> None:
