@@ -367,16 +367,16 @@ class LessonTimes:
     back: tuple[float, ...]  # Back clicked → the step before shown, from the last to the first
 
 
-# Keeps, in ``window.tvBusyUntil``, the end of the page's latest long task (ms from the navigation's start).
+# Collects in ``window.tvLongTasks`` each long task's ``[start, end]`` (ms from the navigation's start).
 BUSY_JS = """window.tvLongTasks = [];
 new PerformanceObserver((list) => {
   for (const task of list.getEntries()) window.tvLongTasks.push([task.startTime, task.startTime + task.duration]);
 }).observe({type: 'longtask', buffered: true});"""
 QUIET_MS = 1500  # a page whose main thread has had no long task this long has finished loading
-SETTLE_S = 30  # ... or the page is taken as it is this long after the navigation (a busy machine, a timer)
-# The page has sent its events to the app, and then ``QUIET_MS`` passed without a long task.
-SETTLED_JS = f"""() => performance.getEntriesByType('resource').some((entry) => entry.name.includes('/queue/join'))
-  && performance.now() - Math.max(0, ...window.tvLongTasks.map((task) => task.at(1))) > {QUIET_MS}"""
+SETTLE_S = 30  # ... or the page is taken as it is this long after the navigation (a busy machine)
+# The page's long tasks so far, its clock (ms), and whether it has sent its first event to the app.
+LOADING_JS = """() => [window.tvLongTasks, performance.now(),
+  performance.getEntriesByType('resource').some((entry) => entry.name.includes('/queue/join'))]"""
 
 
 def busy_until(tasks: Sequence[Sequence[float]]) -> float:
@@ -391,19 +391,20 @@ def busy_until(tasks: Sequence[Sequence[float]]) -> float:
 
 
 def _page_settled(browser, url: str) -> float:
-    """Seconds from navigating to ``url`` to the end of its loading's last long task (see :func:`busy_until`)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
+    """Seconds from navigating to ``url`` to the end of its loading's last long task (see :func:`busy_until`),
+    once the page has sent its events and then had a quiet gap (a timer's later tasks do not hold it)."""
     page = browser.new_page(viewport={"width": 1920, "height": 1080})
     page.add_init_script(BUSY_JS)
     page.goto(url)
-    try:
-        page.wait_for_function(SETTLED_JS, timeout=SETTLE_S * 1000, polling=100)
-    except PlaywrightTimeout:
-        pass  # never quiet for long: the first quiet gap, if any, still ends its loading
-    tasks = page.evaluate("window.tvLongTasks")
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        tasks, now, sent = page.evaluate(LOADING_JS)
+        loaded = busy_until(tasks)
+        if (sent and now - loaded >= QUIET_MS) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     page.close()
-    return busy_until(tasks) / 1000
+    return loaded / 1000
 
 
 def _showing(page, want: str) -> None:
