@@ -13,6 +13,7 @@ import pytest
 import app
 from thinkviz.bench.room_load import shown_wait
 from thinkviz.demos import record
+from thinkviz.demos.shared import SharedBuilds
 from thinkviz.ui import throttle
 from thinkviz.ui.room import CURRENT, STALE_SECONDS, Line, Refused, Room, ordinal, report_progress, run_size
 
@@ -199,7 +200,7 @@ def test_a_recording_is_decoded_once_however_many_ask_at_once(monkeypatch):
         return real_load(path)
 
     monkeypatch.setattr(record, "load", slow_load)
-    monkeypatch.setattr(record, "_CACHE", {})
+    monkeypatch.setattr(record, "_RECORDINGS", SharedBuilds(record.CACHED_RECORDINGS))
     threads = [threading.Thread(target=record.load_preset_recording, args=("generate_muffins",)) for _ in range(8)]
     for thread in threads:
         thread.start()

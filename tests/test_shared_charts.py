@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from thinkviz.ui.shared_charts import CHART_POINTS, SharedBuilds, chart_position
+from thinkviz.demos.shared import SharedBuilds
+from thinkviz.ui.shared_charts import CHART_POINTS, chart_position
 
 
 @pytest.mark.parametrize("steps", [1, 2, 7, CHART_POINTS, CHART_POINTS + 1, 238, 5000])
@@ -21,7 +22,7 @@ def test_a_playback_draws_its_charts_at_a_few_fixed_places_the_last_step_one_of_
 
 
 def test_callers_asking_at_once_share_one_build():
-    shared: SharedBuilds[list[int]] = SharedBuilds()
+    shared: SharedBuilds[list[int]] = SharedBuilds(kept=4)
     gate, values = threading.Event(), []
 
     def build() -> list[int]:

@@ -27,7 +27,8 @@ from thinkviz.ui.live_run import live_frames, playback_frames
 from thinkviz.measure.requests import RunInput, RunInputError
 from thinkviz.ui.stream import TokenChannel
 from thinkviz.ui import shared_charts
-from thinkviz.ui.shared_charts import SharedBuilds, chart_position
+from thinkviz.demos.shared import SharedBuilds
+from thinkviz.ui.shared_charts import chart_position
 from thinkviz.ui.throttle import FramePacer
 from thinkviz.viz.tokens import render_tokens
 from tiny_models import tiny_model
@@ -181,7 +182,7 @@ def _plotted(figure) -> dict | None:
 def test_playbacks_of_one_recording_share_their_charts_each_with_its_own_copy(recording, monkeypatch):
     """Thirty students playing one preset build each chart once (at fixed places along the recording), and a
     chart shown at a place is the one of the run as it stood there."""
-    shared = SharedBuilds()
+    shared = SharedBuilds(kept=64)
     monkeypatch.setattr(shared_charts, "PLAYBACK_CHARTS", shared)
     runs = [
         list(
@@ -197,9 +198,7 @@ def test_playbacks_of_one_recording_share_their_charts_each_with_its_own_copy(re
     playback, draw = Playback(recording, "live", math.inf), partial(live_tab.charts, projection=None, device_stats={})
     for position, _ in enumerate(playback):
         if position in places:
-            shown = shared_charts.playback_charts(
-                playback, False, partial(draw, show_device=False), "live", None, False
-            )
+            shown = shared_charts.playback_charts(playback, False, partial(draw, show_device=False), None, False)
             alone = draw(playback, show_device=False)
             assert [_plotted(f) for f in shown] == [_plotted(f) for f in alone]
     compared = list(

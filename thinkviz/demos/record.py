@@ -12,7 +12,6 @@ full-cache reference, then Compare's columns) on the real model and keeps what e
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,13 +39,12 @@ from .recordings import (
     recording_path,
 )
 from ..measure.requests import RunInput, RunInputError, decode_settings, prepare, run_input
+from .shared import SharedBuilds
 from .presets import Preset, PresetError, list_presets, load_preset
 
 RECORDING_MODEL = (EMBEDDED, "4bit")  # what every committed recording is made with (the app's default)
 CACHED_RECORDINGS = 4  # recordings kept decoded in memory (a few MB each)
-_CACHE: dict[tuple, Recording] = {}
-_CACHE_LOCK = threading.Lock()
-_DECODING: dict[tuple, threading.Lock] = {}  # a lock per recording being decoded
+_RECORDINGS: SharedBuilds[Recording] = SharedBuilds(CACHED_RECORDINGS)  # by (name, mtime, size)
 Progress = Callable[[str, int, int], None]  # (phase, tokens done, tokens in the phase)
 
 
@@ -126,21 +124,7 @@ def load_preset_recording(name: str) -> Recording:
     if not path.is_file():
         raise RecordingError(f"preset {name!r} has no recording yet (python -m thinkviz presets record {name})")
     stat = path.stat()
-    key = (name, stat.st_mtime_ns, stat.st_size)
-    with _CACHE_LOCK:
-        recording = _CACHE.get(key)
-        decoding = _DECODING.setdefault(key, threading.Lock()) if recording is None else None
-    if decoding is not None:
-        with decoding:  # the first asker decodes; the others wait for it, then find it cached
-            with _CACHE_LOCK:
-                recording = _CACHE.get(key)
-            if recording is None:
-                recording = load(path)
-                with _CACHE_LOCK:
-                    if len(_CACHE) >= CACHED_RECORDINGS:
-                        _CACHE.pop(next(iter(_CACHE)))  # the oldest
-                    _CACHE[key] = recording
-                    _DECODING.pop(key, None)
+    recording = _RECORDINGS.get((name, stat.st_mtime_ns, stat.st_size), lambda: load(path))
     check(recording, preset_signature(name))
     return recording
 

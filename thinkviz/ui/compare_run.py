@@ -278,7 +278,7 @@ def _frames(
         figure = per_token = None
         if figure_pacer.due() or done:
             if isinstance(driver, Playback):
-                figure, per_token = playback_charts(driver, done, charts, "compare")
+                figure, per_token = playback_charts(driver, done, charts)
             else:
                 figure, per_token = charts(driver)
         bus = [m for channel in channels for m in channel.recent()]

@@ -251,7 +251,7 @@ def _frames(
         if figure_pacer.due() or done:
             if isinstance(driver, Playback):
                 draw = partial(charts, projection=projection, device_stats={}, show_device=show_device)
-                figure, curve = playback_charts(driver, done, draw, "live", projection, show_device)
+                figure, curve = playback_charts(driver, done, draw, projection, show_device)
             else:
                 figure, curve = charts(driver, projection, device_stats, show_device)
         return LiveFrame(

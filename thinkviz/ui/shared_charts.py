@@ -7,26 +7,23 @@ server's Python time, and a live run in the model's line waited for the interpre
 
 So a playback's charts are drawn at fixed places along its recording (:func:`chart_position`: at most
 ``CHART_POINTS`` of them, the last step one of its own), the same places for every client, and
-:class:`SharedBuilds` builds each once: the first client to reach it builds it, the others arriving
-meanwhile wait for that build, and later ones find it kept.
+:class:`~thinkviz.demos.shared.SharedBuilds` builds each once: the first client to reach it builds
+it, the others arriving meanwhile wait for that build, and later ones find it kept.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import plotly.graph_objects as go
 
 from ..demos.playback import Playback
+from ..demos.shared import SharedBuilds
 
 CHART_POINTS = 40  # places along a recording where a playback's charts are drawn
-KEPT = 64  # builds kept (a place's two charts are ~100 kB)
-
-T = TypeVar("T")
+KEPT = 64  # places whose charts are kept (a place's two charts are ~100 kB)
 
 
 def chart_position(steps: int, position: int) -> int:
@@ -38,44 +35,7 @@ def chart_position(steps: int, position: int) -> int:
     return position - position % stride
 
 
-class SharedBuilds(Generic[T]):
-    """Values built once per key, the ``kept`` most recently used kept; thread-safe.  Callers asking for a
-    key being built wait for that build instead of building it again."""
-
-    def __init__(self, kept: int = KEPT) -> None:
-        self.kept = kept
-        self.builds = 0  # how many values were built (for tests and benchmarks)
-        self._values: OrderedDict[Hashable, T] = OrderedDict()
-        self._building: dict[Hashable, threading.Lock] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable, build: Callable[[], T]) -> T:
-        """The value for ``key``, from ``build()`` if no caller has built it."""
-        with self._lock:
-            if key in self._values:
-                self._values.move_to_end(key)
-                return self._values[key]
-            building = self._building.setdefault(key, threading.Lock())
-        with building:  # the first caller builds; the others wait here, then find it kept
-            with self._lock:
-                if key in self._values:
-                    return self._values[key]
-            try:
-                value = build()
-            except BaseException:
-                with self._lock:
-                    self._building.pop(key, None)
-                raise
-            with self._lock:
-                self.builds += 1
-                self._values[key] = value
-                self._building.pop(key, None)
-                while len(self._values) > self.kept:
-                    self._values.popitem(last=False)
-        return value
-
-
-PLAYBACK_CHARTS: SharedBuilds[tuple[Any, Sequence[go.Figure | None]]] = SharedBuilds()
+PLAYBACK_CHARTS: SharedBuilds[tuple[Any, Sequence[go.Figure | None]]] = SharedBuilds(KEPT)
 
 
 def playback_charts(
