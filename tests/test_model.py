@@ -4,9 +4,18 @@ import bitsandbytes as bnb
 import huggingface_hub.constants
 import pytest
 import torch
+import transformers
 
 from thinkviz.models import loading as tvmodel
-from thinkviz.models.loading import EMBEDDED, QUANTIZATIONS, ModelLoadError, cache_dir, load_model
+from thinkviz.models.loading import (
+    EMBEDDED,
+    QUANTIZATIONS,
+    ModelLoadError,
+    cache_dir,
+    embedded_tokenizer,
+    load_model,
+    load_tokenizer,
+)
 from tiny_models import tiny_model
 
 PROMPT = [{"role": "user", "content": "What is 2+2?"}]
@@ -108,6 +117,31 @@ def test_failed_conversion_leaves_no_cache(tmp_path, monkeypatch):
     assert "\n" not in str(caught.value)
     assert isinstance(caught.value.__cause__, RuntimeError)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow  # reads the GGUF's 49k-entry vocabulary three times, seconds each
+def test_the_embedded_tokenizer_is_read_from_the_gguf_once_then_from_its_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("THINKVIZ_TOKENIZER", raising=False)
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "cache"))
+    first = load_tokenizer(EMBEDDED)
+    folder = tmp_path / "cache" / "smollm2-135m-instruct-tokenizer"
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no staging folder left
+    stamp = (folder / "tokenizer.json").stat().st_mtime_ns
+    assert load_tokenizer(EMBEDDED).max_context == first.max_context == 8192
+    assert (folder / "tokenizer.json").stat().st_mtime_ns == stamp
+
+    # a cache that cannot be written: the tokenizer comes straight from the GGUF, and is the same
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "a file"))
+    embedded_tokenizer.cache_clear()
+    try:
+        from_gguf = embedded_tokenizer()
+    finally:
+        embedded_tokenizer.cache_clear()
+    read_back = transformers.AutoTokenizer.from_pretrained(folder)
+    text = from_gguf.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True) + "<think>\n2+2"
+    assert read_back(text)["input_ids"] == from_gguf(text)["input_ids"]
+    assert read_back.chat_template == from_gguf.chat_template and len(read_back) == len(from_gguf)
 
 
 def test_damaged_cache_says_how_to_recover(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from test_chat import smollm2_tokenizer
+from thinkviz.models.loading import embedded_tokenizer
 from thinkviz.text.chat import REASONING_SYSTEM_PROMPT, RoleSpan, anchor, build_chat, token_texts
 from thinkviz.text.segments import Segmenter, Span, signature_ranges
 
@@ -223,7 +223,7 @@ def test_straddling_tokens_go_where_their_visible_text_starts():
 
 
 def test_real_tokenizer_splits_tags_and_segments_them():
-    tok = smollm2_tokenizer()
+    tok = embedded_tokenizer()
     question = "Fix:\n```python\ndef area(r: float) -> float:\n    return 2*r\n```"
     prompt = build_chat(tok, REASONING_SYSTEM_PROMPT, question)
     generated = (

