@@ -170,6 +170,9 @@ def _with_template(template: str | None):
 def test_reasoning_rules_are_read_from_the_chat_template():
     assert reasoning_format(embedded_tokenizer()).rule == "prompted"
     assert reasoning_format(_with_template(R1_TEMPLATE)).rule == "r1"
+    tagged = _with_template(None)  # no template, but <think> is one token of its vocabulary
+    tagged.add_tokens(["<think>", "</think>"], special_tokens=True)
+    assert reasoning_format(tagged).rule == "think-tags"
     qwen3 = _with_template(QWEN3_TEMPLATE)
     assert reasoning_format(qwen3).template_kwargs == {"enable_thinking": True}
     on = build_chat(qwen3, None, "Hi")
