@@ -36,15 +36,16 @@ VARIANT_IDS = [name + "".join(f"-{v}" for v in knobs.values()) for name, knobs i
 
 
 def _run(loaded, name, budget, interval, kv_quant=KVQuant(), **flags):
-    """The policy's run, decoded as row 0 of a batch beside the full cache (as Compare and Live run it;
-    a quantized format runs alone, :mod:`thinkviz.core.together`)."""
+    """The policy's run, decoded as row 0 of a batch beside the full cache (as Compare and Live run it).
+    A quantized format would run alone beside it (:mod:`thinkviz.core.together`; test_batch checks
+    that), so it is decoded alone."""
     policy = make_policy(name, budget=budget, interval=interval, **_own_params(name), **flags)
     prompt = build_chat(loaded.tokenizer, SYSTEM, QUESTION)
     settings = DecodeSettings(max_new_tokens=48, stop_at_eos=False, prefill_chunk=32)
     run = Run(loaded, policy, prompt, settings, kv_quant=kv_quant)
-    beside = Run(loaded, make_policy("full"), prompt, settings)
-    events = [step[0] for step in generate_together([run, beside]) if step[0] is not None]
-    assert run.record.meta["batch"]["batched"] == (not kv_quant.spec.quantized)
+    runs = [run] if kv_quant.spec.quantized else [run, Run(loaded, make_policy("full"), prompt, settings)]
+    events = [step[0] for step in generate_together(runs) if step[0] is not None]
+    assert run.record.meta["batch"]["batched"] == (len(runs) == 2)
     return run, events
 
 
