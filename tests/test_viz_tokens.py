@@ -439,6 +439,7 @@ READ_VIEW = """(id) => {
 }"""
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("mode", ["combined", "evicted"])
 def test_patch_script_in_a_browser_matches_the_full_render(page, mode):
     state = None
@@ -455,6 +456,7 @@ def test_patch_script_in_a_browser_matches_the_full_render(page, mode):
         assert page.evaluate(READ_VIEW, "live") == page.evaluate(READ_VIEW, "full")
 
 
+@pytest.mark.browser
 def test_browser_shows_tags_as_text_and_runs_no_injected_code(page):
     texts = [
         "<think>",
