@@ -72,6 +72,7 @@ def _same_run(alone: Run, batched: Run) -> None:
     assert alone.record.summary["stopped"] == batched.record.summary["stopped"]
 
 
+@pytest.mark.slow  # every policy and KV format replayed twice: 5-13 s
 @pytest.mark.parametrize("interval", [1, 4])
 def test_batched_replay_equals_each_run_alone(tiny_llama_d32, interval):
     loaded = tiny_llama_d32
@@ -95,6 +96,7 @@ def test_batched_replay_equals_each_run_alone(tiny_llama_d32, interval):
         _same_run(one, other)
 
 
+@pytest.mark.slow  # every policy and KV format decoded twice: 10 s
 def test_batched_generate_equals_each_run_alone(tiny_llama_d32, monkeypatch):
     """Each row samples its own token (temperature 1: its own generator) from logits equal to its own alone."""
     loaded = tiny_llama_d32

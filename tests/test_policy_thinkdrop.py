@@ -152,6 +152,7 @@ def test_transcript_blocks_are_settled_by_the_code_of_their_own_turn(transcript_
     assert settled.positions[-1] < blocks[2]["start"]  # settled before block 2 was even written
 
 
+@pytest.mark.slow  # replays a 4,400-token agent transcript: 5 s
 def test_transcript_drops_completed_blocks_oldest_first_keeps_the_unparsable_one(tiny_llama, transcript_probe):
     def both_verified(e):
         return len(e.info["blocks"]) == 3 and e.info["blocks"][2]["code"] == "parsed"

@@ -179,6 +179,7 @@ def _plotted(figure) -> dict | None:
     return None if figure is None else json.loads(figure.to_json())
 
 
+@pytest.mark.slow  # four playbacks drawing every chart: 11 s
 def test_playbacks_of_one_recording_share_their_charts_each_with_its_own_copy(recording, monkeypatch):
     """Thirty students playing one preset build each chart once (at fixed places along the recording), and a
     chart shown at a place is the one of the run as it stood there."""
