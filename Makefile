@@ -16,7 +16,14 @@ BENCH_ARGS ?= overhead
 FAST := not integration and not browser and not slow
 REST := integration or browser or slow
 # Exit status 5 is "no test selected" (a PYTEST_ARGS file with no test of that tier): not a failure.
-PYTEST = $(PY) -m pytest -q -rs $(PYTEST_ARGS) -m "$(1)" || [ $$? -eq 5 ]
+# The fast tier runs on $(WORKERS) pytest-xdist workers, one per core here (WORKERS=0: in-process).
+# The rest runs in one process: it is CPU-bound (the model, Chromium and the apps it serves), and two
+# workers measured no faster on 2 cores (CONTRIBUTING, Tests).
+WORKERS ?= 2
+PYTEST = $(PY) -m pytest -q -rs $(2) $(PYTEST_ARGS) -m "$(1)" || [ $$? -eq 5 ]
+# Python and pytest keep compiled modules (pytest: its assertion-rewritten tests) in __pycache__; where
+# the environment sets PYTHONDONTWRITEBYTECODE, every process would compile them all again (seconds).
+unexport PYTHONDONTWRITEBYTECODE
 GPU_OUT ?= gpu-out
 CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -29,11 +36,11 @@ run: $(VENV)/.stamp-run $(VENV)/.stamp-package
 test: $(VENV)/.stamp-dev $(VENV)/.stamp-package chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(call PYTEST,$(FAST))
+	$(call PYTEST,$(FAST),-n $(WORKERS))
 	$(call PYTEST,$(REST))
 
 test-fast: $(VENV)/.stamp-dev
-	$(call PYTEST,$(FAST))
+	$(call PYTEST,$(FAST),-n $(WORKERS))
 
 bench: $(VENV)/.stamp-run
 	$(PY) -m thinkviz bench $(BENCH_ARGS)

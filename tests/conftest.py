@@ -6,6 +6,7 @@ in minutes; ``pytest --hypothesis-profile=thorough`` runs at least as many as ea
 """
 
 import contextlib
+import os
 from collections.abc import Callable
 
 import pytest
@@ -21,6 +22,14 @@ with contextlib.suppress(ImportError):  # the borrowed GPU machines (make gpu-ch
 
     settings.register_profile("default", max_examples=25, deadline=None)
     settings.register_profile("thorough", max_examples=300, deadline=None)
+
+
+# Under pytest-xdist (make test: one worker per core) each worker computes on one thread, and so
+# does every process it starts (an app, the CLI, a Ray worker): torch's default of one thread per
+# core in each of them oversubscribes the cores, and its waiting threads spin.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):
