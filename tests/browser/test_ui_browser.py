@@ -45,12 +45,14 @@ def page(app_url, browser):
 
 
 def wait_for_text(page, selector: str, pattern: str, timeout: float) -> str:
-    """Poll ``selector``'s text until it matches ``pattern`` (a regex); fail with what it showed."""
+    """Poll ``selector``'s text until it matches ``pattern`` (a regex, ``^`` at any line's start: while
+    an event on it is pending, Gradio writes its timer, "0.4s", on a line above the value); fail with
+    what it showed."""
     deadline = time.monotonic() + timeout
     text = ""
     while time.monotonic() < deadline:
         text = page.inner_text(selector)
-        if re.search(pattern, text):
+        if re.search(pattern, text, re.MULTILINE):
             return text
         if page.locator(".toast-body.error").count():
             pytest.fail(f"the app showed an error: {page.locator('.toast-body.error').first.inner_text()}")
