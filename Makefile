@@ -17,8 +17,8 @@ FAST := not integration and not browser and not slow
 REST := integration or browser or slow
 # Exit status 5 is "no test selected" (a PYTEST_ARGS file with no test of that tier): not a failure.
 # The fast tier runs on $(WORKERS) pytest-xdist workers, one per core here (WORKERS=0: in-process).
-# The rest runs in one process: on two workers it was faster (14.5 against 20.5 min) but three browser
-# tests failed in one of four runs, timing out under the load (CONTRIBUTING, Tests).
+# The rest runs in one process: on two workers it was faster (14.5 against 20.5 min), but some browser
+# tests read what an earlier test of their module left on the shared page (CONTRIBUTING, Tests).
 WORKERS ?= 2
 PYTEST = $(PY) -m pytest -q -rs $(2) $(PYTEST_ARGS) -m "$(1)" || [ $$? -eq 5 ]
 # Python and pytest keep compiled modules (pytest: its assertion-rewritten tests) in __pycache__; where
