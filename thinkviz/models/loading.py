@@ -187,7 +187,7 @@ def load_tokenizer(name: str = EMBEDDED) -> LoadedTokenizer:
     """The tokenizer and context length of ``name`` (as for :func:`load_model`), weights untouched.
 
     The embedded model's come from its converted folder, or before the first conversion from a
-    small folder of the tokenizer and config alone (:func:`embedded_tokenizer`).  Raises
+    small folder of the tokenizer and config alone (:func:`_embedded_text_folder`).  Raises
     :class:`ModelLoadError`.
     """
     name = name.strip()
