@@ -185,6 +185,12 @@ def test_bad_arguments_exit_non_zero_before_loading(args, reason):
     _one_line_error(_refused(*args), reason)
 
 
+@pytest.mark.parametrize("command", ["sweep", "replay-cost"])
+def test_a_trace_limit_under_one_is_refused_before_loading(command):
+    result = run_cli("bench", command, "--trace", "math_h2o_vs_window", "--max-trace-tokens", "0", before_loading=True)
+    _one_line_error(result, "--max-trace-tokens must be at least 1, got 0")
+
+
 @pytest.mark.integration
 def test_a_trace_longer_than_the_context_is_refused(tmp_path):
     path = tmp_path / "long.md"
@@ -272,7 +278,7 @@ def test_bad_transcripts_exit_non_zero_before_loading(tmp_path, messages, reason
 @pytest.mark.integration
 def test_cli_sweep_and_replay_cost_on_a_transcript_file(tmp_path):
     path = _transcript_file(tmp_path)
-    out = tmp_path / "o"
+    out, first_96 = tmp_path / "o", ["--max-trace-tokens", "96"]
     result = _cli(
         "--trace",
         str(path),
@@ -280,8 +286,7 @@ def test_cli_sweep_and_replay_cost_on_a_transcript_file(tmp_path):
         "window,think_drop",
         "--budgets",
         "0.5",
-        "--max-trace-tokens",
-        "96",
+        *first_96,
         "--out",
         str(out),
     )
@@ -295,26 +300,9 @@ def test_cli_sweep_and_replay_cost_on_a_transcript_file(tmp_path):
         ("agent", "window", 96),
         ("agent", "think_drop", 96),
     ]
-    cost = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "thinkviz",
-            "bench",
-            "replay-cost",
-            "--trace",
-            str(path),
-            "--repeats",
-            "1",
-            "--interval",
-            "16",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    cost = run_cli("bench", "replay-cost", "--trace", str(path), "--repeats", "1", "--interval", "16", *first_96)
     assert cost.returncode == 0, cost.stderr
-    assert "trace agent:" in cost.stdout and "ratio" in cost.stdout
+    assert "trace agent:" in cost.stdout and "prompt + 96 trace tokens" in cost.stdout and "ratio" in cost.stdout
 
 
 @pytest.mark.slow

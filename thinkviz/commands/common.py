@@ -92,6 +92,24 @@ def add_protect_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-protect-question", action="store_true", help="allow evicting the question")
 
 
+def add_trace_limit_arg(parser: argparse.ArgumentParser) -> None:
+    """``--max-trace-tokens N``: replay a trace's first N tokens only (read by :func:`trace_limit_from_args`)."""
+    parser.add_argument(
+        "--max-trace-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replay only the first N tokens of each trace (a cheaper subset)",
+    )
+
+
+def trace_limit_from_args(args: argparse.Namespace) -> int | None:
+    """``--max-trace-tokens``: ``None`` (the whole trace) or at least 1; :class:`CliError` otherwise."""
+    if args.max_trace_tokens is not None and args.max_trace_tokens < 1:
+        raise CliError(f"--max-trace-tokens must be at least 1, got {args.max_trace_tokens}")
+    return args.max_trace_tokens
+
+
 def add_kv_quant_args(parser: argparse.ArgumentParser, several: bool = False) -> None:
     """``--kv-quant FORMAT`` (or ``--kv-quants A,B`` when ``several``) and ``--kv-residual N``."""
     names = ", ".join(format_names())

@@ -8,7 +8,7 @@ from ...bench.replay_cost import measure_replay_cost
 from ...measure.replay import TraceError, load_trace, prepare
 from ...policies import PolicyConfigError, make_policy
 from ...sweep.grid import parse_budgets, parse_policies
-from ..common import CliError, add_model_args, load_from_args
+from ..common import CliError, add_model_args, add_trace_limit_arg, load_from_args, trace_limit_from_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default="0.25", help="a fraction of the sequence (0.25) or a token count")
     parser.add_argument("--interval", type=int, default=32, help="tokens per forward = compression interval")
     parser.add_argument("--repeats", type=int, default=3)
+    add_trace_limit_arg(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,13 +37,14 @@ def run(args: argparse.Namespace) -> int:
     budget, policy = budgets[0], policies[0]
     if not 1 <= args.interval <= 512 or args.repeats < 1:
         raise CliError("--interval must be between 1 and 512 and --repeats at least 1")
+    limit = trace_limit_from_args(args)
     try:
         trace = load_trace(args.trace)
     except TraceError as exc:
         raise CliError(str(exc)) from None
     loaded = load_from_args(args)
     try:
-        prompt, ids = prepare(loaded, trace)
+        prompt, ids = prepare(loaded, trace, limit)
         tokens = budget.tokens(len(prompt.ids) + len(ids))
         make_policy(policy, budget=tokens, interval=args.interval)
     except (TraceError, PolicyConfigError) as exc:

@@ -28,7 +28,15 @@ from ...sweep.grid import (
 from ...sweep.runner import GroupsProgress, SweepOutcome, open_executor, run_groups
 from ...sweep.store import GroupStore
 from ...sweep.work import ModelSpec, WorkerError
-from ..common import CliError, add_kv_quant_args, add_model_args, add_param_arg, add_protect_args
+from ..common import (
+    CliError,
+    add_kv_quant_args,
+    add_model_args,
+    add_param_arg,
+    add_protect_args,
+    add_trace_limit_arg,
+    trace_limit_from_args,
+)
 
 
 def add_grid_args(parser: argparse.ArgumentParser) -> None:
@@ -81,13 +89,7 @@ def add_grid_args(parser: argparse.ArgumentParser) -> None:
         help="system prompt for trace files (default: the reasoning prompt; "
         "for a transcript it replaces its system message)",
     )
-    parser.add_argument(
-        "--max-trace-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="replay only the first N tokens of each trace (a cheaper subset)",
-    )
+    add_trace_limit_arg(parser)
     add_kv_quant_args(parser, several=True)
 
 
@@ -116,8 +118,7 @@ def plan_grid(args: argparse.Namespace) -> Grid:
         raise CliError(f"--vary and --param both set {', '.join(both)}: give each knob one way")
     if not 1 <= args.interval <= 512:
         raise CliError(f"--interval must be between 1 and 512, got {args.interval}")
-    if args.max_trace_tokens is not None and args.max_trace_tokens < 1:
-        raise CliError(f"--max-trace-tokens must be at least 1, got {args.max_trace_tokens}")
+    trace_limit_from_args(args)
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be at least 1, got {args.workers}")
     if args.vram_cap is not None and (args.workers is not None or getattr(args, "ray_address", None) is not None):
