@@ -33,12 +33,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
     skip = pytest.mark.skip(reason=NO_GPU)
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
+        if _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
             item.add_marker(skip)
+
+
+def _shares_a_module_fixture(item) -> bool:
+    """Whether ``item`` uses a module- or class-scoped fixture (a page, a served app, a Ray runtime).
+
+    Under pytest-xdist's ``--dist loadgroup`` (the Makefile) the tests of such a module form one group
+    and run on one worker, in order: the fixture is built once, and a test that goes on from what an
+    earlier test left on a shared page finds it. Every other test goes to whichever worker is free."""
+    definitions = getattr(item, "_fixtureinfo", None)  # pytest keeps a test's fixture definitions here
+    if definitions is None:
+        return False
+    return any(d.scope in ("module", "class") for defs in definitions.name2fixturedefs.values() for d in defs)
 
 
 @pytest.fixture(scope="session")

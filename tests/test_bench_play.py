@@ -29,6 +29,12 @@ def test_lesson_needs_a_lesson_that_exists(capsys):
     assert len(lines) == 1 and "--lesson: unknown lesson 'nosuch'" in lines[0]
 
 
+def test_lesson_needs_at_least_one_link(capsys):
+    assert main(["bench", "browser", "--lesson", "kv_cache_basics", "--links", "0"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--links must be at least 1, got 0" in lines[0]
+
+
 @pytest.mark.parametrize(
     "tasks, end",
     [

@@ -55,16 +55,15 @@ def test_bench_load_runs_every_client_to_its_own_result(tiny_folder, capsys):
     assert "queue wait: median" in out.out and "for 3 runs" in out.out
 
 
-def test_bench_load_playback_and_mixed_report_first_frames_waits_and_memory(tiny_folder, capsys):
+def test_bench_load_mixed_reports_first_frames_waits_and_memory(tiny_folder, capsys):
+    """``--mixed`` is ``--playback`` with live replays among the clients: one served app checks both."""
     tiny = ["--model", tiny_folder, "--quant", "none", "--trace-tokens", "40"]
-    assert main(["bench", "load", *tiny, "--clients", "3", "--playback", "--play", "generate_muffins"]) == 0
-    out = capsys.readouterr().out
-    assert "3 concurrent playbacks at 4× of generate_muffins" in out
-    assert "| 3 |" in out and "| 3/3 |" in out  # every client played its own recording
-    assert "server RSS: before" in out
-    code = main(["bench", "load", *tiny, "--clients", "2", "--mixed", "--live", "2", "--play", "generate_muffins"])
+    code = main(["bench", "load", *tiny, "--clients", "3", "--mixed", "--live", "2", "--play", "generate_muffins"])
     out = capsys.readouterr()
     assert code == 0, out.err
+    assert "3 concurrent playbacks at 4× of generate_muffins" in out.out and "with 2 live replays" in out.out
+    assert "| 3 |" in out.out and "| 3/3 |" in out.out  # every client played its own recording
+    assert "server RSS: before" in out.out
     rows = [line for line in out.out.splitlines() if line.startswith("| ") and line.endswith(" | yes |")]
     assert [row.split(" | ")[0] for row in rows] == ["| 0", "| 1"]
     assert "live runs started in arrival order: yes" in out.out

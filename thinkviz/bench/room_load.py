@@ -272,7 +272,8 @@ def room_load(
         lives = [pool.submit(live_client, served, replay, i, start, began, deadline) for i in range(live)]
         plays, lives = [f.result() for f in plays], [f.result() for f in lives]
     seconds = time.monotonic() - began
-    time.sleep(RELEASE_WAIT * served.heartbeat)  # every closed client's session released
+    if served.pid:  # memory is read: every closed client's session released first
+        time.sleep(RELEASE_WAIT * served.heartbeat)
     after = rss_bytes(served.pid) if served.pid else 0
     strangers = [r.client for r in plays if not r.own] + [f"live {r.client}" for r in lives if not r.own]
     if strangers:

@@ -54,6 +54,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "step by Next and by Back, from the click to the step shown (target < 1 s a step)",
     )
     parser.add_argument(
+        "--links", type=int, default=3, help="--lesson: times its link is opened, each with a baseline page"
+    )
+    parser.add_argument(
         "--tune",
         action="store_true",
         help="time the tuning loop instead: in Live, a preset's first --tune-tokens trace tokens "
@@ -152,12 +155,14 @@ def _lesson(args: argparse.Namespace) -> int:
         steps = len(named_lesson(args.lesson).steps)
     except LessonError as exc:
         raise CliError(f"--lesson: {exc}") from None
+    if args.links < 1:
+        raise CliError(f"--links must be at least 1, got {args.links}")
     try:
         if args.url:
-            times = measure_lesson(args.url, args.lesson, steps)
+            times = measure_lesson(args.url, args.lesson, steps, args.links)
         else:
             with launched_app(app_args(args)) as url:
-                times = measure_lesson(url, args.lesson, steps)
+                times = measure_lesson(url, args.lesson, steps, args.links)
     except BenchError as exc:
         raise CliError(str(exc)) from None
     middle = (steps + 1) // 2
