@@ -58,7 +58,7 @@ def test_follow_keeps_the_newest_token_in_view_after_a_scroll_up_and_a_new_run(p
         "document.querySelector('#tv-live-policy input').value === 'h2o' "
         "&& document.querySelector('#tv-live-question textarea').value.length > 0"
     )
-    set_number(page, "#tv-live-max-new", 48)
+    set_number(page, "#tv-live-max-new", 16)  # the prompt alone overflows 160 px
     page.click("#tv-live-run")
     wait_for_text(page, "#tv-live-status", r"^Done: ", RUN_TIMEOUT)
     page.wait_for_function(AT_END_JS)  # followed to the end while it streamed
@@ -125,12 +125,12 @@ def _sizes(page) -> dict[str, float]:
 
 def test_presentation_mode_after_a_run_fits_the_chart_keeps_the_notice_and_enlarges_the_text(page):
     page.get_by_role("tab", name="Live").click()
-    pick(page, "#tv-live-preset", "Does the key formula survive? h2o vs window on a derivation")
+    pick(page, "#tv-live-preset", "Live: a short word problem, decoded under eviction")  # a short recording
     page.wait_for_function("!document.querySelector('#tv-live-play').disabled")
     pick(page, "#tv-live-speed", "as fast as it draws")
     page.click("#tv-live-play")
     wait_for_text(page, "#tv-live-status", r"^Done: ", RUN_TIMEOUT)
-    notice = page.locator('[aria-label="preset notice"]').filter(has_text="Does the key formula survive?")
+    notice = page.locator('[aria-label="preset notice"]').filter(has_text="Live: a short word problem")
     assert notice.count() == 1 and notice.first.is_visible()
     page.wait_for_function(CHART_FITS_JS)
     normal = _sizes(page)
