@@ -9,6 +9,7 @@ test's choice.  No download: every byte comes from the random model and the inst
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -40,6 +41,7 @@ HARMONY_TEMPLATE = (
 )
 
 
+@functools.cache  # gguf-py reads the 49k-entry vocabulary element by element: seconds
 def _tokenizer_fields() -> list[tuple[str, object, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
     """The embedded GGUF's ``tokenizer.ggml.*`` fields as ``add_key_value`` arguments."""
     reader = gguf.GGUFReader(embedded_gguf_path())

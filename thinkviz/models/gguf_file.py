@@ -4,7 +4,7 @@ GGUF (llama.cpp's single-file format) opens with key/value metadata
 (``general.architecture``, ``<arch>.block_count``, ``<arch>.attention.head_count_kv``, the
 tokenizer and its chat template) and a table of tensors, each with its type (``F16``,
 ``Q4_K``, ``Q8_0``...) and offset; the weights follow.  :func:`read_info` reads the header
-with ``gguf``'s reader (memory-mapped: the weights are not read) and checks, before any
+(:mod:`.gguf_header`: the weights and the tokenizer's long tables are not read) and checks, before any
 slow conversion, what transformers' GGUF support can load: its architecture, every tensor's
 type, and that the file holds every byte its table promises (a download cut short fails
 here, in one line).
@@ -19,16 +19,16 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import math
 import os
 import pathlib
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-if TYPE_CHECKING:
-    import gguf
+from .gguf_header import GGUFHeader, HeaderError, TensorEntry, read_header
+
 _CHUNK = 1 << 24
 _ADDRESSED = re.compile(r"sha256-([0-9a-f]{64})")
 
@@ -78,20 +78,18 @@ def loadable_types() -> frozenset:
 def read_info(path: str | os.PathLike) -> GGUFInfo:
     """The header of the GGUF at ``path``; :class:`GGUFError` when it is not a GGUF, is cut
     short, or holds an architecture or tensor type transformers cannot load."""
-    import gguf  # see loadable_types
-
     path = pathlib.Path(path)
     try:
-        reader = gguf.GGUFReader(path)
+        header = read_header(path)
     except FileNotFoundError:
         raise GGUFError(f"{path}: no such file") from None
-    except Exception as exc:  # a boundary: gguf raises anything on a damaged header
+    except (HeaderError, OSError) as exc:
         raise GGUFError(f"{path} is not a readable GGUF file (truncated or damaged?): {first_line(exc)}") from None
     size = path.stat().st_size
-    needed = max((t.data_offset + int(t.n_bytes) for t in reader.tensors), default=0)
+    needed = max((t.data_offset + _n_bytes(t) for t in header.tensors), default=0)
     if needed > size:
         raise GGUFError(f"{path} is truncated: it has {size:,} bytes, its tensors need {needed:,}")
-    arch = _field(reader, "general.architecture")
+    arch = header.fields.get("general.architecture")
     if not isinstance(arch, str):
         raise GGUFError(f"{path} names no architecture (general.architecture)")
     if arch not in GGUF_SUPPORTED_ARCHITECTURES and arch.replace("-", "_") not in GGUF_SUPPORTED_ARCHITECTURES:
@@ -99,37 +97,60 @@ def read_info(path: str | os.PathLike) -> GGUFInfo:
             f"{path.name}: architecture {arch!r} cannot be loaded; "
             f"transformers reads GGUF {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}"
         )
-    odd = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in loadable_types()})
+    odd = sorted({_kind_name(t.kind) for t in header.tensors if t.kind not in loadable_types()})
     if odd:
         raise GGUFError(
             f"{path.name}: tensor type {', '.join(odd)} cannot be dequantized; "
-            f"loadable: {', '.join(sorted(gguf.GGMLQuantizationType(t).name for t in loadable_types()))}"
+            f"loadable: {', '.join(sorted(_kind_name(t) for t in loadable_types()))}"
         )
-    return _info(reader, path, size, arch)
+    return _info(header, path, size, arch)
 
 
-def _info(reader: gguf.GGUFReader, path: pathlib.Path, size: int, arch: str) -> GGUFInfo:
-    """The :class:`GGUFInfo` of a checked reader."""
+def _kind_name(kind: int) -> str:
+    """``Q4_K`` for a GGML tensor type number, ``type 99`` for one gguf-py does not know."""
+    import gguf  # see loadable_types
+
+    try:
+        return gguf.GGMLQuantizationType(kind).name
+    except ValueError:
+        return f"type {kind}"
+
+
+def _n_bytes(tensor: TensorEntry) -> int:
+    """The bytes a tensor's data takes: its elements in blocks of its type (0 for an unknown type,
+    which :func:`read_info` refuses by name)."""
+    import gguf  # see loadable_types
+
+    try:
+        block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(tensor.kind)]
+    except (ValueError, KeyError):
+        return 0
+    return math.prod(tensor.shape) * block_bytes // block
+
+
+def _info(header: GGUFHeader, path: pathlib.Path, size: int, arch: str) -> GGUFInfo:
+    """The :class:`GGUFInfo` of a checked header."""
     import gguf  # see loadable_types
 
     def number(key: str, default: int = 0) -> int:
-        value = _field(reader, f"{arch}.{key}")
+        value = header.fields.get(f"{arch}.{key}")
         if isinstance(value, list):  # per-layer values (some hybrids): the cache's widest layer
             value = max(value, default=default)
         return int(value) if value is not None else default
 
     q_heads = number("attention.head_count", 1)
     hidden = number("embedding_length")
-    file_type = _field(reader, "general.file_type")
+    file_type = header.fields.get("general.file_type")
     if file_type is not None and int(file_type) in {t.value for t in gguf.LlamaFileType}:
         quantization = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     else:
-        kinds = collections.Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) > 1)
+        kinds = collections.Counter(_kind_name(t.kind) for t in header.tensors if len(t.shape) > 1)
         quantization = kinds.most_common(1)[0][0] if kinds else "unknown"
+    template = header.fields.get("tokenizer.chat_template")
     return GGUFInfo(
         path=path,
         size=size,
-        name=str(_field(reader, "general.name") or path.stem),
+        name=str(header.fields.get("general.name") or path.stem),
         architecture=arch,
         quantization=quantization,
         layers=number("block_count"),
@@ -137,14 +158,8 @@ def _info(reader: gguf.GGUFReader, path: pathlib.Path, size: int, arch: str) -> 
         kv_heads=number("attention.head_count_kv", q_heads),
         head_dim=number("attention.key_length", hidden // max(q_heads, 1)),
         max_context=number("context_length"),
-        chat_template=_field(reader, "tokenizer.chat_template"),
+        chat_template=template if isinstance(template, str) else None,
     )
-
-
-def _field(reader: gguf.GGUFReader, key: str):
-    """A metadata value (str, number or list), ``None`` when the file lacks ``key``."""
-    field = reader.get_field(key)
-    return None if field is None else field.contents()
 
 
 def file_digest(path: str | os.PathLike) -> str:
