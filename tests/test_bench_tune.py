@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
+from cli_run import run_cli
 from tiny_models import save_tiny_model
-
-pytestmark = pytest.mark.slow  # each test starts python -m thinkviz
 
 
 @pytest.mark.parametrize(
@@ -25,17 +24,12 @@ pytestmark = pytest.mark.slow  # each test starts python -m thinkviz
     ],
 )
 def test_bad_tune_arguments_exit_with_one_line(args, reason):
-    done = subprocess.run(
-        [sys.executable, "-m", "thinkviz", "bench", "browser", "--tune", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_cli("bench", "browser", "--tune", *args, before_loading=True)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and reason in done.stderr
 
 
-@pytest.mark.browser
+@pytest.mark.browser  # starts python -m thinkviz, which starts the app and Chromium
 def test_bench_browser_tune_runs_end_to_end_on_a_tiny_model(tmp_path):
     """The app started for the benchmark (no --url) serves a tiny model; one knob value, a short trace.
     In a process of its own: Playwright's sync API refuses a thread where another test left an
