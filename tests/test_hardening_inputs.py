@@ -210,15 +210,14 @@ def test_sliders_refuse_what_is_not_a_number_naming_the_control(payload):
         ("title: caf\u00e9\n".encode("latin-1"), "not UTF-8"),
     ],
 )
-@pytest.mark.slow
 def test_the_cli_refuses_unknown_and_broken_presets_in_one_line(tmp_path, content, reason):
-    from test_sweep_cli import _cli, _one_line_error
+    from test_sweep_cli import _one_line_error, _refused
 
     spec = "no_such_preset"
     if content is not None:
         spec = str(tmp_path / "broken.yaml")
         Path(spec).write_bytes(content)
-    _one_line_error(_cli("--trace", spec, "--policies", "h2o", "--budgets", "128"), reason)
+    _one_line_error(_refused("--trace", spec, "--policies", "h2o", "--budgets", "128"), reason)
 
 
 def test_a_json_and_npz_pair_over_the_size_limit_is_refused(record, tmp_path, monkeypatch):

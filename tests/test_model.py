@@ -1,5 +1,8 @@
 """Model loading: the embedded SmolLM2 (4-bit, cached conversion), tiny models, clear errors."""
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import bitsandbytes as bnb
 import huggingface_hub.constants
 import pytest
@@ -12,6 +15,7 @@ from thinkviz.models.loading import (
     QUANTIZATIONS,
     ModelLoadError,
     cache_dir,
+    converted_folder,
     embedded_tokenizer,
     load_model,
     load_tokenizer,
@@ -93,7 +97,7 @@ def test_conversion_happens_once_and_is_then_read_from_cache(tmp_path, monkeypat
     load_model(EMBEDDED, "none", "cpu", progress=lambda f, m: first.append((f, m)))
     folder = cache_dir() / "smollm2-135m-instruct"
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
-    assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # no staging folder left
+    assert [p.name for p in tmp_path.iterdir() if p.suffix != ".lock"] == [folder.name]  # no staging folder left
 
     loaded = load_model(EMBEDDED, "none", "cpu", progress=lambda f, m: second.append((f, m)))
     assert any("Converting" in m for _, m in first)
@@ -116,7 +120,32 @@ def test_failed_conversion_leaves_no_cache(tmp_path, monkeypatch):
         load_model(EMBEDDED, "none", "cpu")
     assert "\n" not in str(caught.value)
     assert isinstance(caught.value.__cause__, RuntimeError)
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir() if p.suffix != ".lock"] == []
+
+
+def test_processes_converting_the_same_model_at_once_take_turns(tmp_path, monkeypatch):
+    """Two loads of one model at once (threads here; an app and a test worker in practice): one converts,
+    the other waits on the lock beside the folder and reads what the first wrote."""
+    writes = []
+
+    class Converted:
+        def save_pretrained(self, folder):
+            writes.append(folder)
+            time.sleep(0.3)  # a conversion that takes a while: the other load arrives meanwhile
+            (folder / "model.safetensors").write_bytes(b"weights")
+
+    class Tokenizer:
+        def save_pretrained(self, folder):
+            (folder / "tokenizer.json").write_text("{}")
+
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path))
+    monkeypatch.setattr(tvmodel.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: Converted())
+    monkeypatch.setattr(tvmodel.AutoTokenizer, "from_pretrained", lambda *a, **k: Tokenizer())
+    gguf = tvmodel.embedded_gguf_path()
+    with ThreadPoolExecutor(2) as pool:
+        folders = list(pool.map(lambda _: converted_folder(gguf, "same", lambda f, m: None), range(2)))
+    assert folders == [tmp_path / "same"] * 2 and len(writes) == 1
+    assert (tmp_path / "same" / "model.safetensors").read_bytes() == b"weights"
 
 
 @pytest.mark.slow  # reads the GGUF's 49k-entry vocabulary three times, seconds each
@@ -125,7 +154,7 @@ def test_the_embedded_tokenizer_is_read_from_the_gguf_once_then_from_its_cache(t
     monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "cache"))
     first = load_tokenizer(EMBEDDED)
     folder = tmp_path / "cache" / "smollm2-135m-instruct-tokenizer"
-    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no staging folder left
+    assert [p.name for p in folder.parent.iterdir() if p.suffix != ".lock"] == [folder.name]  # no staging left
     stamp = (folder / "tokenizer.json").stat().st_mtime_ns
     assert load_tokenizer(EMBEDDED).max_context == first.max_context == 8192
     assert (folder / "tokenizer.json").stat().st_mtime_ns == stamp

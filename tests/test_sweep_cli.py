@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -138,10 +136,9 @@ def test_sweep_rows_and_files_are_well_formed(tiny_llama, tmp_path):
 
 
 def _cli(*args):
-    """``bench sweep ARGS`` in a new process, end to end."""
-    return subprocess.run(
-        [sys.executable, "-m", "thinkviz", "bench", "sweep", *args], capture_output=True, text=True, timeout=120
-    )
+    """``bench sweep ARGS`` in this process, the embedded model loaded as the CLI loads it (one test
+    in ``tests/test_cli.py`` starts ``python -m thinkviz`` itself)."""
+    return run_cli("bench", "sweep", *args)
 
 
 def _refused(*args):

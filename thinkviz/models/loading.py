@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 import transformers
+from filelock import FileLock
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GgufConfig
 
 from . import cpu_int4
@@ -352,22 +353,27 @@ def converted_folder(gguf: pathlib.Path, folder_name: str, report: Progress, wha
 
 def _written_once(folder: pathlib.Path, write: Callable[[pathlib.Path], None]) -> pathlib.Path:
     """``folder``, unless it exists written by ``write(staging)`` into a temporary folder beside
-    it and renamed into place: an interrupted write never leaves half a folder behind, and of two
-    processes writing at once the second keeps the first one's.  Raises ``OSError`` where it cannot."""
+    it and renamed into place: an interrupted write never leaves half a folder behind. Processes
+    that need the same folder at once (an app, the CLI, test workers on a fresh machine) take turns
+    on a lock file beside it (``filelock``: POSIX and Windows), so one writes and the others read
+    what it wrote instead of converting the same weights again. Raises ``OSError`` where it cannot."""
     if folder.is_dir():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:
-        write(staging)
-        staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
-        staging.rename(folder)
-    except OSError:
-        if folder.is_dir():  # another process finished the same folder first
+    with FileLock(folder.parent / f".{folder.name}.lock"):
+        if folder.is_dir():  # another process wrote it while this one waited
             return folder
-        raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        try:
+            write(staging)
+            staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+            staging.rename(folder)
+        except OSError:
+            if folder.is_dir():  # a file system whose locks do not hold: another process finished first
+                return folder
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return folder
 
 
