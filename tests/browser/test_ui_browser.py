@@ -1,8 +1,10 @@
 """The app in headless Chromium: a preset run, a three-policy comparison, the timeline, no console errors.
 
 The tests share one page and run in order (Live, then Compare, then Explore on the Live
-run).  Screenshots go to a temporary folder; ``THINKVIZ_SCREENSHOTS=docs`` refreshes the
-ones in ``docs/``.
+run; ``tests/conftest.py`` keeps them on one worker).  The settings that stand alone (a fraction
+budget, a transcript, KV formats, the VRAM cap) are in ``test_ui_settings_browser.py``, on a page
+of their own, so that the two run side by side.  Screenshots go to a temporary folder;
+``THINKVIZ_SCREENSHOTS=docs`` refreshes the ones in ``docs/``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -33,6 +34,11 @@ def shots(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def page(app_url, browser):
+    yield from watched_page(app_url, browser)
+
+
+def watched_page(app_url, browser):
+    """A page on the app once its model is ready, collecting console errors in ``page.problems``."""
     context = browser.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
     page = context.new_page()
     page.problems = []
@@ -222,99 +228,5 @@ def test_a_recording_downloads_and_opens_again_in_explore(page, tmp_path):
     wait_for_text(page, "#tv-explore-caption", rf"Step {LIVE_TOKENS - 1} of {LIVE_TOKENS - 1}", 60)
 
 
-def test_a_fraction_budget_with_adakv_shows_its_head_allocation_in_explore(page):
-    page.get_by_role("tab", name="Live").click()
-    pick(page, "#tv-live-policy", "adakv")
-    page.click("#tv-live-budget-mode label:has-text('fraction')")
-    page.wait_for_selector("#tv-live-budget-fraction", state="visible")
-    assert not page.locator("#tv-live-budget").is_visible()  # the token budget does not apply now
-    set_number(page, "#tv-live-budget-fraction", 0.5)
-    set_number(page, "#tv-live-max-new", 8)
-    system_protected = page.locator("#tv-live-protect-system input").is_checked()
-    if system_protected:
-        page.click("#tv-live-protect-system input")
-    page.click("#tv-live-protect-question input")  # nothing protected: the heads share the budget freely
-    page.click("#tv-live-run")
-    wait_for_text(page, "#tv-live-status", r"Done: 8 tokens generated", RUN_TIMEOUT)
-    memory = page.inner_text("#tv-live-memory")
-    assert "50% of the tokens seen" in memory and "logical: tokens held" in memory  # padded heads
-    page.get_by_role("tab", name="Explore").click()
-    pick(page, "#tv-explore-source", "Live run")
-    page.click("#tv-explore-open")
-    wait_for_text(page, "#tv-explore-caption", r"on average \(\d+–\d+\) per layer and head", 60)
-    assert page.locator("#tv-explore-kept .main-svg").count() >= 1
-    assert "Tokens held per layer and kv-head" in page.inner_text("#tv-explore-kept")
-    # leave Live as it was: h2o on a token budget, the protection toggles as they were
-    page.get_by_role("tab", name="Live").click()
-    pick(page, "#tv-live-policy", "h2o")
-    page.click("#tv-live-budget-mode label:has-text('tokens')")
-    page.wait_for_selector("#tv-live-budget", state="visible")
-    if system_protected:
-        page.click("#tv-live-protect-system input")
-    page.click("#tv-live-protect-question input")
-
-
-def test_an_uploaded_transcript_previews_its_turns_and_replays_with_tool_segments(page, tmp_path):
-    import json
-
-    from thought_trace import MESSAGES
-
-    path = tmp_path / "agent.jsonl"
-    path.write_text("\n".join(json.dumps({"role": r, "content": c}) for r, c in MESSAGES), encoding="utf-8")
-    page.get_by_role("tab", name="Live").click()
-    open_chat_boxes(page)
-    page.set_input_files("#tv-live-upload input[type=file]", str(path))
-    wait_for_text(page, "#tv-live-turns-caption", rf"{len(MESSAGES)} turns \(a transcript\): [\d,]+ tokens", 60)
-    assert page.locator("#tv-live-run-mode input[value=replay]").is_checked()
-    assert table_rows(page, "#tv-live-turns") == len(MESSAGES)
-    assert [cell(page, "#tv-live-turns", r, 1) for r in range(len(MESSAGES))] == [role for role, _ in MESSAGES]
-    set_number(page, "#tv-live-budget", 128)
-    page.click("#tv-live-run")
-    wait_for_text(page, "#tv-live-status", r"Done: \d+ tokens replayed", RUN_TIMEOUT)
-    assert page.locator("#tv-live-tokens .tv-seg-tool").count() > 20
-    assert "1 failed, 1 passed" in page.inner_text("#tv-live-tokens")
-    page.fill("#tv-live-trace textarea", '[{"role": "robot", "content": "x"}]')
-    wait_for_text(page, "#tv-live-turns-caption", r"Cannot replay this: .*unknown role 'robot'", 60)
-
-
-def test_a_live_run_with_a_quantized_kv_cache_shows_its_format(page):
-    page.get_by_role("tab", name="Live").click()
-    page.click("#tv-live-run-mode label:has-text('generate')")
-    pick(page, "#tv-live-kv-quant", "q4_0")
-    set_number(page, "#tv-live-max-new", 6)
-    page.click("#tv-live-run")
-    wait_for_text(page, "#tv-live-status", r"Done: 6 tokens generated", RUN_TIMEOUT)
-    assert "q4_0" in page.inner_text("#tv-live-stats")
-    page.wait_for_function(
-        "document.querySelector('#tv-live-memory').textContent.includes('physical, q4_0')", timeout=60_000
-    )
-    pick(page, "#tv-live-kv-quant", "none")
-
-
-def test_the_quantize_or_evict_preset_sets_each_compare_columns_format(page):
-    page.get_by_role("tab", name="Compare").click()
-    pick(page, "#tv-compare-preset", "Quantize or evict?")
-    page.wait_for_function("document.querySelector('#tv-compare-question textarea').value.includes('2×n strip')")
-    page.click("#tv-compare-kv button")  # open the accordion: its dropdowns are drawn only then
-    page.wait_for_function(
-        "document.querySelector('#tv-compare-full-kv-quant input')?.value === 'q4_0'", timeout=60_000
-    )
-    assert "full: KV format" in page.inner_text("#tv-compare-full-kv-quant")
-    assert page.locator("#tv-compare-h2o-kv-quant input").input_value() == "none"
-    assert not page.locator("#tv-compare-tova-kv-quant").is_visible()
-
-
 def test_no_errors_in_the_browser_console(page):
     assert page.problems == []
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_the_vram_cap_setting_is_refused_on_a_cpu_with_a_message(page):
-    page.get_by_role("tab", name="Live").click()
-    page.get_by_text("Model settings").first.click()
-    assert "No VRAM cap" in page.inner_text("#tv-vram-cap-status")
-    page.locator("#tv-vram-cap input").fill("8")
-    page.click("#tv-vram-cap-set")
-    toast = page.locator(".toast-body.error")
-    toast.first.wait_for(timeout=30_000)
-    assert "a VRAM cap needs a CUDA GPU, and this machine has none" in toast.first.inner_text()
