@@ -73,8 +73,9 @@ def test_an_uploaded_transcript_previews_its_turns_and_replays_with_tool_segment
     assert table_rows(page, "#tv-live-turns") == len(MESSAGES)
     assert [cell(page, "#tv-live-turns", r, 1) for r in range(len(MESSAGES))] == [role for role, _ in MESSAGES]
     set_number(page, "#tv-live-budget", 128)
+    set_number(page, "#tv-live-limit", 176)  # its first turns: the first tool output is among them
     page.click("#tv-live-run")
-    wait_for_text(page, "#tv-live-status", r"Done: \d+ tokens replayed", RUN_TIMEOUT)
+    wait_for_text(page, "#tv-live-status", r"Done: 176 tokens replayed", RUN_TIMEOUT)
     assert page.locator("#tv-live-tokens .tv-seg-tool").count() > 20
     assert "1 failed, 1 passed" in page.inner_text("#tv-live-tokens")
     page.fill("#tv-live-trace textarea", '[{"role": "robot", "content": "x"}]')
