@@ -180,6 +180,22 @@ def test_damaged_cache_says_how_to_recover(tmp_path, monkeypatch):
     assert "delete the folder" in str(_one_line_error(EMBEDDED, "none", "cpu"))
 
 
+def test_a_damaged_tokenizer_cache_says_how_to_recover(tmp_path, monkeypatch):
+    monkeypatch.delenv("THINKVIZ_TOKENIZER", raising=False)
+    monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path))
+    folder = tmp_path / "smollm2-135m-instruct-tokenizer"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{not json")
+    (folder / "config.json").write_text("{not json")
+    embedded_tokenizer.cache_clear()
+    try:
+        with pytest.raises(ModelLoadError, match="delete its smollm2-135m-instruct\\* folders") as caught:
+            load_tokenizer(EMBEDDED)
+    finally:
+        embedded_tokenizer.cache_clear()
+    assert "\n" not in str(caught.value) and str(tmp_path) in str(caught.value)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_tiny_model(arch):
     loaded = tiny_model(arch, layers=3, hidden=96, q_heads=6, kv_heads=2)

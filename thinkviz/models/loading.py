@@ -208,7 +208,9 @@ def load_tokenizer(name: str = EMBEDDED) -> LoadedTokenizer:
     except ModelLoadError:
         raise
     except Exception as exc:  # a boundary, as in load_model
-        raise ModelLoadError(f"Could not load the tokenizer of {name!r}: {first_line(exc)}") from exc
+        damaged = f" (if the cache in {cache_dir()} is damaged, delete its {_CACHE_FOLDER}* folders to read them again)"
+        hint = damaged if name == EMBEDDED else ""
+        raise ModelLoadError(f"Could not load the tokenizer of {name!r}: {first_line(exc)}{hint}") from exc
     return LoadedTokenizer(tokenizer, display, config.get_text_config().max_position_embeddings)
 
 
