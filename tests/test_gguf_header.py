@@ -84,3 +84,14 @@ def test_a_file_whose_data_is_cut_short_is_truncated(tmp_path):
     (tmp_path / "cut.gguf").write_bytes(data[:-10])
     with pytest.raises(GGUFError, match=r"is truncated: it has [\d,]+ bytes, its tensors need [\d,]+"):
         read_info(tmp_path / "cut.gguf")
+
+
+def test_a_count_written_as_text_is_refused_in_one_line(tmp_path):
+    writer = gguf.GGUFWriter(tmp_path / "odd.gguf", "llama")
+    writer.add_key_value("llama.block_count", "thirty", V.STRING)
+    writer.add_key_value("general.file_type", "Q4_K", V.STRING)
+    writer.add_tensor("token_embd.weight", np.ones((6, 32), dtype=np.float32))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    with pytest.raises(GGUFError, match="llama.block_count is 'thirty', not a whole number") as caught:
+        read_info(tmp_path / "odd.gguf")
+    assert "\n" not in str(caught.value)

@@ -1,4 +1,5 @@
-"""``bench soak`` and ``bench load`` against ``app.py`` serving a tiny model from a local folder.
+"""``bench soak`` and ``bench load`` against ``app.py`` serving a tiny model from a local folder, and
+``bench load --url`` against an app already running (served in this process).
 
 They run to completion with small N and K; what they measure stays in their output (the
 test checks the report is there, never its numbers).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from thinkviz.cli import main
+from tiny_app import served_app
 
 pytestmark = pytest.mark.browser
 
@@ -67,6 +69,17 @@ def test_bench_load_mixed_reports_first_frames_waits_and_memory(tiny_folder, cap
     rows = [line for line in out.out.splitlines() if line.startswith("| ") and line.endswith(" | yes |")]
     assert [row.split(" | ")[0] for row in rows] == ["| 0", "| 1"]
     assert "live runs started in arrival order: yes" in out.out
+
+
+def test_bench_load_playback_on_a_running_app_plays_each_clients_own_recording(capsys):
+    """``--playback`` alone, at ``--url``: no process id, so no memory line and no wait for released sessions."""
+    with served_app() as url:
+        code = main(["bench", "load", "--url", url, "--clients", "3", "--playback", "--play", "generate_muffins"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "3 concurrent playbacks at 4× of generate_muffins" in out.out and "live replays" not in out.out
+    assert "| 3 |" in out.out and "| 3/3 |" in out.out  # every client played its own recording
+    assert "server RSS" not in out.out
 
 
 def test_bench_soak_with_url_needs_the_process_id(capsys):

@@ -134,14 +134,17 @@ def _info(header: GGUFHeader, path: pathlib.Path, size: int, arch: str) -> GGUFI
 
     def number(key: str, default: int = 0) -> int:
         value = header.fields.get(f"{arch}.{key}")
-        if isinstance(value, list):  # per-layer values (some hybrids): the cache's widest layer
-            value = max(value, default=default)
-        return int(value) if value is not None else default
+        try:
+            if isinstance(value, list):  # per-layer values (some hybrids): the cache's widest layer
+                value = max(value, default=default)
+            return int(value) if value is not None else default
+        except (TypeError, ValueError):
+            raise GGUFError(f"{path.name}: {arch}.{key} is {value!r}, not a whole number") from None
 
     q_heads = number("attention.head_count", 1)
     hidden = number("embedding_length")
     file_type = header.fields.get("general.file_type")
-    if file_type is not None and int(file_type) in {t.value for t in gguf.LlamaFileType}:
+    if isinstance(file_type, int) and file_type in {t.value for t in gguf.LlamaFileType}:
         quantization = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     else:
         kinds = collections.Counter(_kind_name(t.kind) for t in header.tensors if len(t.shape) > 1)
