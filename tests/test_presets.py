@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import re
 from pathlib import Path
@@ -13,6 +12,7 @@ import yaml
 
 from thinkviz.core.kvquant import KVQuant
 from thinkviz.policies import make_policy, policy_names
+from thinkviz.policies.think_drop import code_parses
 from thinkviz.demos.presets import PRESETS_DIR, Preset, PresetError, list_presets, load_preset
 from tiny_models import tiny_model
 
@@ -23,14 +23,6 @@ SYNTAX_ERROR_TRACE = "coding_duration.md"  # its second draft (after think block
 
 def _trace_files(prefix: str) -> list[Path]:
     return sorted(TRACES_DIR.glob(f"{prefix}*.md"))
-
-
-def _parses(code: str) -> bool:
-    try:
-        ast.parse(code)
-    except SyntaxError:
-        return False
-    return True
 
 
 def _think_blocks(text: str) -> int:
@@ -133,7 +125,7 @@ def test_long_text_shape(path, count_tokens):
 
 def test_exactly_one_draft_has_a_syntax_error():
     parsed = {
-        path.name: [_parses(code) for code in PYTHON_BLOCK.findall(path.read_text(encoding="utf-8"))]
+        path.name: [code_parses(code) for code in PYTHON_BLOCK.findall(path.read_text(encoding="utf-8"))]
         for path in _trace_files("coding_")
     }
     # The draft after think block 2 of the duration trace is broken; everything else parses.

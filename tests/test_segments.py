@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import itertools
 import time
 from dataclasses import replace
@@ -13,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thinkviz.models.loading import embedded_tokenizer
+from thinkviz.policies.think_drop import code_parses
 from thinkviz.text.chat import REASONING_SYSTEM_PROMPT, RoleSpan, anchor, build_chat, token_texts
 from thinkviz.text.segments import Segmenter, Span, signature_ranges
 
@@ -146,7 +146,7 @@ def test_reflection_loops_steps_code_and_tags():
     answers = [text_of(texts, a) for a in of_kind(seg, "answer")]
     assert answers == ["\n\n```python\ndef area(r): return 3\n```\n", "Done."]
     assert seg.code_after(first) == "def area(r): return 3\n"
-    ast.parse(seg.code_after(first))
+    assert code_parses(seg.code_after(first))
     assert seg.code_after(second) is None  # "Done." is not complete until the turn ends
     seg.finish()
     assert seg.code_after(second) == "Done."
@@ -246,7 +246,7 @@ def test_real_tokenizer_splits_tags_and_segments_them():
     assert [text_of(texts, t) for t in of_kind(seg, "tag")] == ["<think>", " </think>", "<think>", "</think>"]
     assert len([s for s in of_kind(seg, "step") if s.parent == 0]) == 2
     code = seg.code_after(first)
-    assert code.startswith("import math") and ast.parse(code)
+    assert code.startswith("import math") and code_parses(code)
     (signature,) = of_kind(seg, "signature")
     assert text_of(texts, signature) == "def area(r: float) -> float:"
     assert seg.labels()[: prompt.roles[-1].start].count("signature") == signature.end - signature.start

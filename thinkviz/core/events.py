@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..parser_lock import read_arrays
+
 FORMAT_VERSION = 1
 
 # Largest recording we agree to load (either file), so a hostile upload cannot exhaust memory.
@@ -210,8 +212,7 @@ class RunRecord:
                 f"(this ThinkViz reads version {FORMAT_VERSION})"
             )
         try:
-            with np.load(npz_path, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
+            arrays = read_arrays(npz_path)
         except Exception as exc:  # zipfile.BadZipFile, ValueError, EOFError, OSError ...
             raise RecordingError(f"{npz_path.name} is not a readable NPZ archive: {exc}") from exc
         _check_document_fields(doc)

@@ -44,6 +44,7 @@ import numpy as np
 
 from ..core.events import FORMAT_VERSION, MAX_RECORDING_BYTES, RecordingError, RunRecord
 from ..measure.metrics import TokenFidelity
+from ..parser_lock import read_arrays
 from .presets import PRESETS_DIR
 
 RECORDINGS_DIR = PRESETS_DIR / "recordings"
@@ -144,8 +145,7 @@ def save(recording: Recording, path: str | Path) -> Path:
             document = json.loads(json_path.read_text(encoding="utf-8"))
             arrays.update(_take_event_fidelity(i, document))
             documents.append(document)
-            with np.load(npz_path, allow_pickle=False) as npz:
-                arrays.update(_encode_run(i, {k: npz[k] for k in npz.files}, _slots(record)))
+            arrays.update(_encode_run(i, read_arrays(npz_path), _slots(record)))
     for key, fidelity in recording.fidelity.items():
         for name in FIDELITY_FIELDS:
             arrays[f"fidelity.{key}.{name}"] = np.asarray(getattr(fidelity, name))
@@ -327,8 +327,7 @@ def load(path: str | Path) -> Recording:
                 if info.file_size > MAX_RECORDING_BYTES:
                     raise RecordingError(f"{info.filename} is larger than {MAX_RECORDING_BYTES // 2**20} MiB")
             manifest = json.loads(zf.read(MANIFEST).decode("utf-8"))
-            with np.load(io.BytesIO(zf.read(ARRAYS)), allow_pickle=False) as npz:
-                arrays = {name: npz[name] for name in npz.files}
+            arrays = read_arrays(io.BytesIO(zf.read(ARRAYS)))
             same = manifest.get("same", {}) if isinstance(manifest, dict) else {}
             arrays.update({name: arrays[original] for name, original in same.items() if original in arrays})
     except (zipfile.BadZipFile, zlib.error, lzma.LZMAError, OSError, EOFError, ValueError) as exc:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..parser_lock import PARSER_LOCK
 from .base import CacheView, Param, Policy, keep_top
 from .registry import register
 
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 def code_parses(source: str) -> bool:
     """Whether ``source`` is syntactically valid Python (``ast.parse`` only; nothing is executed)."""
     try:
-        with warnings.catch_warnings():
+        with PARSER_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. invalid escapes in model output
             ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
