@@ -172,3 +172,15 @@ def test_explore_moves_the_step_box_only_when_a_snapshot_moves_the_step(record):
     assert set(moved) == {*tab.views(), tab.step} and moved[tab.step]["value"] == 1
     with pytest.raises(gr.Error, match="Step must be a whole number"):
         explore.show(tab, s, "x", "all", "all", "combined")
+
+
+def test_a_model_loaded_re_prices_each_tab_without_deferring_the_others():
+    """Gradio 6.31's page re-dispatches a whole trigger event when a deferred ``always_last`` listener
+    ends: several such listeners on one trigger deferred each other for ever (the three price lines,
+    listening to the model's status, re-ran 8 times a second on every idle page)."""
+    config = build_app(ModelSlot()).config
+    (ready,) = [c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == "tv-model-ready"]
+    listeners = [d for d in config["dependencies"] if (ready, "change") in map(tuple, d["targets"])]
+    names = {d["api_name"].rstrip("_0123456789") for d in listeners}  # Gradio numbers a second listener's name
+    assert names >= {"price_live", "price_compare", "price_sweep", "thinking_switch"}
+    assert [d["api_name"] for d in listeners if d["trigger_mode"] == "always_last"] == []

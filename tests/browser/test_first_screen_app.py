@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 from test_ui_browser import open_chat_boxes, set_number, wait_for_text
@@ -62,6 +63,14 @@ def test_a_fresh_page_has_a_preset_picked_whose_recording_plays_at_once(page):
 def test_the_price_changes_when_the_trace_limit_changes(page, capfd):
     wait_for_text(page, "#tv-model-status", "Model: Ready", MODEL_TIMEOUT)
     wait_for_text(page, "#tv-live-price", r"on this machine", 60)  # the preset's generation, priced
+    # once its load events end, an idle page asks the server nothing (the price lines once re-ran 8 times a
+    # second for as long as the page was open)
+    asked: list[float] = []
+    page.on("request", lambda request: asked.append(time.monotonic()) if "/queue/join" in request.url else None)
+    start = time.monotonic()
+    while time.monotonic() - max([start, *asked]) < 1.5:  # a second and a half without one
+        assert time.monotonic() - start < 20, f"{len(asked)} events in {time.monotonic() - start:.0f} s of an idle page"
+        page.wait_for_timeout(250)
     page.click("#tv-live-run-mode label:has-text('replay')")
     open_chat_boxes(page)
     page.fill("#tv-live-trace textarea", TRACE)

@@ -26,7 +26,7 @@ from .present import PAGE_JS, PRESENT_JS
 from .session import RECORDING_BUDGET, Session, Shelf, release
 from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID
 from .tabs import AppContext, compare, explore, learn, lessons, live, sweep
-from .model_panel import load_status_markdown
+from .model_panel import load_status_markdown, model_key
 from . import room_panel
 from .room import SWITCH_INTERVAL, VIEW_LIMIT, Room
 
@@ -74,6 +74,7 @@ def build_app(
                 False, label="Presentation mode", elem_id="tv-present", container=False, scale=0, min_width=190
             )
         present.change(None, present, None, js=PRESENT_JS)
+        model_ready = gr.Textbox(model_key(slot.status), visible="hidden", elem_id="tv-model-ready")
         bus = gr.Textbox(visible="hidden", elem_id="tv-bus")
         bus.change(None, bus, None, js=PATCH_BUS_JS)
         resync = gr.Button(visible="hidden", elem_id=RESYNC_BUTTON_ID)
@@ -84,6 +85,7 @@ def build_app(
             session,
             bus,
             model_status,
+            model_ready,
             inputs.preset_choices(),
             model,
             quantization,
@@ -110,12 +112,12 @@ def build_app(
         if panel is not None:
             room_panel.wire(demo, panel, slot.room, session, app.presets)
 
-        def watch_default() -> Iterator[str]:
+        def watch_default() -> Iterator[tuple[str, str]]:
             slot.start_once(model, quantization)
             for status in slot.watch():
-                yield load_status_markdown(status)
+                yield load_status_markdown(status), model_key(status)
 
-        demo.load(watch_default, None, model_status, show_progress="hidden", api_visibility="private")
+        demo.load(watch_default, None, [model_status, model_ready], show_progress="hidden", api_visibility="private")
         demo.load(None, None, None, js=PIN_JS)  # a click on any token pins its details
         demo.load(None, None, None, js=PAGE_JS)  # notices labelled, charts fitted to their panels
 

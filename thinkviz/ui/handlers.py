@@ -243,17 +243,17 @@ def wire_price(
     line: Any,
     inputs_kwargs: dict[str, Any] | None = None,
 ) -> None:
-    """One listener that re-prices a tab's run into its price ``line`` on any change of the controls
-    ``work`` (those that change the work), of the model (once loaded the price can be computed) and
-    on page load; the newest values win (``always_last``)."""
-    gr.on(
-        [control.change for control in [*work, app.model_status]] + [app.demo.load],
-        handler,
-        inputs,
-        line,
-        inputs_kwargs=inputs_kwargs,
-        trigger_mode="always_last",
-        preprocess=False,  # values mid-change (a knob slot re-ranged for another policy) are the policy's to refuse
-        show_progress="hidden",
-        api_visibility="private",
-    )
+    """Re-price a tab's run into its price ``line`` on any change of the controls ``work`` (those that
+    change the work) and on page load, the newest values winning (``always_last``); and once a model is
+    loaded or fails (then the price can be computed, or says why not)."""
+    listen = {
+        "inputs_kwargs": inputs_kwargs,
+        "preprocess": False,  # values mid-change (a knob slot re-ranged for another policy) are the policy's to refuse
+        "show_progress": "hidden",
+        "api_visibility": "private",
+    }
+    triggers = [control.change for control in work] + [app.demo.load]
+    gr.on(triggers, handler, inputs, line, trigger_mode="always_last", **listen)
+    # A model loaded re-prices every tab: "multiple", never "always_last" on a trigger other tabs listen to too
+    # (AppContext.model_ready says why)
+    app.model_ready.change(handler, inputs, line, trigger_mode="multiple", **listen)

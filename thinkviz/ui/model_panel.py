@@ -33,10 +33,18 @@ def load_status_markdown(status: LoadStatus) -> str:
     return f"**Model:** {plain_markdown(status.message)} <progress value='{percent}' max='100'></progress> {percent}%"
 
 
+def model_key(status: LoadStatus) -> str:
+    """Which model is loaded and whether it is usable: changes when a load starts and when it ends, not
+    with its progress (what re-prices the runs: ``AppContext.model_ready``)."""
+    state = "failed" if status.error else "ready" if status.ready else "loading"
+    return f"{status.name} ({status.quantization}): {state}"
+
+
 def model_settings(
-    slot: ModelSlot, model: str, quantization: str, model_status: gr.Markdown, model_loading: bool
+    slot: ModelSlot, model: str, quantization: str, model_lines: list[gr.components.Component], model_loading: bool
 ) -> None:
-    """The settings panel that loads another model (or says why it is off) and reports progress."""
+    """The settings panel that loads another model (or says why it is off) and reports progress in
+    ``model_lines`` (the header's status line and the hidden model key)."""
     if not model_loading:
         with gr.Accordion("Model settings", open=False):
             gr.Markdown(
@@ -75,7 +83,7 @@ def model_settings(
             set_cap = gr.Button("Set VRAM cap", size="sm", elem_id="tv-vram-cap-set")
         cap_status = gr.Markdown(vram_cap_line(cap_now), elem_id="tv-vram-cap-status", elem_classes="tv-status")
 
-    def load_model(model_name: str, weights: str) -> Iterator[tuple[str, str]]:
+    def load_model(model_name: str, weights: str) -> Iterator[tuple[str, str, str]]:
         shown(slot.room.require_teacher, asker()[0], "load a model")
         if not (model_name or "").strip():
             raise gr.Error(
@@ -88,12 +96,12 @@ def model_settings(
             raise user_error(exc) from None
         for status in slot.watch():
             line = load_status_markdown(status)
-            yield line, line
+            yield line, line, model_key(status)
 
     load.click(
         load_model,
         [name, quant],
-        [progress, model_status],
+        [progress, *model_lines],
         concurrency_limit=1,
         concurrency_id=SETTINGS_GROUP,
         api_name="load_model",

@@ -240,7 +240,8 @@ def layout(app: AppContext) -> LiveTab:
             options = live_options()
             decode = decode_controls("live")
             projection = projection_controls()
-            model_settings(app.slot, app.model, app.quantization, app.model_status, app.model_loading)
+            model_lines = [app.model_status, app.model_ready]
+            model_settings(app.slot, app.model, app.quantization, model_lines, app.model_loading)
         with gr.Column(scale=3, min_width=420, elem_classes="tv-outputs"):
             status = gr.Markdown(
                 "Press ▶ Play recording to watch the preset, or Generate to run it live; or pick another preset "
@@ -501,8 +502,8 @@ def build(app: AppContext) -> Callable[[ExploreLink], None]:
     work = [tab.panel.preset, *tab.panel.inputs(), *controls.inputs(), *tab.kv.inputs(), *tab.options.inputs()]
     price_inputs = named(*tab.run_groups())
     wire_price(app, bind(price_live, tab), [*work, *tab.decode.inputs()], [tab.panel.preset], tab.price, price_inputs)
-    loaded = [app.model_status.change, app.demo.load]
-    gr.on(loaded, bind(thinking_switch, app.slot), None, tab.options.enable_thinking, **hidden)
+    loaded = [app.model_ready.change, app.demo.load]
+    gr.on(loaded, bind(thinking_switch, app.slot), None, tab.options.enable_thinking, trigger_mode="multiple", **hidden)
     app.demo.load(bind(first_preset, app.presets), None, tab.panel.preset, **hidden)  # a lesson one click away
     controls.policy.input(policy_views, controls.policy, tab.view_mode, **hidden).then(
         shown_legend, legend_inputs, tab.legend, **hidden
