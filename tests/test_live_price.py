@@ -116,12 +116,24 @@ def test_a_sweep_is_priced_group_by_group_before_it_starts(slot):
     )
 
 
+def _app(demo: gr.Blocks, slot: ModelSlot) -> AppContext:
+    return AppContext(
+        demo=demo,
+        slot=slot,
+        session=gr.State(),
+        bus=gr.Textbox(),
+        model_status=gr.Markdown(),
+        model_ready=gr.Textbox(),
+        presets=inputs.preset_choices(),
+        model="t",
+        quantization="none",
+        model_loading=False,
+    )
+
+
 def _live_tab(slot: ModelSlot) -> live.LiveTab:
     with gr.Blocks() as demo:
-        app = AppContext(
-            demo, slot, gr.State(), gr.Textbox(), gr.Markdown(), inputs.preset_choices(), "t", "none", False
-        )
-        return live.layout(app)
+        return live.layout(_app(demo, slot))
 
 
 def _values(tab: live.LiveTab, **changes) -> dict:
@@ -156,10 +168,7 @@ def test_enable_thinking_shows_only_for_a_model_that_can_switch_it_and_reaches_t
 
 def test_compares_price_handler_counts_its_columns(slot):
     with gr.Blocks() as demo:
-        app = AppContext(
-            demo, slot, gr.State(), gr.Textbox(), gr.Markdown(), inputs.preset_choices(), "t", "none", False
-        )
-        tab = compare.layout(app)
+        tab = compare.layout(_app(demo, slot))
     values = {name: component.value for name, component in named(*tab.run_groups()).items()}
     replay = dict(run_mode="replay", question="What is the total?", trace=TRACE, max_trace_tokens=64)
     line = compare.price_compare(tab, None, **{**values, **replay})[tab.price]

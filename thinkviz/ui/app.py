@@ -80,18 +80,18 @@ def build_app(
         resync = gr.Button(visible="hidden", elem_id=RESYNC_BUTTON_ID)
         resync.click(Session.resync, session, None, queue=False, api_visibility="private")
         app = AppContext(
-            demo,
-            slot,
-            session,
-            bus,
-            model_status,
-            model_ready,
-            inputs.preset_choices(),
-            model,
-            quantization,
-            model_loading,
-            ray_address,
-            quant_backend,
+            demo=demo,
+            slot=slot,
+            session=session,
+            bus=bus,
+            model_status=model_status,
+            model_ready=model_ready,
+            presets=inputs.preset_choices(),
+            model=model,
+            quantization=quantization,
+            model_loading=model_loading,
+            ray_address=ray_address,
+            quant_backend=quant_backend,
         )
         panel = room_panel.layout(slot.room, inputs.preset_choices()) if slot.room.on else None
         with gr.Tabs() as tabs:
