@@ -176,8 +176,9 @@ def test_explore_moves_the_step_box_only_when_a_snapshot_moves_the_step(record):
 
 def test_a_model_loaded_re_prices_each_tab_without_deferring_the_others():
     """Gradio 6.31's page re-dispatches a whole trigger event when a deferred ``always_last`` listener
-    ends: several such listeners on one trigger deferred each other for ever (the three price lines,
-    listening to the model's status, re-ran 8 times a second on every idle page)."""
+    ends: several such listeners on one trigger can defer each other for ever (the three price lines,
+    listening to the model's status, re-ran 8 times a second once a status change came while one was
+    being computed)."""
     config = build_app(ModelSlot()).config
     (ready,) = [c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == "tv-model-ready"]
     listeners = [d for d in config["dependencies"] if (ready, "change") in map(tuple, d["targets"])]

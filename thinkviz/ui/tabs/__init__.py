@@ -32,8 +32,9 @@ class AppContext:
     # the loaded model's name and state (model_panel.model_key), hidden: its change re-prices every tab
     # (the status line's own change fires with each progress step).  Its listeners are never
     # trigger_mode="always_last": Gradio 6.31's page re-dispatches a whole trigger event when a deferred
-    # always_last listener ends, so several on one trigger defer each other for ever (the three price
-    # lines re-ran 8 times a second on every idle page; tests/test_tab_wiring.py keeps it so).
+    # always_last listener ends, so several on one trigger can defer each other for ever (the three
+    # price lines did, 8 times a second, once a status change came while one was being computed;
+    # tests/test_tab_wiring.py keeps it so).
     model_ready: gr.Textbox
     presets: list[tuple[str, str]]  # (title, name) of every preset, for the preset pickers
     model: str  # the model and quantization the app started with (the settings panel's defaults)
