@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 
 import pytest
-from test_ui_browser import open_chat_boxes, set_number, wait_for_text
-from tiny_app import served_app
+from test_ui_browser import open_chat_boxes, pick, set_number, wait_for_text
+from tiny_app import served_app, served_demo
 
 from thinkviz.demos.presets import load_preset
 from thinkviz.text.chat import REASONING_SYSTEM_PROMPT
+from thinkviz.ui.price import LOADING
 
 pytestmark = pytest.mark.browser
 
@@ -106,3 +108,27 @@ def test_an_uploaded_transcript_shows_its_own_system_prompt_and_question_until_i
     after = boxes(page)
     assert after == before
     assert page.input_value("#tv-live-trace textarea") == ""
+
+
+def test_every_tabs_price_follows_the_model_once_it_has_loaded(browser):
+    """The page opens while the model loads: each tab's price says so, then prices its run once the
+    load ends (the hidden model key's change re-prices every tab; opening a tab prices nothing)."""
+    loading = "(?i)" + re.escape(LOADING)  # the line starts with it, capitalised
+    loads = threading.Event()
+    with served_demo(loads=loads) as demo:
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        page = context.new_page()
+        page.goto(demo.local_url)
+        wait_for_text(page, "#tv-live-price", loading, 60)
+        page.get_by_role("tab", name="Compare").click()
+        pick(page, "#tv-compare-preset", "Live: a short word problem")  # a question to price
+        wait_for_text(page, "#tv-compare-price", loading, 60)
+        page.get_by_role("tab", name="Sweep").click()
+        wait_for_text(page, "#tv-sweep-price", loading, 60)
+        loads.set()
+        wait_for_text(page, "#tv-model-status", "Model: Ready", MODEL_TIMEOUT)
+        wait_for_text(page, "#tv-sweep-price", r"on this machine", 60)
+        for tab, line in (("Compare", "#tv-compare-price"), ("Live", "#tv-live-price")):
+            page.get_by_role("tab", name=tab).click()
+            wait_for_text(page, line, r"on this machine", 60)
+        context.close()
