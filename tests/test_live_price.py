@@ -13,7 +13,7 @@ import pytest
 from gguf_models import QWEN3_TEMPLATE
 from thinkviz.core.engine import DecodeSettings
 from thinkviz.measure.comparison import Column, plan
-from thinkviz.measure.requests import RunInput, prepare
+from thinkviz.measure.requests import RunInput, RunInputError, prepare
 from thinkviz.models.loading import LoadedModel
 from thinkviz.policies import make_policy
 from thinkviz.ui import inputs
@@ -175,3 +175,13 @@ def test_compares_price_handler_counts_its_columns(slot):
     assert "(64 trace tokens after a " in line and "3 runs side by side" in line  # window, h2o + the full cache
     wider = compare.price_compare(tab, None, **{**values, **replay, "vary": "recent=8,16"})[tab.price]
     assert "4 runs side by side" in wider  # h2o twice (window has no recent), in lockstep with the full cache
+
+
+def test_a_reason_that_ends_its_own_sentence_ends_the_line_once(slot):
+    def work() -> Work:
+        raise RunInputError("The question is empty: type a prompt or pick a preset.")
+
+    assert price_line(slot, work) == "Not ready to run: The question is empty: type a prompt or pick a preset."
+    with_note = price_line(slot, work, "generate_muffins")
+    assert with_note.startswith("Not ready to run: The question is empty: type a prompt or pick a preset; ")
+    assert not with_note.endswith("..")

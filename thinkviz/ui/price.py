@@ -53,8 +53,8 @@ def recording_note(preset: str | None) -> str:
 
 
 def joined(*parts: str) -> str:
-    """The non-empty ``parts`` as one status line."""
-    text = "; ".join(part for part in parts if part)
+    """The non-empty ``parts`` as one status line (a part's own closing full stop dropped: one ends the line)."""
+    text = "; ".join(part.rstrip(".") for part in parts if part)
     return text[:1].upper() + text[1:] + "." if text else ""
 
 
