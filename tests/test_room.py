@@ -8,6 +8,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import gradio as gr
 import pytest
 
 import app
@@ -15,7 +16,18 @@ from thinkviz.bench.room_load import shown_wait
 from thinkviz.demos import record
 from thinkviz.demos.shared import SharedBuilds
 from thinkviz.ui import throttle
-from thinkviz.ui.room import CURRENT, STALE_SECONDS, Line, Refused, Room, ordinal, report_progress, run_size
+from thinkviz.ui.app import queue_for_a_room
+from thinkviz.ui.room import (
+    QUEUE_POLLS,
+    CURRENT,
+    STALE_SECONDS,
+    Line,
+    Refused,
+    Room,
+    ordinal,
+    report_progress,
+    run_size,
+)
 
 
 class Clock:
@@ -273,3 +285,13 @@ def test_a_finished_job_teaches_the_line_its_speed_over_the_slowdown_of_its_whol
     second, third = line.join("b", 100, "replay"), line.join("c", 100, "replay")
     line.start(second)
     assert line.wait_seconds(third) == pytest.approx(10.0 / 100 / 9.1 * 100 * 1.0)  # at the last slowdown, 1
+
+
+def test_the_apps_queue_looks_for_work_at_the_rooms_pace_not_gradios_every_millisecond():
+    """Gradio's idle queue polls every millisecond (7.5 % of a core with no page open); the app's waits
+    longer.  The attributes are Gradio's own: a Gradio that renamed them fails here, not silently."""
+    gradios = gr.Blocks().queue()._queue
+    assert all(hasattr(gradios, name) for name in QUEUE_POLLS)
+    assert gradios.sleep_when_free < QUEUE_POLLS["sleep_when_free"]
+    ours = queue_for_a_room(gr.Blocks())._queue
+    assert {name: getattr(ours, name) for name in QUEUE_POLLS} == QUEUE_POLLS

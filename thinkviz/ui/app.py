@@ -28,7 +28,7 @@ from .stream import PATCH_BUS_JS, RESYNC_BUTTON_ID
 from .tabs import AppContext, compare, explore, learn, lessons, live, sweep
 from .model_panel import load_status_markdown, model_key
 from . import room_panel
-from .room import SWITCH_INTERVAL, VIEW_LIMIT, Room
+from .room import QUEUE_POLLS, SWITCH_INTERVAL, VIEW_LIMIT, Room
 
 APP_CSS = TOKEN_CSS + LEGEND_CSS + (Path(__file__).with_name("app.css")).read_text(encoding="utf-8")
 
@@ -133,6 +133,11 @@ def queue_for_a_room(demo: gr.Blocks) -> gr.Blocks:
     """Gradio's queue as the app needs it: every event but the model's (its own group, its line) lets a
     room's worth in at once (:data:`~.room.VIEW_LIMIT`), so opening Explore or Learn never waits; and the
     interpreter switches threads often enough (:data:`~.room.SWITCH_INTERVAL`) that a room's playbacks
-    do not starve the model's run of it (this process's setting: the app serves from it)."""
+    do not starve the model's run of it (this process's setting: the app serves from it); an idle queue
+    looks for work less often than Gradio's every millisecond (:data:`~.room.QUEUE_POLLS`)."""
     sys.setswitchinterval(SWITCH_INTERVAL)
-    return demo.queue(default_concurrency_limit=VIEW_LIMIT)
+    demo.queue(default_concurrency_limit=VIEW_LIMIT)
+    for name, seconds in QUEUE_POLLS.items():
+        if hasattr(demo._queue, name):  # a Gradio that renamed them polls as it likes (a test says so)
+            setattr(demo._queue, name, seconds)
+    return demo

@@ -46,6 +46,12 @@ POLL_SECONDS = 1.0  # a waiting job's status line is refreshed at least this oft
 # in the kernel): under ``bench load --clients 30 --mixed`` the slowest playback took 107.9 s at 0.2 ms,
 # 37.1 s at 1 ms, 37.5 s at 5 ms, and the live runs waited 121.6/132.9 s, 46.0/56.3 s, 47.4/58.2 s.
 SWITCH_INTERVAL = 0.001
+# Gradio's queue looks for a new event every millisecond while it has none (``Queue.sleep_when_free``;
+# 50 ms on Windows) and for progress to send every 10 ms (``progress_update_sleep_when_free``): an idle
+# app with no page open spent 7.5 % of a core on it (a one-Textbox Blocks, measured over 20 s; this app
+# with the embedded model: 9 %).  At 20 ms and 100 ms: 1.1 %, for at most 20 ms before an event starts and
+# progress bars that move ten times a second.  Gradio has no setting for either (its own 1 ms: a busy loop).
+QUEUE_POLLS = {"sleep_when_free": 0.02, "progress_update_sleep_when_free": 0.1}
 STALE_SECONDS = 30.0  # a waiting job nobody has polled for this long has lost its client: it leaves
 LEARN_WEIGHT = 0.5  # how far one finished job moves the seconds-per-unit of its kind
 TEACHER = "teacher"
