@@ -4,6 +4,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import bitsandbytes as bnb
+import gguf
 import huggingface_hub.constants
 import pytest
 import torch
@@ -90,11 +91,25 @@ def test_embedded_model_runs_in_8bit(embedded_model):  # embedded_model: the con
     assert "4" in _greedy(loaded, PROMPT, 12)
 
 
+def _gguf_parses(monkeypatch) -> list[str]:
+    """The files each ``gguf.GGUFReader`` built from now on parses (transformers builds them)."""
+    parses, build = [], gguf.GGUFReader
+
+    def counted(path, mode="r"):
+        parses.append(str(path))
+        return build(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    return parses
+
+
 @pytest.mark.integration
 def test_conversion_happens_once_and_is_then_read_from_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path))
     first, second = [], []
+    parses = _gguf_parses(monkeypatch)
     load_model(EMBEDDED, "none", "cpu", progress=lambda f, m: first.append((f, m)))
+    assert parses == [str(tvmodel.embedded_gguf_path())]  # config, weights and tokenizer from one parse
     folder = cache_dir() / "smollm2-135m-instruct"
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     assert [p.name for p in tmp_path.iterdir() if p.suffix != ".lock"] == [folder.name]  # no staging folder left
@@ -102,7 +117,7 @@ def test_conversion_happens_once_and_is_then_read_from_cache(tmp_path, monkeypat
     loaded = load_model(EMBEDDED, "none", "cpu", progress=lambda f, m: second.append((f, m)))
     assert any("Converting" in m for _, m in first)
     assert not any("Converting" in m for _, m in second)
-    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp and len(parses) == 1
     fractions = [f for f, _ in second]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert loaded.quantization == "none" and loaded.geometry.dtype_bytes == 4
@@ -152,7 +167,9 @@ def test_processes_converting_the_same_model_at_once_take_turns(tmp_path, monkey
 def test_the_embedded_tokenizer_is_read_from_the_gguf_once_then_from_its_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("THINKVIZ_TOKENIZER", raising=False)
     monkeypatch.setenv("THINKVIZ_CACHE", str(tmp_path / "cache"))
+    parses = _gguf_parses(monkeypatch)
     first = load_tokenizer(EMBEDDED)
+    assert len(parses) == 1  # the tokenizer's config and the model's from one parse
     folder = tmp_path / "cache" / "smollm2-135m-instruct-tokenizer"
     assert [p.name for p in folder.parent.iterdir() if p.suffix != ".lock"] == [folder.name]  # no staging left
     stamp = (folder / "tokenizer.json").stat().st_mtime_ns

@@ -33,7 +33,7 @@ from filelock import FileLock
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GgufConfig
 
 from . import cpu_int4
-from .gguf_file import GGUFError, file_digest, first_line, read_info
+from .gguf_file import GGUFError, file_digest, first_line, parsed_once, read_info
 
 EMBEDDED = "embedded"
 QUANTIZATIONS = ("4bit", "8bit", "none")
@@ -200,8 +200,9 @@ def load_tokenizer(name: str = EMBEDDED) -> LoadedTokenizer:
             config = _from_embedded_text(AutoConfig)
         elif _is_gguf(name):
             gguf, display = _checked_gguf(name), name
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            with parsed_once():
+                tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+                config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
         else:
             source, display = _resolve(name), name
             tokenizer, config = AutoTokenizer.from_pretrained(source), AutoConfig.from_pretrained(source)
@@ -346,7 +347,8 @@ def converted_folder(gguf: pathlib.Path, folder_name: str, report: Progress, wha
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
 
     try:
-        return _written_once(folder, write)
+        with parsed_once():
+            return _written_once(folder, write)
     except OSError as exc:
         raise ModelLoadError(f"Could not convert {what} into {folder}: {exc}") from exc
     except Exception as exc:
@@ -389,8 +391,9 @@ def _embedded_text_folder() -> pathlib.Path:
     gguf = embedded_gguf_path()
 
     def write(staging: pathlib.Path) -> None:
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
-        AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+        with parsed_once():
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+            AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
 
     return _written_once(cache_dir() / f"{_CACHE_FOLDER}-tokenizer", write)
 
