@@ -35,8 +35,7 @@ def test_app_room_requires_the_printed_logins_and_tells_teacher_from_student(tin
         assert student.predict(api_name="/room_news")[0] == "generate_muffins"
 
 
-def test_app_without_flags_needs_no_login_and_has_no_room(tiny_folder):
-    with app_process(["--model", tiny_folder, "--quant", "none"]) as (url, _):
-        client = Client(url, verbose=False)
-        endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
-        assert "/generate" in endpoints and "/push_preset" not in endpoints and "/room_news" not in endpoints
+def test_app_without_flags_needs_no_login_and_has_no_room(app_url):
+    """The session's ``app.py`` (no flags but its host and port)."""
+    endpoints = Client(app_url, verbose=False).view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert "/generate" in endpoints and "/push_preset" not in endpoints and "/room_news" not in endpoints
