@@ -28,8 +28,6 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import gguf
-
 from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
 from .gguf_header import GGUFHeader, HeaderError, TensorEntry, read_header
@@ -203,6 +201,8 @@ def parsed_once() -> Iterator[None]:
     (SmolLM2's 49k; Qwen3's 151k).  Here the three share one reader, which nothing modifies (it
     maps the file read-only).  Measured: converting the embedded GGUF took 20.8 s of CPU, a tiny
     model's GGUF with the same vocabulary 12.9 s."""
+    import gguf  # see loadable_types
+
     with _READ_ONCE:
         build, readers = gguf.GGUFReader, {}
 
