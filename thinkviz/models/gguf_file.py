@@ -199,8 +199,8 @@ def parsed_once() -> Iterator[None]:
     loading builds a ``gguf.GGUFReader`` for the config, again for the weights and again for the
     tokenizer's config, and each build walks every entry of the vocabulary, string by string
     (SmolLM2's 49k; Qwen3's 151k).  Here the three share one reader, which nothing modifies (it
-    maps the file read-only).  Measured: converting the embedded GGUF took 20.8 s of CPU, a tiny
-    model's GGUF with the same vocabulary 12.9 s."""
+    maps the file read-only).  Measured in CPU seconds: converting the embedded GGUF 20.8 -> 15.0,
+    a tiny model's GGUF with the same vocabulary 12.9 -> 6.9."""
     import gguf  # see loadable_types
 
     with _READ_ONCE:
