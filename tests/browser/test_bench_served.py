@@ -1,5 +1,5 @@
-"""``bench soak`` and ``bench load`` against ``app.py`` serving a tiny model from a local folder, and
-``bench load --url`` against an app already running (served in this process).
+"""``bench soak`` and ``bench load --mixed`` against ``app.py`` serving a tiny model from a local folder,
+and ``bench load --url`` against an app already running (served in this process).
 
 They run to completion with small N and K; what they measure stays in their output (the
 test checks the report is there, never its numbers).
@@ -48,8 +48,10 @@ def test_bench_soak_reports_memory_across_sessions(tiny_folder, capsys):
     assert "session 2/2" in out.err
 
 
-def test_bench_load_runs_every_client_to_its_own_result(tiny_folder, capsys):
-    code = main(["bench", "load", "--model", tiny_folder, "--quant", "none", "--clients", "3", "--trace-tokens", "40"])
+def test_bench_load_runs_every_client_to_its_own_result(capsys):
+    """At ``--url`` (the app ``--mixed`` and the soak start themselves: the same launch)."""
+    with served_app() as url:
+        code = main(["bench", "load", "--url", url, "--clients", "3", "--trace-tokens", "40"])
     out = capsys.readouterr()
     assert code == 0, out.err
     rows = [line for line in out.out.splitlines() if line.startswith("| ") and line.endswith(" | yes |")]
