@@ -204,17 +204,19 @@ class RunRecord:
             doc = json.loads(json_path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise RecordingError(f"{json_path.name} is not a ThinkViz recording (bad JSON: {exc})") from exc
-        if not isinstance(doc, dict) or doc.get("format") != "thinkviz-run":
-            raise RecordingError(f"{json_path.name} is not a ThinkViz recording")
-        if doc.get("version") != FORMAT_VERSION:
-            raise RecordingError(
-                f"recording format version {doc.get('version')!r} is not supported "
-                f"(this ThinkViz reads version {FORMAT_VERSION})"
-            )
+        _check_format(doc, json_path.name)
         try:
             arrays = read_arrays(npz_path)
         except Exception as exc:  # zipfile.BadZipFile, ValueError, EOFError, OSError ...
             raise RecordingError(f"{npz_path.name} is not a readable NPZ archive: {exc}") from exc
+        return cls.from_parts(doc, arrays)
+
+    @classmethod
+    def from_parts(cls, doc: Any, arrays: dict[str, np.ndarray], name: str = "recording") -> RunRecord:
+        """The record whose JSON document (parsed) and arrays :meth:`save` would write as ``doc`` and
+        ``arrays``, checked as :meth:`load` checks them (:class:`RecordingError`); the arrays are used as
+        they are, not copied."""
+        _check_format(doc, name)
         _check_document_fields(doc)
         try:
             events = []
@@ -246,6 +248,16 @@ class RunRecord:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordingError(f"recording is incomplete or corrupted ({exc!r})") from exc
+
+
+def _check_format(doc: Any, name: str) -> None:
+    if not isinstance(doc, dict) or doc.get("format") != "thinkviz-run":
+        raise RecordingError(f"{name} is not a ThinkViz recording")
+    if doc.get("version") != FORMAT_VERSION:
+        raise RecordingError(
+            f"recording format version {doc.get('version')!r} is not supported "
+            f"(this ThinkViz reads version {FORMAT_VERSION})"
+        )
 
 
 _EVENT_SCALARS = {

@@ -345,13 +345,9 @@ def _from_manifest(manifest: Any, arrays: dict[str, np.ndarray], name: str) -> R
         )
     try:
         records = []
-        with tempfile.TemporaryDirectory(prefix="thinkviz-recording-") as folder:
-            for i, document in enumerate(manifest["runs"]):
-                base = Path(folder) / f"run{i}"
-                _put_event_fidelity(i, arrays, document)
-                base.with_suffix(".json").write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
-                np.savez(base.with_suffix(".npz"), **_decode_run(i, arrays, document))
-                records.append(RunRecord.load(base))
+        for i, document in enumerate(manifest["runs"]):
+            _put_event_fidelity(i, arrays, document)
+            records.append(RunRecord.from_parts(document, _decode_run(i, arrays, document), f"{name} run {i}"))
         fidelity = {
             str(key): TokenFidelity(*(arrays[f"fidelity.{key}.{f}"] for f in FIDELITY_FIELDS))
             for key in manifest["fidelity"]
