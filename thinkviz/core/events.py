@@ -209,7 +209,7 @@ class RunRecord:
             arrays = read_arrays(npz_path)
         except Exception as exc:  # zipfile.BadZipFile, ValueError, EOFError, OSError ...
             raise RecordingError(f"{npz_path.name} is not a readable NPZ archive: {exc}") from exc
-        return cls.from_parts(doc, arrays)
+        return cls.from_parts(doc, arrays, json_path.name)
 
     @classmethod
     def from_parts(cls, doc: Any, arrays: dict[str, np.ndarray], name: str = "recording") -> RunRecord:

@@ -335,20 +335,20 @@ def converted_folder(gguf: pathlib.Path, folder_name: str, report: Progress, wha
     def write(staging: pathlib.Path) -> None:
         # Asking for dequantization explicitly makes transformers drop its GGUF quantizer
         # once the weights are loaded; a model that keeps it refuses save_pretrained.
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent,
-            gguf_file=gguf.name,
-            quantization_config=GgufConfig(dequantize=True),
-            dtype=dtype,
-        )
-        if getattr(model, "hf_quantizer", None) is not None:
-            model.hf_quantizer.remove_quantization_config(model)
-        model.save_pretrained(staging)
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+        with parsed_once():
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent,
+                gguf_file=gguf.name,
+                quantization_config=GgufConfig(dequantize=True),
+                dtype=dtype,
+            )
+            if getattr(model, "hf_quantizer", None) is not None:
+                model.hf_quantizer.remove_quantization_config(model)
+            model.save_pretrained(staging)
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
 
     try:
-        with parsed_once():
-            return _written_once(folder, write)
+        return _written_once(folder, write)
     except OSError as exc:
         raise ModelLoadError(f"Could not convert {what} into {folder}: {exc}") from exc
     except Exception as exc:

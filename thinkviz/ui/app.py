@@ -139,5 +139,5 @@ def queue_for_a_room(demo: gr.Blocks) -> gr.Blocks:
     demo.queue(default_concurrency_limit=VIEW_LIMIT)
     for name, seconds in QUEUE_POLLS.items():
         if hasattr(demo._queue, name):  # a Gradio that renamed them polls as it likes (a test says so)
-            setattr(demo._queue, name, seconds)
+            setattr(demo._queue, name, max(seconds, getattr(demo._queue, name)))  # never more often than Gradio
     return demo
