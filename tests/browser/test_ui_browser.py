@@ -137,6 +137,7 @@ def test_live_preset_run_paints_heat_coloured_tokens_by_appending_and_a_memory_c
     }""")
     page.click("#tv-live-run")
     wait_for_text(page, "#tv-live-status", rf"Done: {LIVE_TOKENS} tokens generated", RUN_TIMEOUT)
+    assert "prompted to think in <think> tags" in page.inner_text("#tv-live-status")  # the tag shown as text
     tokens = page.locator("#tv-live-tokens .tv-tok")
     assert tokens.count() >= PROMPT_TOKENS_MIN + LIVE_TOKENS
     heat = page.evaluate("""() => [...document.querySelectorAll('#tv-live-tokens .tv-tok')]

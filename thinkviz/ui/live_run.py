@@ -45,6 +45,7 @@ from ..viz.tokens import TokenData, token_view
 from ..measure.requests import RunInput, RunInputError, prepare
 from .shared_charts import playback_charts
 from .stream import TokenChannel
+from .text import no_markup
 from .throttle import FramePacer, chart_pacer
 from .timing import RunTimer, with_time
 
@@ -113,7 +114,7 @@ def thinking(driver: Comparison) -> str:
     its own reasoning format, or none of its own (prompted to think)."""
     if driver.replay:
         return ""
-    return f" Reasoning: {driver.prompt.reasoning.describe()}."
+    return f" Reasoning: {no_markup(driver.prompt.reasoning.describe())}."  # "<think>" shown, not parsed
 
 
 def _speed_text(speed: float) -> str:
